@@ -1,0 +1,359 @@
+"""Strict, typed run configuration loaded from YAML.
+
+Why strict: an earlier code base silently ignored misspelt keys and silently loaded
+a toy default config (LESSONS 1-2). Here every key must be known, every value must
+have the declared type, required values must be present, and there is no default
+config at all: ``load_config`` needs a path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names key, file and expectation."""
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass
+class AttentionConfig:
+    """Attention of every layer. ``kind`` picks NSA or the dense SDPA baseline.
+
+    NSA hyperparameters follow the paper's names: compression block l, stride d,
+    selection block l', n selected blocks (including initial and local ones), window w.
+    """
+
+    kind: Literal["nsa", "dense"]
+    backend: Literal["auto", "reference", "triton"] = "auto"
+    compress_block: int = 32  # l
+    compress_stride: int = 16  # d
+    compress_mode: Literal["mlp", "avgpool"] = "mlp"
+    select_block: int = 64  # l'
+    num_selected: int = 16  # n, includes the initial and local blocks
+    num_initial: int = 1
+    num_local: int = 2
+    window: int = 512  # w
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    attention: AttentionConfig
+    ffn_hidden: Optional[int] = None  # None: SwiGLU's 8/3 * dim rounded up to 64
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int
+    batch_size: int  # per-rank micro-batch, never split across ranks (LESSONS 5)
+    steps: int  # optimizer steps
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    grad_accum: int = 1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    activation_checkpointing: bool = False
+    compile: bool = False
+    seed: int = 1337
+    save_every: int = 200
+    keep_checkpoints: int = 3
+    eval_every: int = 100
+    eval_batches: int = 8
+    log_every: int = 1
+    pg_timeout_s: float = 600.0
+    heartbeat_interval_s: float = 2.0
+
+
+@dataclass
+class DataConfig:
+    source: Literal["fineweb-edu", "files", "stdlib", "synthetic"]
+    tokenizer: Literal["byte", "gpt2"] = "byte"
+    gpt2_vocab_bpe: Optional[str] = None  # offline GPT-2 BPE files
+    gpt2_encoder_json: Optional[str] = None
+    paths: list[str] = field(default_factory=list)  # for source=files, globs allowed
+    fineweb_name: str = "sample-10BT"
+    text_field: str = "text"
+    val_every_n_docs: int = 100  # every n-th document goes to validation, never training
+    shuffle_buffer: int = 0
+    prefetch_batches: int = 4
+    seed: int = 0
+
+
+@dataclass
+class DebugConfig:
+    """Fault injection for tests of the panel's alerts. Off by default."""
+
+    hang_at_step: Optional[int] = None
+    hang_rank: Optional[int] = None
+    crash_at_step: Optional[int] = None
+    crash_rank: Optional[int] = None
+    nan_at_step: Optional[int] = None
+    slow_data_s: float = 0.0
+
+
+@dataclass
+class Config:
+    name: str
+    model: ModelConfig
+    train: TrainConfig
+    data: DataConfig
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    source_path: str = field(default="", metadata={"internal": True})
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: Union[str, Path], overrides: typing.Sequence[str] = ()) -> Config:
+    """Read ``path`` (YAML), apply ``"section.key=value"`` overrides, validate strictly."""
+    if path is None or str(path) == "":
+        raise ConfigError("no config given: pass a config file path (there is no default config)")
+    p = Path(path)
+    where = str(p)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read config file ({exc.strerror or exc})") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level, got {_kind(raw)}")
+    for item in overrides:
+        _apply_override(raw, item, where)
+    cfg = _build(Config, raw, "", where)
+    cfg.source_path = str(p.resolve())
+    validate(cfg, where)
+    return cfg
+
+
+def config_from_dict(raw: dict[str, Any], where: str = "<dict>") -> Config:
+    """Build and validate a config from an already-parsed mapping (checkpoints, tests)."""
+    raw = dict(raw)
+    source = raw.pop("source_path", "")
+    cfg = _build(Config, raw, "", where)
+    cfg.source_path = source or ""
+    validate(cfg, where)
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config as plain data (for run.json, checkpoints and the panel)."""
+    return dataclasses.asdict(cfg)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``"a.b.c=value"`` into (["a", "b", "c"], parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected section.key=value")
+    key, _, value = item.partition("=")
+    parts = [k.strip() for k in key.split(".")]
+    if not all(parts):
+        raise ConfigError(f"override {item!r}: empty key part in {key!r}")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value
+    return parts, parsed
+
+
+def _apply_override(raw: dict[str, Any], item: str, where: str) -> None:
+    parts, value = parse_override(item)
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            dotted = ".".join(parts[: i + 1])
+            raise ConfigError(f"{where}: override {item!r}: {dotted} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping (section)"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(cls: type, raw: Any, prefix: str, where: str) -> Any:
+    label = prefix or "<top level>"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {label}: expected a mapping (section), got {_kind(raw)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
+        raise ConfigError(
+            f"{where}: unknown key {key!r}; known keys of {label}: {', '.join(sorted(fields))}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(
+                    f"{where}: missing required key {key!r} (expected {_type_name(hints[name])})"
+                )
+            continue
+        kwargs[name] = _coerce(hints[name], raw[name], key, where)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"{where}: key {key!r}: expected {_type_name(tp)}, got {value!r} ({_kind(value)})")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key, where)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key, where)
+            except ConfigError:
+                pass
+        raise bad
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise bad
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(item_tp, v, f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    raise ConfigError(f"{where}: key {key!r}: unsupported type {tp!r}")  # schema bug
+
+
+# --------------------------------------------------------------------------- semantics
+
+
+def _require(cond: bool, where: str, key: str, expected: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{where}: key {key!r}: expected {expected}, got {value!r}")
+
+
+def validate(cfg: Config, where: str) -> None:
+    """Relations between values that types alone cannot express."""
+    m, a, t, d = cfg.model, cfg.model.attention, cfg.train, cfg.data
+    for key, value in [
+        ("model.vocab_size", m.vocab_size),
+        ("model.dim", m.dim),
+        ("model.n_layers", m.n_layers),
+        ("model.n_heads", m.n_heads),
+        ("model.n_kv_heads", m.n_kv_heads),
+        ("model.head_dim", m.head_dim),
+        ("train.seq_len", t.seq_len),
+        ("train.batch_size", t.batch_size),
+        ("train.grad_accum", t.grad_accum),
+        ("train.steps", t.steps),
+        ("train.save_every", t.save_every),
+        ("train.keep_checkpoints", t.keep_checkpoints),
+        ("train.eval_every", t.eval_every),
+        ("train.log_every", t.log_every),
+        ("data.val_every_n_docs", d.val_every_n_docs),
+    ]:
+        _require(value > 0, where, key, "a positive integer", value)
+    _require(m.n_heads % m.n_kv_heads == 0, where, "model.n_kv_heads",
+             f"a divisor of model.n_heads ({m.n_heads})", m.n_kv_heads)
+    _require(m.head_dim % 2 == 0, where, "model.head_dim", "an even number (RoPE)", m.head_dim)
+    _require(t.warmup_steps >= 0, where, "train.warmup_steps", "a non-negative integer", t.warmup_steps)
+    _require(t.lr > 0, where, "train.lr", "a positive number", t.lr)
+    _require(0 <= t.min_lr <= t.lr, where, "train.min_lr", f"between 0 and train.lr ({t.lr})", t.min_lr)
+    _require(t.eval_batches >= 0, where, "train.eval_batches", "a non-negative integer", t.eval_batches)
+    _require(t.heartbeat_interval_s > 0, where, "train.heartbeat_interval_s", "a positive number",
+             t.heartbeat_interval_s)
+    if d.tokenizer == "byte":
+        _require(m.vocab_size >= 257, where, "model.vocab_size",
+                 "at least 257 for the byte tokenizer (256 bytes + end-of-text)", m.vocab_size)
+    else:
+        _require(m.vocab_size >= 50257, where, "model.vocab_size",
+                 "at least 50257 for the gpt2 tokenizer", m.vocab_size)
+    if d.source == "files":
+        _require(bool(d.paths), where, "data.paths", "at least one path or glob for source=files",
+                 d.paths)
+    if a.kind == "nsa":
+        _require(a.compress_block > 0 and a.compress_stride > 0, where, "model.attention.compress_stride",
+                 "positive compress_block and compress_stride", a.compress_stride)
+        _require(a.compress_block % a.compress_stride == 0, where, "model.attention.compress_block",
+                 f"a multiple of compress_stride ({a.compress_stride})", a.compress_block)
+        _require(a.select_block % a.compress_stride == 0, where, "model.attention.select_block",
+                 f"a multiple of compress_stride ({a.compress_stride})", a.select_block)
+        _require(a.select_block >= a.compress_block, where, "model.attention.select_block",
+                 f"at least compress_block ({a.compress_block})", a.select_block)
+        _require(a.num_initial >= 0 and a.num_local >= 1, where, "model.attention.num_local",
+                 "at least 1 local block (the query's own)", a.num_local)
+        _require(a.num_selected >= a.num_initial + a.num_local, where, "model.attention.num_selected",
+                 f"at least num_initial + num_local ({a.num_initial + a.num_local})", a.num_selected)
+        _require(a.window > 0, where, "model.attention.window", "a positive integer", a.window)
+    dbg = cfg.debug
+    for key, value in [("debug.hang_at_step", dbg.hang_at_step), ("debug.crash_at_step", dbg.crash_at_step),
+                       ("debug.nan_at_step", dbg.nan_at_step)]:
+        if value is not None:
+            _require(value >= 0, where, key, "a non-negative step", value)
+    _require(dbg.slow_data_s >= 0, where, "debug.slow_data_s", "a non-negative number", dbg.slow_data_s)
