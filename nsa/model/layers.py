@@ -1,0 +1,43 @@
+"""Small building blocks of the decoder: RMSNorm and the SwiGLU feed-forward."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learnable gain (computed in fp32 for bf16 stability)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``; gate and up share one matmul."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).split(self.hidden, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+def swiglu_hidden(dim: int, ffn_hidden: int | None) -> int:
+    """The configured hidden size, or SwiGLU's 8/3 * dim rounded up to a multiple of 64."""
+    if ffn_hidden is not None:
+        return ffn_hidden
+    h = (8 * dim) // 3
+    return ((h + 63) // 64) * 64

@@ -1,0 +1,28 @@
+"""Rotary position embedding, applied per head and identically to queries and keys.
+
+LESSONS 20: an earlier code base rotated Q over the flattened heads dimension and K per
+head, so scores depended on absolute position. Here one function rotates the last
+(head) dimension of ``[B, T, heads, D]`` tensors, whatever the number of heads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[T, D/2]`` (fp32) for (possibly fractional) positions ``[T]``."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    inv_freq = theta ** (-exponents)
+    ang = positions.float()[:, None] * inv_freq[None, :]
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [B, T, heads, D]`` pairwise (half-split layout) by the angles of its position."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+    return out.to(x.dtype)

@@ -1,0 +1,60 @@
+"""NSA attention ops: a PyTorch reference and (on GPU) Triton kernels with the same API.
+
+``get_ops(backend, device)`` returns the module whose functions the model calls. See
+docs/ops-contract.md for the shared signatures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import torch
+
+from nsa.ops import reference
+
+__all__ = ["get_ops", "reference", "triton_available"]
+
+
+def _import_triton() -> ModuleType:
+    return importlib.import_module("nsa.ops.triton")
+
+
+def triton_available() -> bool:
+    """True when ``nsa.ops.triton`` imports (it needs the triton package and our kernels)."""
+    try:
+        _import_triton()
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return False
+    return True
+
+
+def get_ops(backend: str, device: torch.device | str) -> ModuleType:
+    """The ops module for ``backend`` on ``device``.
+
+    ``"reference"``: PyTorch. ``"triton"``: the kernels (on CPU only under
+    TRITON_INTERPRET=1), an error if they cannot be imported. ``"auto"``: the kernels
+    on CUDA when they import, else the reference.
+    """
+    dev = torch.device(device)
+    if backend == "reference":
+        return reference
+    if backend == "triton":
+        if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                f"attention backend 'triton' on device {dev.type!r} needs CUDA or TRITON_INTERPRET=1"
+            )
+        try:
+            return _import_triton()
+        except Exception as exc:
+            msg = f"attention backend 'triton' requested but nsa.ops.triton fails to import: {exc}"
+            raise RuntimeError(msg) from exc
+    if backend == "auto":
+        if dev.type == "cuda":
+            try:
+                return _import_triton()
+            except Exception:  # noqa: BLE001 - fall back to the reference, by contract
+                return reference
+        return reference
+    raise ValueError(f"unknown attention backend {backend!r} (expected auto, reference or triton)")
