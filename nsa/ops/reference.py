@@ -18,6 +18,7 @@ __all__ = [
     "num_compressed",
     "num_select_blocks",
     "compressed_attention",
+    "compressed_attention_and_scores",
     "selection_scores",
     "select_blocks",
     "selected_attention",
@@ -183,3 +184,21 @@ def window_attention(
     mask = (diff >= 0) & (diff < window)
     out, _ = _masked_attention(q, k, v, mask, scale)
     return out
+
+
+def compressed_attention_and_scores(
+    q: torch.Tensor,
+    k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor,
+    block: int,
+    stride: int,
+    select_block: int,
+    n_kv_heads: int,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [B,T,H,D], scores [B,T,G,Ns])``: compressed attention and the selection
+    scores it implies (Eq. 9 + 10), without gradient through the scores. The Triton
+    backend computes the same pair without materialising the T x Nc probabilities."""
+    out, probs = compressed_attention(q, k_cmp, v_cmp, block, stride, scale)
+    scores = selection_scores(probs.detach(), n_kv_heads, block, stride, select_block)
+    return out, scores
