@@ -16,6 +16,7 @@ from torch import nn
 
 from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
+from nsa.model.layers import upcast
 from nsa.model.rope import apply_rope, rope_angles
 from nsa.ops import get_ops
 
@@ -55,7 +56,8 @@ class NSAAttention(nn.Module):
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 6, G, D)
         pos = torch.arange(T, device=x.device)
-        cos, sin = rope_angles(pos, D, self.rope_theta)
+        adt = upcast(x).dtype  # fp32, or fp64 in tests
+        cos, sin = rope_angles(pos, D, self.rope_theta, adt)
         q = apply_rope(q, cos, sin)
         k_slc = apply_rope(kv[:, :, 2], cos, sin)
         k_win = apply_rope(kv[:, :, 4], cos, sin)
@@ -66,7 +68,7 @@ class NSAAttention(nn.Module):
         k_cmp = self.compress_k(kv[:, :, 0])
         v_cmp = self.compress_v(kv[:, :, 1]).contiguous()
         cpos = torch.arange(k_cmp.shape[1], device=x.device) * c.compress_stride + (c.compress_block - 1)
-        ccos, csin = rope_angles(cpos, D, self.rope_theta)
+        ccos, csin = rope_angles(cpos, D, self.rope_theta, adt)
         k_cmp = apply_rope(k_cmp, ccos, csin)
         o_cmp, p_cmp = ops.compressed_attention(q, k_cmp, v_cmp, c.compress_block, c.compress_stride)
 
@@ -78,10 +80,10 @@ class NSAAttention(nn.Module):
         o_win = ops.window_attention(q, k_win, v_win, c.window)
 
         if self.gate_override is None:
-            g = torch.sigmoid(self.gate(x).float()).view(B, T, H, 3)
+            g = torch.sigmoid(upcast(self.gate(x))).view(B, T, H, 3)
         else:
-            g = torch.tensor(self.gate_override, device=x.device, dtype=torch.float32).expand(B, T, H, 3)
-        self.last_gate_mean = g.detach().mean(dim=(0, 1, 2))
+            g = torch.tensor(self.gate_override, device=x.device, dtype=adt).expand(B, T, H, 3)
+        self.last_gate_mean = g.detach().float().mean(dim=(0, 1, 2))
         g = g.to(q.dtype)
         o = g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
         return self.o_proj(o.reshape(B, T, H * D))
@@ -107,7 +109,7 @@ class DenseAttention(nn.Module):
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 2, G, D)
-        cos, sin = rope_angles(torch.arange(T, device=x.device), D, self.rope_theta)
+        cos, sin = rope_angles(torch.arange(T, device=x.device), D, self.rope_theta, upcast(x).dtype)
         q = apply_rope(q, cos, sin).transpose(1, 2)
         k = apply_rope(kv[:, :, 0], cos, sin).transpose(1, 2)
         v = kv[:, :, 1].transpose(1, 2)

@@ -7,6 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 -> fp32 for reductions and nonlinearities; fp32 and fp64 unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learnable gain (computed in fp32 for bf16 stability)."""
 
@@ -16,9 +21,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = upcast(x)
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return (y * self.weight.to(xf.dtype)).to(x.dtype)
 
 
 class SwiGLU(nn.Module):

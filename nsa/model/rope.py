@@ -10,18 +10,21 @@ from __future__ import annotations
 import torch
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[T, D/2]`` (fp32) for (possibly fractional) positions ``[T]``."""
-    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+def rope_angles(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[T, D/2]`` for (possibly fractional) positions ``[T]``; fp32 unless
+    ``dtype`` asks for fp64 (tests)."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim
     inv_freq = theta ** (-exponents)
-    ang = positions.float()[:, None] * inv_freq[None, :]
+    ang = positions.to(dtype)[:, None] * inv_freq[None, :]
     return ang.cos(), ang.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [B, T, heads, D]`` pairwise (half-split layout) by the angles of its position."""
     half = x.shape[-1] // 2
-    xf = x.float()
+    xf = x.to(cos.dtype) if x.dtype != torch.float64 else x.double()
     x1, x2 = xf[..., :half], xf[..., half:]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     out = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)

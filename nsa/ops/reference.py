@@ -45,6 +45,11 @@ def block_view(x: torch.Tensor, block: int, stride: int) -> torch.Tensor:
     return x.unfold(1, block, stride).permute(0, 1, 4, 2, 3)
 
 
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    """Accumulation dtype: fp64 stays fp64 (tests), everything else computes in fp32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _masked_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,13 +57,14 @@ def _masked_attention(
     broadcastable to ``[B, G, R, T, S]``) says which keys a query may see.
 
     Rows with no visible key give output 0 and probabilities 0, never NaN. Softmax in
-    fp32. Returns (out [B,T,H,D], probs [B,G,R,T,S]).
+    fp32 (fp64 for fp64 inputs). Returns (out [B,T,H,D], probs [B,G,R,T,S]).
     """
     B, T, H, D = q.shape
     G = k.shape[2]
     R = H // G
     qg = q.reshape(B, T, G, R, D)
-    scores = torch.einsum("btgrd,bsgd->bgrts", qg.float(), k.float()) * scale
+    acc = _acc_dtype(q)
+    scores = torch.einsum("btgrd,bsgd->bgrts", qg.to(acc), k.to(acc)) * scale
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1) * mask  # fully masked rows: uniform * 0 = 0
     out = torch.einsum("bgrts,bsgd->btgrd", probs.to(v.dtype), v)
@@ -98,7 +104,7 @@ def _overlap_matrix(T: int, block: int, stride: int, select_block: int, device: 
     s0 = torch.arange(Ns, device=device) * select_block
     lo = torch.maximum(c0[:, None], s0[None, :])
     hi = torch.minimum(c0[:, None] + block, s0[None, :] + select_block)
-    return (hi - lo).clamp_min(0).float() / stride
+    return (hi - lo).clamp_min(0).to(torch.float64) / stride
 
 
 def selection_scores(
@@ -112,7 +118,8 @@ def selection_scores(
     """
     B, T, H, Nc = probs.shape
     W = _overlap_matrix(T, block, stride, select_block, probs.device)
-    p_slc = torch.matmul(probs.float(), W)  # [B, T, H, Ns]
+    acc = _acc_dtype(probs)
+    p_slc = torch.matmul(probs.to(acc), W.to(acc))  # [B, T, H, Ns]
     return p_slc.reshape(B, T, n_kv_heads, H // n_kv_heads, -1).sum(dim=3)
 
 
@@ -134,7 +141,7 @@ def select_blocks(
     eligible = j <= own  # j*l' <= t
     forced = eligible & ((j < num_initial) | (j > own - num_local))
     inf = torch.tensor(float("inf"), device=dev)
-    key = torch.where(eligible[:, None, :], scores.detach().float(), -inf)
+    key = torch.where(eligible[:, None, :], scores.detach().to(_acc_dtype(scores)), -inf)
     key = torch.where(forced[:, None, :], inf, key)  # [B, T, G, Ns]
     k = min(num_selected, Ns)
     # stable descending sort: equal keys keep ascending block order

@@ -1,0 +1,154 @@
+"""Each reference branch against an independent per-query reference written here.
+
+The references loop over (batch, position, head) in Python on purpose: they share no
+code with nsa.ops.reference (LESSONS 17: a test that reuses the implementation's mask
+shares its bugs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nsa.ops import get_ops, reference
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def _softmax_attend(q: torch.Tensor, keys: list[torch.Tensor], vals: list[torch.Tensor], scale: float):
+    """One query over an explicit list of keys; returns (out, probs) or zeros if no key."""
+    if not keys:
+        return torch.zeros_like(q), torch.zeros(0, dtype=q.dtype)
+    s = torch.stack([(q @ k) * scale for k in keys])
+    p = torch.exp(s - s.max())
+    p = p / p.sum()
+    return sum(pi * v for pi, v in zip(p, vals)), p
+
+
+@pytest.mark.parametrize("T,block,stride", [(21, 4, 2), (9, 4, 4), (3, 4, 2), (16, 8, 4)])
+def test_compressed_attention_matches_per_query_loop(T: int, block: int, stride: int) -> None:
+    B, H, G, D = 2, 4, 2, 8
+    R = H // G
+    Nc = reference.num_compressed(T, block, stride)
+    assert Nc == max(0, len(range(0, T - block + 1, stride)))
+    q = _rand(B, T, H, D, seed=1)
+    kc, vc = _rand(B, Nc, G, D, seed=2), _rand(B, Nc, G, D, seed=3)
+    out, probs = reference.compressed_attention(q, kc, vc, block, stride)
+    assert out.shape == (B, T, H, D) and probs.shape == (B, T, H, Nc)
+    scale = D**-0.5
+    for b in range(B):
+        for t in range(T):
+            for h in range(H):
+                g = h // R
+                visible = [i for i in range(Nc) if i * stride + block - 1 <= t]  # block ended
+                o, p = _softmax_attend(q[b, t, h], [kc[b, i, g] for i in visible],
+                                       [vc[b, i, g] for i in visible], scale)
+                torch.testing.assert_close(out[b, t, h], o)
+                want = torch.zeros(Nc, dtype=torch.float64)
+                for i, pi in zip(visible, p):
+                    want[i] = pi
+                torch.testing.assert_close(probs[b, t, h], want)
+    assert torch.isfinite(out).all() and torch.isfinite(probs).all()
+
+
+def test_compressed_attention_gradients_finite_with_empty_rows() -> None:
+    """Queries before the first block end see nothing: output 0, and no NaN gradients."""
+    B, T, H, G, D, block, stride = 1, 12, 2, 1, 4, 8, 4
+    q = _rand(B, T, H, D, seed=4).requires_grad_()
+    kc = _rand(B, 2, G, D, seed=5).requires_grad_()
+    vc = _rand(B, 2, G, D, seed=6).requires_grad_()
+    out, _ = reference.compressed_attention(q, kc, vc, block, stride)
+    assert (out[:, : block - 1] == 0).all()
+    out.sum().backward()
+    for t in (q, kc, vc):
+        assert torch.isfinite(t.grad).all()
+    assert kc.grad.abs().sum() > 0 and vc.grad.abs().sum() > 0  # LESSONS 17: keys get gradient
+
+
+@pytest.mark.parametrize("T,window", [(23, 5), (23, 1), (10, 64)])
+def test_window_attention_equals_band_masked_sdpa(T: int, window: int) -> None:
+    B, H, G, D = 2, 4, 2, 8
+    q, k, v = _rand(B, T, H, D, seed=7), _rand(B, T, G, D, seed=8), _rand(B, T, G, D, seed=9)
+    out = reference.window_attention(q, k, v, window)
+    band = torch.tensor([[t - window < s <= t for s in range(T)] for t in range(T)])
+    qh = q.transpose(1, 2)
+    kh = k.repeat_interleave(H // G, dim=2).transpose(1, 2)
+    vh = v.repeat_interleave(H // G, dim=2).transpose(1, 2)
+    want = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=band).transpose(1, 2)
+    torch.testing.assert_close(out, want)
+    if window >= T:  # the window covers everything: plain causal attention
+        causal = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(1, 2)
+        torch.testing.assert_close(out, causal)
+
+
+def _naive_selected(q, k, v, idx, select_block):
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for t in range(T):
+            for h in range(H):
+                g = h // (H // G)
+                toks = sorted({s for j in idx[b, t, g].tolist() if j >= 0
+                               for s in range(j * select_block, min((j + 1) * select_block, T)) if s <= t})
+                out[b, t, h], _ = _softmax_attend(q[b, t, h], [k[b, s, g] for s in toks],
+                                                  [v[b, s, g] for s in toks], D**-0.5)
+    return out
+
+
+def test_selected_attention_matches_per_query_loop() -> None:
+    B, T, H, G, D, lp, n = 2, 29, 4, 2, 8, 4, 3
+    q, k, v = _rand(B, T, H, D, seed=10), _rand(B, T, G, D, seed=11), _rand(B, T, G, D, seed=12)
+    g = torch.Generator().manual_seed(13)
+    # random blocks per (b, t, group): the query's own block plus random earlier ones or -1
+    idx = torch.full((B, T, G, n), -1, dtype=torch.long)
+    for b in range(B):
+        for t in range(T):
+            for gg in range(G):
+                own = t // lp
+                others = torch.randperm(own + 1, generator=g)[: n - 1].tolist()
+                chosen = sorted({own, *[j for j in others if j != own]})[:n]
+                drop = int(torch.randint(0, 2, (1,), generator=g))  # sometimes leave a -1 slot
+                if drop and len(chosen) > 1:
+                    chosen = [c for c in chosen if c != chosen[0]]
+                idx[b, t, gg, : len(chosen)] = torch.tensor(chosen)
+    out = reference.selected_attention(q, k, v, idx, lp)
+    torch.testing.assert_close(out, _naive_selected(q, k, v, idx, lp))
+
+
+def test_block_view_is_the_blocks() -> None:
+    x = _rand(2, 19, 3, 4, seed=14)
+    bv = reference.block_view(x, 6, 3)
+    assert bv.shape == (2, reference.num_compressed(19, 6, 3), 6, 3, 4)
+    assert bv.data_ptr() == x.data_ptr()  # a view, no copy
+    for i in range(bv.shape[1]):
+        torch.testing.assert_close(bv[:, i], x[:, i * 3 : i * 3 + 6])
+    assert reference.block_view(x[:, :5], 6, 3).shape[1] == 0
+
+
+def test_get_ops_dispatch() -> None:
+    assert get_ops("reference", "cpu") is reference
+    assert get_ops("auto", "cpu") is reference
+    with pytest.raises(ValueError):
+        get_ops("bogus", "cpu")
+    try:
+        import nsa.ops.triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - kernels not importable: auto on CUDA falls back
+        assert get_ops("auto", "cuda") is reference
+    else:
+        assert get_ops("auto", "cuda") is not reference
+
+
+def test_scale_default_is_inverse_sqrt_head_dim() -> None:
+    q, k, v = _rand(1, 6, 2, 16, seed=15), _rand(1, 6, 1, 16, seed=16), _rand(1, 6, 1, 16, seed=17)
+    a = reference.window_attention(q, k, v, 3)
+    b = reference.window_attention(q, k, v, 3, scale=1 / math.sqrt(16))
+    torch.testing.assert_close(a, b)
+    c = reference.window_attention(q, k, v, 3, scale=0.5)
+    assert not torch.allclose(a, c)
