@@ -1,0 +1,135 @@
+"""Host samples: per-GPU readings through NVML, CPU/RAM/disk through psutil.
+
+NVML sits behind ``GpuSource`` so tests can feed fake readings, and so that a host
+without NVML, without a driver or with a lost GPU yields N/A values and a message,
+never a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Protocol
+
+import psutil
+
+
+class GpuSource(Protocol):
+    """Where GPU readings come from. ``read`` returns (gpus or None, message)."""
+
+    def read(self) -> tuple[list[dict[str, Any]] | None, str]: ...
+
+    def count(self) -> int: ...
+
+
+def _na(fn: Any, *args: Any) -> Any:
+    """Call one NVML getter; any NVML error (lost GPU, unsupported) gives None (N/A)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - NVML raises many error classes; each means N/A
+        return None
+
+
+class NvmlSource:
+    """Real NVML (module ``pynvml`` from nvidia-ml-py)."""
+
+    def __init__(self) -> None:
+        self.message = ""
+        self.ok = False
+        try:
+            import pynvml
+
+            self.nv = pynvml
+            pynvml.nvmlInit()
+            self.ok = True
+        except Exception as exc:  # noqa: BLE001 - library missing, no driver, ...
+            self.message = f"NVML unavailable: {type(exc).__name__}: {exc}".strip()
+
+    def count(self) -> int:
+        if not self.ok:
+            return 0
+        return _na(self.nv.nvmlDeviceGetCount) or 0
+
+    def read(self) -> tuple[list[dict[str, Any]] | None, str]:
+        if not self.ok:
+            return None, self.message
+        nv = self.nv
+        n = _na(nv.nvmlDeviceGetCount)
+        if n is None:
+            return None, "NVML: cannot count GPUs (driver gone?)"
+        gpus = []
+        notes = []
+        for i in range(n):
+            h = _na(nv.nvmlDeviceGetHandleByIndex, i)
+            if h is None:
+                gpus.append(_empty_gpu(i))
+                notes.append(f"GPU {i} not reachable")
+                continue
+            mem = _na(nv.nvmlDeviceGetMemoryInfo, h)
+            util = _na(nv.nvmlDeviceGetUtilizationRates, h)
+            power = _na(nv.nvmlDeviceGetPowerUsage, h)
+            limit = _na(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+            temp = _na(nv.nvmlDeviceGetTemperature, h, 0)  # 0: NVML_TEMPERATURE_GPU
+            procs = _na(nv.nvmlDeviceGetComputeRunningProcesses, h) or []
+            name = _na(nv.nvmlDeviceGetName, h)
+            gpus.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "uuid": _str(_na(nv.nvmlDeviceGetUUID, h)),
+                    "mem_used_bytes": mem.used if mem else None,
+                    "mem_total_bytes": mem.total if mem else None,
+                    "util_pct": util.gpu if util else None,
+                    "power_w": power / 1000.0 if power is not None else None,
+                    "power_limit_w": limit / 1000.0 if limit is not None else None,
+                    "temp_c": temp,
+                    "pids": [p.pid for p in procs],
+                }
+            )
+        return gpus, "; ".join(notes)
+
+
+def _str(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _empty_gpu(i: int) -> dict[str, Any]:
+    keys = ("name", "uuid", "mem_used_bytes", "mem_total_bytes", "util_pct", "power_w", "power_limit_w",
+            "temp_c")
+    return {"index": i, **dict.fromkeys(keys), "pids": []}
+
+
+class HostSampler:
+    """One sample per call: GPUs (or None + message), CPU %, RAM and disk of the runs root."""
+
+    def __init__(self, runs_root: str, gpu_source: GpuSource | None = None) -> None:
+        self.runs_root = runs_root
+        self.gpu = gpu_source if gpu_source is not None else NvmlSource()
+        psutil.cpu_percent(None)  # prime: the first call has no interval to measure
+
+    def sample(self, rank_pids: dict[int, tuple[str, int]] | None = None) -> dict[str, Any]:
+        """``rank_pids`` maps a PID to (run id, rank) so each GPU names its ranks."""
+        gpus, message = self.gpu.read()
+        if gpus is not None and rank_pids:
+            for g in gpus:
+                g["ranks"] = [
+                    {"pid": pid, "run": rank_pids[pid][0], "rank": rank_pids[pid][1]}
+                    for pid in g.get("pids", [])
+                    if pid in rank_pids
+                ]
+        vm = psutil.virtual_memory()
+        try:
+            du = psutil.disk_usage(self.runs_root if os.path.exists(self.runs_root) else "/")
+            disk = {"used_bytes": du.used, "total_bytes": du.total, "free_bytes": du.free}
+        except OSError:
+            disk = {"used_bytes": None, "total_bytes": None, "free_bytes": None}
+        return {
+            "ts": time.time(),
+            "gpus": gpus,
+            "gpu_message": message,
+            "cpu_pct": psutil.cpu_percent(None),
+            "cpu_count": psutil.cpu_count(),
+            "load_avg": list(os.getloadavg()),
+            "ram": {"used_bytes": vm.total - vm.available, "total_bytes": vm.total},
+            "disk": disk,
+        }

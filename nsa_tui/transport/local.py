@@ -1,0 +1,69 @@
+"""The local transport: the agent as a subprocess of the panel (no SSH needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from nsa_tui.transport.base import Channel, Transport, TransportError
+
+
+class ProcessChannel(Channel):
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def readline(self) -> bytes:
+        assert self.proc.stdout is not None
+        try:
+            return await self.proc.stdout.readline()
+        except (ConnectionError, ValueError):
+            return b""
+
+    async def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            await self.proc.stdin.drain()
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise TransportError(f"local agent gone: {exc}") from exc
+
+    async def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 5)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def stderr_text(self) -> str:
+        if self.proc.stderr is None:
+            return ""
+        try:
+            data = await asyncio.wait_for(self.proc.stderr.read(65536), 2)
+        except asyncio.TimeoutError:
+            return ""
+        return data.decode("utf-8", "replace")
+
+
+class LocalTransport(Transport):
+    """``python -m nsa_tui.agent`` with this interpreter."""
+
+    name = "local"
+
+    def __init__(self, runs_root: str | None = None, python: str = sys.executable) -> None:
+        self.runs_root = runs_root
+        self.python = python
+
+    async def connect(self) -> Channel:
+        argv = [self.python, "-m", "nsa_tui.agent"]
+        if self.runs_root:
+            argv += ["--runs-root", self.runs_root]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, limit=16 << 20,
+            )
+        except OSError as exc:
+            raise TransportError(f"cannot start the local agent: {exc}") from exc
+        return ProcessChannel(proc)
