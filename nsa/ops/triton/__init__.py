@@ -1,0 +1,143 @@
+"""Triton kernels for NSA with the ops contract's names and signatures (docs/ops-contract.md).
+
+- ``compressed_attention`` / ``window_attention``: one flash-style "band" kernel family
+  (band.py), forward + backward.
+- ``compressed_attention_and_scores``: the fused path the model should use: compressed
+  attention plus the selection scores [B,T,G,Ns] (Eq. 9 + 10) computed from the row LSE in
+  a second pass (scores.py), never materialising the T x Nc probability matrix.
+- ``selected_attention``: group-centric, forward + backward (selected.py).
+- ``selection_scores`` / ``select_blocks``: no gradient and no kernel of their own; the
+  top-n runs in torch (the reference's implementation, one source of truth).
+
+Every kernel is deterministic (no atomics). Under ``TRITON_INTERPRET=1`` they run on CPU
+in fp32 (bf16 ``tl.dot`` is wrong in the interpreter). Design notes: docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nsa.ops.reference import select_blocks, selection_scores
+
+from .band import band_backward, band_forward
+from .scores import selection_scores_from_lse
+from .selected import selected_backward, selected_forward
+
+__all__ = [
+    "compressed_attention",
+    "compressed_attention_and_scores",
+    "selection_scores",
+    "select_blocks",
+    "selected_attention",
+    "window_attention",
+]
+
+
+class _BandAttention(torch.autograd.Function):
+    """Band attention (window or compressed); returns (out, lse), lse without gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, stride: int, off: int, win: int, scale: float, nsplit: int):
+        kd, vd = k.dtype, v.dtype
+        q = q.contiguous()
+        k = k.to(q.dtype).contiguous()
+        v = v.to(q.dtype).contiguous()
+        o, lse = band_forward(q, k, v, stride, off, win, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (stride, off, win, scale, nsplit, kd, vd)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        stride, off, win, scale, nsplit, kd, vd = ctx.args
+        dq, dk, dv = band_backward(q, k, v, o, lse, do.to(q.dtype), stride, off, win, scale, nsplit)
+        return dq, dk.to(kd), dv.to(vd), None, None, None, None, None
+
+
+class _SelectedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, idx, block: int, scale: float):
+        kd, vd = k.dtype, v.dtype
+        q = q.contiguous()
+        k = k.to(q.dtype).contiguous()
+        v = v.to(q.dtype).contiguous()
+        idx = idx.to(torch.int64).contiguous()
+        o, lse = selected_forward(q, k, v, idx, block, scale)
+        ctx.save_for_backward(q, k, v, idx, o, lse)
+        ctx.args = (block, scale, kd, vd)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, idx, o, lse = ctx.saved_tensors
+        block, scale, kd, vd = ctx.args
+        dq, dk, dv = selected_backward(q, k, v, idx, o, lse, do.to(q.dtype), block, scale)
+        return dq, dk.to(kd), dv.to(vd), None, None, None
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
+def _cmp_split(n_cmp: int) -> int:
+    """Split the compressed dK/dV pass over query tiles so a short Nc still fills the GPU."""
+    return 1 if n_cmp <= 256 else 4
+
+
+def _compressed(q, k_cmp, v_cmp, block, stride, scale):
+    T = q.shape[1]
+    return _BandAttention.apply(q, k_cmp, v_cmp, stride, block - 1, T + 1, _scale(q, scale),
+                                _cmp_split(k_cmp.shape[1]))
+
+
+def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, block: int, stride: int,
+                         scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contract version: (out [B,T,H,D], probs [B,T,H,Nc]).
+
+    ``out`` comes from the kernel (with gradient). ``probs`` is rebuilt from the kernel's
+    row LSE in torch, WITHOUT gradient (it only feeds the non-differentiable top-n); it
+    materialises T x Nc, so the model should prefer ``compressed_attention_and_scores``.
+    """
+    out, lse = _compressed(q, k_cmp, v_cmp, block, stride, scale)
+    with torch.no_grad():
+        B, T, H, _ = q.shape
+        G = k_cmp.shape[2]
+        kk = k_cmp.float().repeat_interleave(H // G, dim=2)
+        s = torch.einsum("bthd,bshd->bths", q.float(), kk) * _scale(q, scale)
+        ends = torch.arange(k_cmp.shape[1], device=q.device) * stride + (block - 1)
+        vis = ends[None, :] <= torch.arange(T, device=q.device)[:, None]  # [T, Nc]
+        probs = torch.exp(s - lse.permute(0, 2, 1)[..., None]) * vis[None, :, None, :]
+    return out, probs
+
+
+def compressed_attention_and_scores(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, block: int,
+                                    stride: int, select_block: int, n_kv_heads: int,
+                                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B,T,H,D], scores [B,T,G,Ns] fp32 without gradient) in two kernel passes.
+
+    Equals ``selection_scores(compressed_attention(...)[1], n_kv_heads, block, stride,
+    select_block)`` without the T x Nc probability matrix.
+    """
+    if k_cmp.shape[2] != n_kv_heads:
+        raise ValueError(f"k_cmp has {k_cmp.shape[2]} KV groups, n_kv_heads={n_kv_heads}")
+    out, lse = _compressed(q, k_cmp, v_cmp, block, stride, scale)
+    with torch.no_grad():
+        qc = q.detach().contiguous()
+        kc = k_cmp.detach().to(qc.dtype).contiguous()
+        scores = selection_scores_from_lse(qc, kc, lse, block, stride, select_block, _scale(q, scale))
+    return out, scores
+
+
+def selected_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
+                       select_block: int, scale: float | None = None) -> torch.Tensor:
+    """Group-centric selected attention over ``idx [B,T,G,n]`` (distinct blocks, -1 = unused)."""
+    return _SelectedAttention.apply(q, k, v, idx, select_block, _scale(q, scale))
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                     scale: float | None = None) -> torch.Tensor:
+    """Sliding-window attention: query t sees keys ``t - window < s <= t``."""
+    out, _ = _BandAttention.apply(q, k, v, 1, 0, window, _scale(q, scale), 1)
+    return out

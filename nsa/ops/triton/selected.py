@@ -1,0 +1,222 @@
+"""Group-centric selected attention (NSA's selection branch), forward and backward.
+
+Forward and dQ: one program per (query position t, batch, KV group g). Its rows are the
+group's query heads (padded with zero rows up to a 16-row tensor-core tile when the group
+has fewer heads); it walks the group's selected blocks ``idx[b, t, g, :]`` and loads each
+K/V block once for all heads (the paper's group-centric scheme). Causality inside the
+query's own block is a key mask ``s <= t``; ``-1`` slots are skipped.
+
+dK/dV: KV-block-major, no atomics. An inverted index (which query positions selected
+block j of group g) is built with torch ops (a stable sort of the flattened selection,
+``searchsorted`` for the segment offsets: no host sync, fixed shapes). One program per
+(block j, batch, group) loads its K/V block once and loops over those queries in chunks
+of QC positions x heads rows, accumulating dK/dV in registers: deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .band import NEG, _prec
+
+
+@triton.jit
+def _sel_fwd(Q, K, V, IDX, OUT, LSE,
+             sqb, sqt, sqh, skb, skt, skh, sib, sit, sig,
+             T, G, HPG, NSEL, scale,
+             BS: tl.constexpr, LS: tl.constexpr, HP: tl.constexpr,
+             D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    t = tl.program_id(0)
+    pid_bg = tl.program_id(1)
+    b = pid_bg // G
+    g = pid_bg % G
+    rows = tl.arange(0, HP)
+    rmask = rows < HPG
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    h = g * HPG + rows
+    qoff = b * sqb + t * sqt + h[:, None] * sqh + offs_d[None, :]
+    q = tl.load(Q + qoff, mask=rmask[:, None] & dmask[None, :], other=0.0)
+    m_i = tl.full([HP], NEG, tl.float32)
+    l_i = tl.zeros([HP], tl.float32)
+    acc = tl.zeros([HP, BD], tl.float32)
+    kbase = K + b * skb + g * skh
+    vbase = V + b * skb + g * skh
+    for slot in range(0, NSEL):
+        j = tl.load(IDX + b * sib + t * sit + g * sig + slot)
+        if j >= 0:
+            offs_n = j * BS + tl.arange(0, LS)
+            nmask = (tl.arange(0, LS) < BS) & (offs_n <= t)
+            kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
+                         mask=nmask[None, :] & dmask[:, None], other=0.0)
+            s = tl.dot(q, kt, input_precision=PREC) * scale
+            s = tl.where(nmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :],
+                        mask=nmask[:, None] & dmask[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("inf"))
+    tl.store(OUT + qoff, out.to(OUT.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+    tl.store(LSE + (b * T + t) * G * HPG + h, lse, mask=rmask)
+
+
+@triton.jit
+def _sel_bwd_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
+                sqb, sqt, sqh, skb, skt, skh, sib, sit, sig,
+                T, G, HPG, NSEL, scale,
+                BS: tl.constexpr, LS: tl.constexpr, HP: tl.constexpr,
+                D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    t = tl.program_id(0)
+    pid_bg = tl.program_id(1)
+    b = pid_bg // G
+    g = pid_bg % G
+    rows = tl.arange(0, HP)
+    rmask = rows < HPG
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    h = g * HPG + rows
+    qoff = b * sqb + t * sqt + h[:, None] * sqh + offs_d[None, :]
+    qmask = rmask[:, None] & dmask[None, :]
+    q = tl.load(Q + qoff, mask=qmask, other=0.0)
+    do = tl.load(DO + qoff, mask=qmask, other=0.0)
+    lse = tl.load(LSE + (b * T + t) * G * HPG + h, mask=rmask, other=float("inf"))
+    delta = tl.load(DELTA + (b * T + t) * G * HPG + h, mask=rmask, other=0.0)
+    dq = tl.zeros([HP, BD], tl.float32)
+    kbase = K + b * skb + g * skh
+    vbase = V + b * skb + g * skh
+    for slot in range(0, NSEL):
+        j = tl.load(IDX + b * sib + t * sit + g * sig + slot)
+        if j >= 0:
+            offs_n = j * BS + tl.arange(0, LS)
+            nmask = (tl.arange(0, LS) < BS) & (offs_n <= t)
+            kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
+                         mask=nmask[None, :] & dmask[:, None], other=0.0)
+            vt = tl.load(vbase + offs_n[None, :] * skt + offs_d[:, None],
+                         mask=nmask[None, :] & dmask[:, None], other=0.0)
+            s = tl.dot(q, kt, input_precision=PREC) * scale
+            p = tl.where(nmask[None, :], tl.exp(s - lse[:, None]), 0.0)
+            dp = tl.dot(do, vt, input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
+    tl.store(DQ + qoff, (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, DK, DV,
+                  sqb, sqt, sqh, skb, skt, skh,
+                  T, G, HPG, NS, scale,
+                  BS: tl.constexpr, LS: tl.constexpr, HPP: tl.constexpr, QC: tl.constexpr,
+                  D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    j = tl.program_id(0)
+    pid_bg = tl.program_id(1)
+    b = pid_bg // G
+    g = pid_bg % G
+    key = pid_bg * NS + j
+    start = tl.load(OFFS + key)
+    end = tl.load(OFFS + key + 1)
+    offs_n = j * BS + tl.arange(0, LS)
+    nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    kvoff = b * skb + offs_n[:, None] * skt + g * skh + offs_d[None, :]
+    kvmask = nmask[:, None] & dmask[None, :]
+    k = tl.load(K + kvoff, mask=kvmask, other=0.0)
+    v = tl.load(V + kvoff, mask=kvmask, other=0.0)
+    dk = tl.zeros([LS, BD], tl.float32)
+    dv = tl.zeros([LS, BD], tl.float32)
+    r = tl.arange(0, QC * HPP)
+    qi = r // HPP
+    hr = r % HPP
+    h = g * HPG + hr
+    for c0 in range(start, end, QC):
+        valid = (c0 + qi < end) & (hr < HPG)
+        t = tl.load(TLIST + c0 + qi, mask=valid, other=0)
+        qoff = b * sqb + t[None, :] * sqt + h[None, :] * sqh + offs_d[:, None]
+        qt = tl.load(Q + qoff, mask=valid[None, :] & dmask[:, None], other=0.0)
+        dot_ = tl.load(DO + qoff, mask=valid[None, :] & dmask[:, None], other=0.0)
+        row = (b * T + t) * G * HPG + h
+        lse = tl.load(LSE + row, mask=valid, other=float("inf"))
+        delta = tl.load(DELTA + row, mask=valid, other=0.0)
+        st = tl.dot(k, qt, input_precision=PREC) * scale
+        vis = nmask[:, None] & (offs_n[:, None] <= t[None, :]) & valid[None, :]
+        pt = tl.where(vis, tl.exp(st - lse[None, :]), 0.0)
+        dv += tl.dot(pt.to(dot_.dtype), tl.trans(dot_), input_precision=PREC)
+        dpt = tl.dot(v, dot_, input_precision=PREC)
+        dst = pt * (dpt - delta[None, :])
+        dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=PREC)
+    tl.store(DK + kvoff, (dk * scale).to(DK.dtype.element_ty), mask=kvmask)
+    tl.store(DV + kvoff, dv.to(DV.dtype.element_ty), mask=kvmask)
+
+
+def _sizes(hpg: int, d: int, block: int) -> tuple[int, int, int, int, int]:
+    hp = max(16, triton.next_power_of_2(hpg))  # forward/dQ rows: heads padded to a 16-row tile
+    hpp = triton.next_power_of_2(hpg)  # dK/dV rows: QC positions x heads, no padding per position
+    qc = max(1, 64 // hpp) if hpp <= 64 else 1
+    return hp, hpp, qc, max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(block))
+
+
+def inverted_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every (b, g, block j): the query positions that selected it, ascending.
+
+    Returns (tlist int32 [B*G*T*n], offsets int64 [B*G*Ns + 1]); segment
+    ``offsets[k]:offsets[k+1]`` with ``k = (b*G + g)*Ns + j``. Fixed shapes, no host sync.
+    """
+    B, T, G, n = idx.shape
+    sel = idx.permute(0, 2, 1, 3)  # [B,G,T,n]
+    bg = torch.arange(B * G, device=idx.device).view(B, G, 1, 1)
+    keys = torch.where(sel >= 0, bg * n_blocks + sel, B * G * n_blocks).reshape(-1)
+    tpos = torch.arange(T, device=idx.device, dtype=torch.int32).view(1, 1, T, 1).expand(B, G, T, n)
+    sorted_keys, order = torch.sort(keys, stable=True)
+    tlist = tpos.reshape(-1)[order].contiguous()
+    bounds = torch.arange(B * G * n_blocks + 1, device=idx.device, dtype=sorted_keys.dtype)
+    offsets = torch.searchsorted(sorted_keys, bounds)
+    return tlist, offsets
+
+
+def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, block: int,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output [B,T,H,D] and LSE [B,T,H] (fp32)."""
+    B, T, H, D = q.shape
+    G, n = k.shape[2], idx.shape[-1]
+    o = torch.empty_like(q)
+    lse = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
+    if T == 0:
+        return o, lse
+    hp, _, _, bd, ls = _sizes(H // G, D, block)
+    _sel_fwd[(T, B * G)](q, k, v, idx, o, lse, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3],
+                         T, G, H // G, n, scale, BS=block, LS=ls, HP=hp, D=D, BD=bd, PREC=_prec(q))
+    return o, lse
+
+
+def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
+                      lse: torch.Tensor, do: torch.Tensor, block: int,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (deterministic: dK/dV are KV-block-major over an inverted index)."""
+    B, T, H, D = q.shape
+    G, n = k.shape[2], idx.shape[-1]
+    do = do.contiguous()
+    delta = (do.float() * o.float()).sum(-1).contiguous()  # [B,T,H]
+    dq = torch.empty_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    if T == 0:
+        return dq, dk, dv
+    hp, hpp, qc, bd, ls = _sizes(H // G, D, block)
+    prec = _prec(q)
+    _sel_bwd_dq[(T, B * G)](q, k, v, idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3],
+                            *idx.stride()[:3], T, G, H // G, n, scale,
+                            BS=block, LS=ls, HP=hp, D=D, BD=bd, PREC=prec)
+    ns = triton.cdiv(T, block)
+    tlist, offsets = inverted_index(idx, ns)
+    _sel_bwd_dkdv[(ns, B * G)](q, k, v, do, lse, delta, tlist, offsets, dk, dv,
+                               *q.stride()[:3], *k.stride()[:3], T, G, H // G, ns, scale,
+                               BS=block, LS=ls, HPP=hpp, QC=qc, D=D, BD=bd, PREC=prec)
+    return dq, dk, dv
