@@ -1,0 +1,326 @@
+"""Stall and failure detection: a pure function of the event stream and a clock.
+
+Feed every ``Event`` of a host (``feed``), then ask ``check(now)`` for the alerts that
+hold at ``now``. Nothing here reads files, the network or the wall clock, so every rule
+is unit-tested on synthetic event sequences (tests/test_alerts.py).
+
+Clocks: heartbeats carry the host's clock; ``now`` is the caller's. The detector
+estimates the offset from events that carry both (``Event.received`` set by the client
+and the agent's ``ts``), taking the smallest difference seen lately (a backfilled old
+line only makes the difference larger, so it never wins).
+
+Rules (LESSONS 10-11): a rank whose step stops advancing past a phase-aware threshold
+(generous in boot/data/compile/checkpoint/eval; in train a multiple of the recent
+median step time, with a floor); a rank with no heartbeat at all; ranks drifting apart
+in step; processes gone without a final status (crash, with exit code and traceback);
+a trainer-reported failure; a run lost across a reboot; NaN loss; throughput collapse;
+a GPU at high utilisation but idle power while its rank is stalled (the NCCL hang
+signature); a config whose parameter count or sequence length is far from its name.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+ALIVE = ("starting", "running", "stopping")
+
+
+@dataclass
+class Thresholds:
+    """Seconds unless named otherwise. Tests shrink them; the defaults suit real runs."""
+
+    phase_s: dict[str, float] = field(default_factory=lambda: {
+        "boot": 600.0, "data": 600.0, "compile": 1800.0, "checkpoint": 900.0, "eval": 900.0})
+    first_step_s: float = 900.0  # train phase before any step time is known
+    train_factor: float = 10.0  # x median recent step time
+    train_floor_s: float = 60.0
+    no_heartbeat_s: float = 30.0  # heartbeats come at least every 5 s in every phase
+    drift_steps: int = 2
+    throughput_drop: float = 0.3  # recent below this share of the earlier median
+    throughput_min_points: int = 10
+    nccl_util_pct: float = 90.0
+    nccl_power_frac: float = 0.4
+    size_factor: float = 2.0  # params or seq off by more than this factor from the name
+
+
+@dataclass
+class Alert:
+    """One alert with its evidence; ``key`` is stable while the condition lasts."""
+
+    kind: str
+    severity: str  # "critical" | "warning"
+    host: str
+    run: str | None
+    rank: int | None = None
+    gpu: int | None = None
+    phase: str | None = None
+    last_step: int | None = None
+    heartbeat_age_s: float | None = None
+    log_tail: list[str] = field(default_factory=list)
+    message: str = ""
+    suggested_actions: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}|{self.run}|{self.kind}|{self.rank}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["key"] = self.key
+        return d
+
+
+@dataclass
+class _Rank:
+    step: int | None = None
+    phase: str | None = None
+    phase_since: float = 0.0
+    last_ts: float = 0.0
+    advanced_at: float = 0.0
+    pid: int | None = None
+    gpu: int | None = None
+
+
+@dataclass
+class _Run:
+    record: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
+    tps: deque[float] = field(default_factory=lambda: deque(maxlen=60))
+    nan_step: int | None = None
+    log: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def traceback_tail(lines: list[str], n: int = 15) -> list[str]:
+    """The last traceback in ``lines`` (from its "Traceback" line), else the last n lines."""
+    for i in range(len(lines) - 1, -1, -1):
+        if "Traceback (most recent call last)" in lines[i]:
+            return lines[i:] if len(lines) - i <= n else [lines[i], "...", *lines[-(n - 2):]]
+    return lines[-n:]
+
+
+_SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([mb])(?![a-z])", re.I)
+_SEQ_RE = re.compile(r"(?:seq|ctx)[-_]?(\d+)(k?)(?![a-z0-9])", re.I)
+
+
+def expected_from_name(name: str) -> tuple[float | None, int | None]:
+    """"nsa-125m-seq2048" -> (125e6, 2048): what a config's name promises."""
+    params = seq = None
+    m = _SIZE_RE.search(name or "")
+    if m:
+        params = float(m.group(1)) * (1e6 if m.group(2).lower() == "m" else 1e9)
+    s = _SEQ_RE.search(name or "")
+    if s:
+        seq = int(s.group(1)) * (1024 if s.group(2) else 1)
+    return params, seq
+
+
+class AlertDetector:
+    """Alerts of one host from its events; pure: no I/O, no clock of its own."""
+
+    def __init__(self, host: str = "local", thresholds: Thresholds | None = None) -> None:
+        self.host = host
+        self.t = thresholds or Thresholds()
+        self.runs: dict[str, _Run] = {}
+        self.gpus: list[dict[str, Any]] = []
+        self._skews: deque[float] = deque(maxlen=120)
+
+    # -- input ----------------------------------------------------------------------
+    def feed(self, event: Any) -> None:
+        """Take one Event (kind, run, stream, offset, data, received)."""
+        kind, data = event.kind, event.data or {}
+        ts = data.get("ts")
+        received = getattr(event, "received", 0.0) or 0.0
+        if received and _finite(ts):
+            self._skews.append(received - ts)
+        if kind == "host":
+            self.gpus = list(data.get("gpus") or [])
+            return
+        if event.run is None:
+            return
+        run = self.runs.setdefault(event.run, _Run())
+        if kind == "heartbeat":
+            self._beat(run, data)
+        elif kind == "metric":
+            self._metric(run, data)
+        elif kind == "log":
+            run.log.append(str(data.get("line", "")))
+        elif kind == "status":
+            run.record = dict(data)
+
+    def _beat(self, run: _Run, d: dict[str, Any]) -> None:
+        rank = d.get("rank")
+        ts = d.get("ts")
+        if not isinstance(rank, int) or not _finite(ts):
+            return
+        r = run.ranks.setdefault(rank, _Rank(advanced_at=ts))
+        if ts < r.last_ts:
+            return  # out of order: keep the newest
+        step = d.get("step")
+        if step != r.step:
+            r.step, r.advanced_at = step, ts
+        r.phase = d.get("phase")
+        r.phase_since = d.get("phase_since") if _finite(d.get("phase_since")) else ts
+        r.last_ts = ts
+        r.pid = d.get("pid")
+        dev = d.get("device") or {}
+        r.gpu = dev.get("index") if dev.get("type") == "cuda" else None
+
+    def _metric(self, run: _Run, d: dict[str, Any]) -> None:
+        if d.get("kind", "train") == "train":
+            if _finite(d.get("step_time_s")):
+                run.step_times.append(float(d["step_time_s"]))
+            if _finite(d.get("tokens_per_s")):
+                run.tps.append(float(d["tokens_per_s"]))
+        for key in ("loss", "val_loss"):
+            if key in d and not _finite(d[key]) and run.nan_step is None:
+                run.nan_step = d.get("step")
+
+    # -- output ---------------------------------------------------------------------
+    def skew(self) -> float:
+        """Estimated (this clock - host clock), 0 without evidence."""
+        return min(self._skews) if self._skews else 0.0
+
+    def train_threshold(self, run_id: str) -> float:
+        """Seconds without a step in phase train before a rank counts as stalled."""
+        run = self.runs.get(run_id)
+        if run is None or not run.step_times:
+            return self.t.first_step_s
+        return max(self.t.train_floor_s, self.t.train_factor * statistics.median(run.step_times))
+
+    def check(self, now: float) -> list[Alert]:
+        """Every alert that holds at ``now`` (the caller's clock)."""
+        host_now = now - self.skew()
+        out: list[Alert] = []
+        for run_id, run in self.runs.items():
+            out += self._check_run(run_id, run, host_now)
+        return out
+
+    def _alert(self, kind: str, severity: str, run_id: str, run: _Run, **kw: Any) -> Alert:
+        kw.setdefault("log_tail", list(run.log)[-10:])
+        return Alert(kind, severity, self.host, run_id, **kw)
+
+    def _check_run(self, run_id: str, run: _Run, now: float) -> list[Alert]:
+        rec = run.record
+        status = rec.get("status")
+        out: list[Alert] = []
+        tail = list(rec.get("log_tail") or []) or list(run.log)
+        if status == "crashed":
+            code = rec.get("exit_code")
+            tb = traceback_tail(tail)
+            last = next((ln for ln in reversed(tb) if ln.strip()), "no output")
+            out.append(self._alert(
+                "crash", "critical", run_id, run, last_step=rec.get("step"), log_tail=tb,
+                message=f"run processes exited with code {code} without a final status: {last.strip()}",
+                suggested_actions=["logs", "resume"]))
+        elif status == "failed":
+            reason = str(rec.get("exit_reason") or "")
+            kind = "nan" if "nan" in reason.lower() else "failed"
+            out.append(self._alert(kind, "critical", run_id, run, last_step=rec.get("step"),
+                                   log_tail=traceback_tail(tail), message=f"trainer failed: {reason}",
+                                   suggested_actions=["logs", "resume"]))
+        elif status == "lost":
+            out.append(self._alert("lost", "warning", run_id, run, last_step=rec.get("step"),
+                                   message="run was running when the host rebooted; its processes are gone",
+                                   suggested_actions=["resume"]))
+        if run.nan_step is not None and not any(a.kind == "nan" for a in out):
+            out.append(self._alert("nan", "critical", run_id, run, last_step=run.nan_step,
+                                   message=f"loss is NaN/inf at step {run.nan_step}",
+                                   suggested_actions=["kill", "resume"]))
+        out += self._config_alerts(run_id, run)
+        if status not in ALIVE and rec:
+            return out
+        stalled = self._stall_alerts(run_id, run, now)
+        out += stalled
+        out += self._nccl_alerts(run_id, run, stalled)
+        steps = [r.step for r in run.ranks.values() if isinstance(r.step, int)]
+        if len(steps) >= 2 and max(steps) - min(steps) >= self.t.drift_steps:
+            lag = min(run.ranks, key=lambda k: run.ranks[k].step if isinstance(run.ranks[k].step, int) else 0)
+            out.append(self._alert(
+                "drift", "warning", run_id, run, rank=lag, last_step=run.ranks[lag].step,
+                message=f"ranks drift apart: steps {min(steps)}..{max(steps)} (rank {lag} behind)",
+                suggested_actions=["dump"]))
+        if len(run.tps) >= self.t.throughput_min_points:
+            vals = list(run.tps)
+            recent, base = statistics.median(vals[-3:]), statistics.median(vals[:-3][-20:])
+            if base > 0 and recent < self.t.throughput_drop * base:
+                out.append(self._alert(
+                    "throughput", "warning", run_id, run,
+                    message=f"throughput collapsed: {recent:,.0f} tok/s, was {base:,.0f} tok/s",
+                    suggested_actions=["dump"]))
+        return out
+
+    def _stall_alerts(self, run_id: str, run: _Run, now: float) -> list[Alert]:
+        out = []
+        for rank, r in sorted(run.ranks.items()):
+            age = now - r.last_ts
+            common = dict(rank=rank, gpu=r.gpu, phase=r.phase, last_step=r.step, heartbeat_age_s=age)
+            if age > self.t.no_heartbeat_s:
+                out.append(self._alert(
+                    "no_heartbeat", "critical", run_id, run, **common,
+                    message=f"rank {rank}: no heartbeat for {age:.0f} s (process gone or frozen)",
+                    suggested_actions=["dump", "kill", "fallback"]))
+                continue
+            if r.phase in ("done", "failed"):
+                continue
+            if r.phase == "train":
+                since = max(r.advanced_at, r.phase_since)
+                limit = self.train_threshold(run_id)
+            else:
+                since = r.phase_since
+                limit = self.t.phase_s.get(r.phase or "", self.t.first_step_s)
+            stuck = now - since
+            if stuck > limit:
+                out.append(self._alert(
+                    "stall", "critical", run_id, run, **common,
+                    message=f"rank {rank}: step {r.step} has not advanced for {stuck:.0f} s in phase "
+                            f"{r.phase} (threshold {limit:.0f} s); heartbeats still arrive",
+                    suggested_actions=["dump", "kill", "fallback"]))
+        return out
+
+    def _nccl_alerts(self, run_id: str, run: _Run, stalled: list[Alert]) -> list[Alert]:
+        out = []
+        for a in stalled:
+            r = run.ranks.get(a.rank) if a.rank is not None else None
+            for g in self.gpus:
+                on_it = (r is not None and r.pid in (g.get("pids") or [])) or (
+                    a.gpu is not None and g.get("index") == a.gpu)
+                util, power, limit = g.get("util_pct"), g.get("power_w"), g.get("power_limit_w")
+                if not on_it or not (_finite(util) and _finite(power) and _finite(limit) and limit > 0):
+                    continue
+                if util >= self.t.nccl_util_pct and power < self.t.nccl_power_frac * limit:
+                    out.append(self._alert(
+                        "nccl_hang", "critical", run_id, run, rank=a.rank, gpu=g.get("index"), phase=a.phase,
+                        last_step=a.last_step, heartbeat_age_s=a.heartbeat_age_s,
+                        message=f"GPU {g.get('index')} reads {util:.0f}% busy at {power:.0f} W of "
+                                f"{limit:.0f} W while rank {a.rank} is stalled: collective hang?",
+                        suggested_actions=["dump", "kill", "fallback"]))
+        return out
+
+    def _config_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+        rec = run.record
+        cfg = rec.get("config") or {}
+        name = str(cfg.get("name") or rec.get("name") or "")
+        params, seq = expected_from_name(name)
+        f = self.t.size_factor
+        out = []
+        pc, sl = rec.get("param_count"), rec.get("seq_len")
+        if params and _finite(pc) and pc > 0 and not (params / f <= pc <= params * f):
+            out.append(self._alert("config_size", "warning", run_id, run,
+                                   message=f"config {name!r} has {pc / 1e6:.1f}M parameters, "
+                                           f"its name promises {params / 1e6:.0f}M",
+                                   suggested_actions=["kill"]))
+        if seq and _finite(sl) and sl > 0 and not (seq / f <= sl <= seq * f):
+            out.append(self._alert("config_seq", "warning", run_id, run,
+                                   message=f"config {name!r} trains at seq_len {sl}, its name promises {seq}",
+                                   suggested_actions=["kill"]))
+        return out

@@ -1,0 +1,188 @@
+"""The stall/failure detector on synthetic event sequences (pure: no I/O, no clock)."""
+
+from __future__ import annotations
+
+import math
+
+from nsa_tui.alerts import AlertDetector, Thresholds, expected_from_name, traceback_tail
+from nsa_tui.client import Event
+
+T0 = 1_000_000.0
+RUN = "r1"
+
+
+def beat(rank: int, step: int, ts: float, phase: str = "train", since: float = T0, pid: int = 100,
+         gpu: int | None = None, received: float = 0.0) -> Event:
+    dev = {"type": "cuda", "index": gpu, "uuid": None} if gpu is not None else {"type": "cpu", "index": None}
+    data = {"ts": ts, "rank": rank, "step": step, "phase": phase, "phase_since": since, "pid": pid + rank,
+            "device": dev, "source": "step"}
+    return Event("heartbeat", RUN, f"heartbeats/rank-{rank}", 0, data, received)
+
+
+def status(st: str = "running", **kw: object) -> Event:
+    return Event("status", RUN, "status", 0, {"run_id": RUN, "status": st, "ts": T0, **kw})
+
+
+def metric(step: int, ts: float, step_time: float = 1.0, tps: float = 1000.0, loss: float = 2.0) -> Event:
+    return Event("metric", RUN, "metrics", 0, {"kind": "train", "ts": ts, "step": step, "loss": loss,
+                                                "step_time_s": step_time, "tokens_per_s": tps})
+
+
+def healthy(det: AlertDetector, steps: int = 20, world: int = 2, dt: float = 1.0) -> float:
+    """Feed ``steps`` steps of a healthy run; returns the time of the last beat."""
+    det.feed(status())
+    t = T0
+    for s in range(1, steps + 1):
+        t = T0 + s * dt
+        for r in range(world):
+            det.feed(beat(r, s, t))
+        det.feed(metric(s, t, step_time=dt))
+    return t
+
+
+def kinds(alerts: list) -> set[tuple[str, int | None]]:
+    return {(a.kind, a.rank) for a in alerts}
+
+
+def test_healthy_run_has_no_alerts() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=3))
+    t = healthy(det)
+    assert det.check(t + 0.5) == []
+    assert det.check(t + 4.9) == []
+
+
+def test_train_stall_on_one_rank_after_threshold_only() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=10))
+    t = healthy(det, dt=1.0)  # median step 1 s -> threshold max(5, 10) = 10 s
+    assert det.train_threshold(RUN) == 10
+    det.feed(beat(0, 21, t + 1))  # rank 0 finishes one more step, then waits in a collective
+    for k in range(1, 13):  # rank 1 hangs: its timer beats go on with a frozen step
+        det.feed(beat(0, 21, t + k))
+        det.feed(beat(1, 20, t + k))
+    assert det.check(t + 9.9) == []
+    alerts = det.check(t + 10.1)
+    assert kinds(alerts) == {("stall", 1)}
+    assert kinds(det.check(t + 11.2)) == {("stall", 0), ("stall", 1)}
+    a = next(a for a in alerts if a.kind == "stall")
+    assert (a.host, a.run, a.rank, a.phase, a.last_step) == ("h", RUN, 1, "train", 20)
+    assert a.heartbeat_age_s is not None and a.heartbeat_age_s < 1
+    assert "dump" in a.suggested_actions and a.severity == "critical"
+    assert a.key == det.check(t + 11)[0].key  # stable while it lasts
+
+
+def test_phase_aware_thresholds() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5, phase_s={"checkpoint": 100, "boot": 50}))
+    t = healthy(det)
+    for k in range(0, 95, 4):
+        for r in (0, 1):
+            det.feed(beat(r, 20, t + k, phase="checkpoint", since=t))
+    assert det.check(t + 95) == []  # a long checkpoint is not a stall
+    det.feed(beat(0, 20, t + 101, phase="checkpoint", since=t))
+    det.feed(beat(1, 20, t + 101, phase="checkpoint", since=t))
+    assert ("stall", 0) in kinds(det.check(t + 101))
+
+
+def test_first_step_uses_generous_threshold() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5, first_step_s=300))
+    det.feed(status())
+    for k in range(0, 200, 5):
+        det.feed(beat(0, 0, T0 + k))
+    assert det.check(T0 + 200) == []
+
+
+def test_no_heartbeat_and_drift() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=1000, no_heartbeat_s=30))
+    t = healthy(det)
+    for k in range(1, 40):
+        det.feed(beat(0, 20 + k, t + k))
+    alerts = det.check(t + 40)
+    assert ("no_heartbeat", 1) in kinds(alerts)
+    assert ("drift", 1) in kinds(alerts)
+
+
+def test_crash_carries_exit_code_and_traceback() -> None:
+    det = AlertDetector("h")
+    healthy(det, steps=3)
+    tail = ["step 3 loss 2.0", "Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+            "RuntimeError: injected crash on rank 1"]
+    det.feed(status("crashed", exit_code=1, log_tail=tail, step=3))
+    alerts = det.check(T0 + 10)
+    crash = [a for a in alerts if a.kind == "crash"]
+    assert len(crash) == 1
+    assert crash[0].log_tail[0].startswith("Traceback") and "injected crash" in crash[0].log_tail[-1]
+    assert "code 1" in crash[0].message and "injected crash" in crash[0].message
+    assert not any(a.kind == "stall" for a in alerts)  # a dead run is not stalled
+
+
+def test_finished_run_raises_nothing_later() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5))
+    t = healthy(det)
+    det.feed(status("finished"))
+    assert det.check(t + 10_000) == []
+
+
+def test_nan_loss_and_failed_and_lost() -> None:
+    det = AlertDetector("h")
+    healthy(det, steps=3)
+    det.feed(metric(4, T0 + 4, loss=math.nan))
+    assert ("nan", None) in kinds(det.check(T0 + 5))
+    det2 = AlertDetector("h")
+    det2.feed(status("failed", exit_reason="CUDA out of memory"))
+    assert ("failed", None) in kinds(det2.check(T0))
+    det2.feed(status("lost"))
+    assert ("lost", None) in kinds(det2.check(T0))
+
+
+def test_throughput_collapse() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=1000))
+    det.feed(status())
+    for s in range(1, 21):
+        det.feed(metric(s, T0 + s, tps=1000.0))
+    assert det.check(T0 + 21) == []
+    for s in range(21, 24):
+        det.feed(metric(s, T0 + s, tps=100.0))
+    assert ("throughput", None) in kinds(det.check(T0 + 24))
+
+
+def test_nccl_hang_signature_needs_busy_gpu_at_idle_power() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=1))
+    det.feed(status())
+    det.feed(metric(21, T0, step_time=1.0))
+    for k in range(0, 20):
+        det.feed(beat(0, 21, T0 + k, gpu=0))
+    sample = {"ts": T0 + 19, "gpus": [{"index": 0, "util_pct": 100, "power_w": 80.0, "power_limit_w": 400.0,
+                                       "pids": [100]}]}
+    det.feed(Event("host", None, "host", 1, sample))
+    alerts = det.check(T0 + 19)
+    assert ("nccl_hang", 0) in kinds(alerts) and ("stall", 0) in kinds(alerts)
+    sample["gpus"][0]["power_w"] = 390.0  # busy and drawing power: working, not the hang signature
+    det.feed(Event("host", None, "host", 2, sample))
+    assert ("nccl_hang", 0) not in kinds(det.check(T0 + 19))
+
+
+def test_config_name_mismatch() -> None:
+    assert expected_from_name("nsa-125m-seq2048") == (125e6, 2048)
+    assert expected_from_name("tiny-cpu") == (None, None)
+    det = AlertDetector("h")
+    det.feed(status(config={"name": "nsa-125m-seq2048"}, param_count=2_000_000, seq_len=128))
+    assert {("config_size", None), ("config_seq", None)} <= kinds(det.check(T0))
+    det2 = AlertDetector("h")
+    det2.feed(status(config={"name": "nsa-125m"}, param_count=124_000_000, seq_len=2048))
+    assert det2.check(T0) == []
+
+
+def test_clock_skew_between_client_and_host() -> None:
+    skew = 3600.0  # the client's clock is an hour ahead of the host's
+    det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=1))
+    det.feed(status())
+    for k in range(0, 4):
+        det.feed(beat(0, k, T0 + k, received=T0 + k + skew + 0.05))
+        det.feed(metric(k, T0 + k))
+    assert det.check(T0 + 3 + skew + 1) == []
+    assert ("stall", 0) in kinds(det.check(T0 + 3 + skew + 6))
+
+
+def test_traceback_tail_picks_the_last_traceback() -> None:
+    lines = ["a", "Traceback (most recent call last):", "x", "E1", "b", "Traceback (most recent call last):",
+             "y", "E2"]
+    assert traceback_tail(lines) == lines[5:]
