@@ -1,0 +1,275 @@
+"""The nsa-tui App: screens, keys (footer, command palette, keymap file) and actions.
+
+The app never waits on a host: every client call runs in a worker (services/), and the
+screen is redrawn from plain state by a 10 Hz timer, so log floods and dead hosts cost
+at most a few cheap redraws per second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from nsa_tui.app.keymap import keymap_path, load_keymap
+from nsa_tui.app.screens.dialogs import ConfirmScreen, HelpScreen, StacksScreen
+from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
+from nsa_tui.app.screens.main import KEYS, MainScreen
+from nsa_tui.app.state import PanelState, alert_key
+from nsa_tui.app.widgets.runlist import RunList
+
+TICK_S = 0.1
+
+
+class NsaApp(App[str | None]):
+    """The control panel for one or more hosts."""
+
+    CSS_PATH = "panel.tcss"
+    TITLE = "nsa-tui"
+    ENABLE_COMMAND_PALETTE = True
+
+    def __init__(self, destinations: list[str], *, state: PanelState | None = None, live: bool = True,
+                 clock: Callable[[], float] | None = None, keymap_file: Path | None = None,
+                 offer_demo: bool = True) -> None:
+        super().__init__()
+        self.destinations = list(destinations) or ["local"]
+        self.state = state or PanelState.for_destinations(self.destinations, clock or time.time)
+        if clock is not None:
+            self.state.clock = clock
+        self.live = live
+        self.offer_demo = offer_demo
+        self._keymap_file = keymap_file
+        self.services: dict[str, Any] = {}
+        self.tick_count = 0
+        self.last_tick_at = 0.0
+        self._seen_alerts: set[str] = set()
+        self._demo_offered = False
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        keymap, problems = load_keymap(self._keymap_file)
+        if keymap:
+            self.set_keymap(keymap)
+        for p in problems:
+            self.notify(p, title="keymap", severity="warning", timeout=10)
+        self.push_screen(MainScreen(), callback=None)
+        self._seen_alerts = {alert_key(a) for a in self.state.alerts}
+        if self.live:
+            from nsa_tui.app.services.host import HostService
+
+            for dest in self.destinations:
+                svc = HostService(self, dest)
+                self.services[dest] = svc
+                svc.start()
+        self.set_interval(TICK_S, self.tick)
+        self.call_after_refresh(self.tick)
+
+    def main_screen(self) -> MainScreen | None:
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                return screen
+        return None
+
+    def tick(self) -> None:
+        """Redraw from state (10x/s); also where new alerts turn into a toast and a bell."""
+        self.tick_count += 1
+        self.last_tick_at = time.monotonic()
+        state = self.state
+        if state.selected is None or state.selected_run() is None:
+            runs = state.all_runs()
+            if runs:
+                alive = [r for r in runs if r.alive]
+                self.select((alive or runs)[0].host, (alive or runs)[0].run_id)
+        self._announce_alerts()
+        screen = self.main_screen()
+        if screen is not None and screen.ready:
+            screen.update_from(state, state.clock())
+        self._maybe_offer_demo()
+
+    def _announce_alerts(self) -> None:
+        for alert in self.state.open_alerts():
+            key = alert_key(alert)
+            if key in self._seen_alerts:
+                continue
+            self._seen_alerts.add(key)
+            sev = str(getattr(alert, "severity", "warning"))
+            self.notify(str(getattr(alert, "message", "")) or key,
+                        title=f"alert: {getattr(alert, 'kind', '')}",
+                        severity="error" if sev in ("error", "critical") else "warning", timeout=8)
+            self.bell()
+
+    def select(self, host: str, run_id: str) -> None:
+        """Show `run_id` of `host` everywhere; its service streams it in full."""
+        self.state.selected = (host, run_id)
+        svc = self.services.get(host)
+        if svc is not None:
+            svc.focus(run_id)
+
+    def on_run_list_selected(self, message: RunList.Selected) -> None:
+        self.select(message.host, message.run_id)
+
+    # -- demo offer for a newcomer ----------------------------------------------------------------
+    def _maybe_offer_demo(self) -> None:
+        if self._demo_offered or not self.offer_demo or not self.live:
+            return
+        host = self.state.hosts.get("local")
+        if host is None or not host.runs_loaded:
+            return
+        self._demo_offered = True
+        if host.runs or not isinstance(self.screen, MainScreen):
+            return
+        config = demo_config()
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._launch_now("local", {"config": config, "nproc": 1, "strategy": "ddp",
+                                           "name": "demo"})
+
+        self.push_screen(ConfirmScreen(
+            "No runs on this host yet",
+            f"Launch the demo? {config}: a tiny NSA model training on CPU from the Python\n"
+            "standard library's own source; the first steps show within a minute.",
+            yes="Launch demo"), answered)
+
+    @work(group="actions")
+    async def _launch_now(self, host: str, opts: dict[str, Any]) -> None:
+        try:
+            run_id = await self.submit_launch(host, opts)
+        except Exception as exc:
+            self.notify(str(exc), title="launch failed", severity="error", timeout=15)
+            return
+        self.select(host, run_id)
+
+    # -- actions ------------------------------------------------------------------------------------
+    async def submit_launch(self, host: str, opts: dict[str, Any]) -> str:
+        """Launch through the host's service; raises with the host's message on a bad config."""
+        svc = self.services.get(host)
+        if svc is None:
+            raise RuntimeError(f"not connected to {host}")
+        run_id = await svc.launch(opts)
+        self.select(host, run_id)
+        return run_id
+
+    def action_launch(self) -> None:
+        host = self.state.current_host()
+        dest = host.dest if host else self.destinations[0]
+
+        def done(run_id: str | None) -> None:
+            if run_id:
+                self.notify(f"launched {run_id}", title="launch")
+
+        self.push_screen(LaunchScreen(list(self.state.hosts), dest, host.gpu_count if host else 0,
+                                      find_configs(), self.submit_launch if self.live else None), done)
+
+    def _selected_or_warn(self, verb: str) -> Any:
+        run = self.state.selected_run()
+        if run is None:
+            self.notify(f"no run selected to {verb}", severity="warning")
+        return run
+
+    def action_kill(self) -> None:
+        run = self._selected_or_warn("kill")
+        if run is None:
+            return
+        self.push_screen(ConfirmScreen(
+            f"Stop {run.name}?",
+            f"{run.run_id} on {run.host}: every process of the run gets TERM, the trainer saves a\n"
+            "checkpoint and exits; KILL after the grace period.", yes="Stop run"),
+            partial(self._confirmed, "kill", run.host, run.run_id))
+
+    def action_fallback(self) -> None:
+        run = self._selected_or_warn("fall back")
+        if run is None:
+            return
+        world = run.record.get("world_size") or "?"
+        self.push_screen(ConfirmScreen(
+            f"Fall back to one GPU: {run.name}?",
+            f"Stop {run.run_id} ({world} processes) and relaunch it on ONE process from its newest\n"
+            "checkpoint with full state; gradient accumulation keeps the global batch.\n"
+            "The new run is linked to this one and selected; its chart continues from here.",
+            yes="Fall back"), partial(self._confirmed, "fallback", run.host, run.run_id))
+
+    def action_resume(self) -> None:
+        run = self._selected_or_warn("resume")
+        if run is not None:
+            self._do("resume", run.host, run.run_id)
+
+    def action_dump(self) -> None:
+        run = self._selected_or_warn("dump")
+        if run is not None:
+            self._do("dump", run.host, run.run_id)
+
+    def _confirmed(self, op: str, host: str, run_id: str, yes: bool | None) -> None:
+        if yes:
+            self._do(op, host, run_id)
+
+    @work(group="actions")
+    async def _do(self, op: str, host: str, run_id: str) -> None:
+        svc = self.services.get(host)
+        if svc is None:
+            self.notify(f"not connected to {host}", severity="error")
+            return
+        try:
+            result = await getattr(svc, op)(run_id)
+        except Exception as exc:
+            self.notify(str(exc) or type(exc).__name__, title=f"{op} failed", severity="error", timeout=15)
+            return
+        if op == "dump":
+            self.push_screen(StacksScreen(f"stacks of {run_id}", str(result)))
+        elif op in ("fallback", "resume") and result:
+            self.select(host, str(result))
+            self.notify(f"{op}: new run {result}", title=op)
+        else:
+            self.notify(f"{op}: {run_id} — {result}" if result else f"{op}: {run_id}", title=op)
+
+    def action_ack(self) -> None:
+        open_alerts = self.state.open_alerts()
+        if not open_alerts:
+            self.notify("no open alerts")
+            return
+        self.state.acked.add(alert_key(open_alerts[0]))
+
+    def action_help(self) -> None:
+        keys = []
+        for bid, key, _action, _label, what in KEYS:
+            mapped = self._keymap.get(bid, key) if hasattr(self, "_keymap") else key
+            keys.append((self.get_key_display_for(mapped), what))
+        keys += [("n / N", "next / previous search match"), ("↑ ↓ tab", "move; switch pane"),
+                 ("ctrl+p", "command palette")]
+        self.push_screen(HelpScreen(keys, f"remap keys in {keymap_path()} (binding id: key)"))
+
+    def get_key_display_for(self, key: str) -> str:
+        return ",".join({"slash": "/", "question_mark": "?"}.get(k, k) for k in key.split(","))
+
+    def alive_runs(self) -> list[Any]:
+        return [r for r in self.state.all_runs() if r.alive]
+
+    def quit_message(self) -> str:
+        alive = self.alive_runs()
+        if not alive:
+            return "nsa-tui: no runs are running."
+        lines = [f"nsa-tui: {len(alive)} run(s) keep going (the panel only watched them):"]
+        lines += [f"  {r.host}: {r.run_id} ({r.status}, step {r.record.get('step', 'N/A')})" for r in alive]
+        lines.append("Reconnect with `nsa-tui` (local) or `nsa-tui connect HOST`.")
+        return "\n".join(lines)
+
+    async def action_quit_panel(self) -> None:
+        message = self.quit_message()
+        for svc in self.services.values():
+            await svc.stop()
+        self.exit(result=message)
+
+    # -- command palette --------------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if not isinstance(screen, MainScreen):
+            return
+        for bid, _key, action, label, what in KEYS:
+            target = screen if action in ("follow", "search") else self
+            yield SystemCommand(f"{label.capitalize()} ({bid})", what, getattr(target, f"action_{action}"))

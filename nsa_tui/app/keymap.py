@@ -1,0 +1,50 @@
+"""User key remapping: a YAML file of binding id -> key(s), e.g. `kill: x` or `search: ctrl+f`.
+
+Looked up at $NSA_TUI_KEYMAP, else ~/.config/nsa-tui/keymap.yaml. Binding ids are the
+ones `?` lists (launch, kill, fallback, resume, dump, follow, search, ack, help, quit).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from nsa_tui.app.screens.main import KEYS
+
+KNOWN_IDS = {bid for bid, *_ in KEYS}
+
+
+def keymap_path() -> Path:
+    env = os.environ.get("NSA_TUI_KEYMAP")
+    if env:
+        return Path(env).expanduser()
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "nsa-tui" / "keymap.yaml"
+
+
+def load_keymap(path: Path | None = None) -> tuple[dict[str, str], list[str]]:
+    """Return (keymap, problems). A missing file is no problem; a bad one is reported, not fatal."""
+    path = path or keymap_path()
+    if not path.is_file():
+        return {}, []
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        return {}, [f"{path}: {exc}"]
+    if not isinstance(data, dict):
+        return {}, [f"{path}: expected a mapping of binding id to key, got {type(data).__name__}"]
+    keymap: dict[str, str] = {}
+    problems: list[str] = []
+    for bid, keys in data.items():
+        if bid not in KNOWN_IDS:
+            problems.append(f"{path}: unknown binding id {bid!r} (known: {', '.join(sorted(KNOWN_IDS))})")
+            continue
+        if isinstance(keys, list):
+            keys = ",".join(map(str, keys))
+        if not isinstance(keys, str) or not keys.strip():
+            problems.append(f"{path}: {bid}: expected a key like 'x' or 'ctrl+x'")
+            continue
+        keymap[str(bid)] = keys.strip()
+    return keymap, problems

@@ -1,0 +1,254 @@
+"""One host: a HostClient in a worker, watches of its runs, host samples, alert checks.
+
+Everything here runs in Textual workers on the app's event loop. Events only mutate plain
+state (cheap appends to ring buffers); the app's 10 Hz timer draws. So a 10,000 lines/s
+log costs appends, not redraws, and a dead host costs nothing but a "reconnecting" label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from nsa_tui.app.state import HostState, RunState, alert_key
+from nsa_tui.client import AgentError, ConnectionState, Event, HostClient
+
+if TYPE_CHECKING:
+    from nsa_tui.app.app import NsaApp
+
+RUNS_POLL_S = 2.0
+ALERT_CHECK_S = 1.0
+MAX_ALERTS = 200
+ANCESTORS = 3
+
+
+def _detector() -> Any:
+    try:
+        from nsa_tui.alerts import AlertDetector
+    except ImportError:
+        return None
+    return AlertDetector()
+
+
+class HostService:
+    """Owns the HostClient of one destination; the app calls its async operations."""
+
+    def __init__(self, app: NsaApp, dest: str, client: HostClient | None = None) -> None:
+        self.app = app
+        self.dest = dest
+        self.host: HostState = app.state.host(dest)
+        self.client = client
+        self.focused: str | None = None
+        self.watches: dict[str, tuple[asyncio.Task[None], bool]] = {}  # run -> (task, full)
+        self.detector = _detector()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect in a worker; the UI never waits for it."""
+        self.app.run_worker(self._main(), group=f"host:{self.dest}", exit_on_error=False)
+
+    async def _main(self) -> None:
+        if self.client is None:
+            self.client = HostClient(self.dest, on_state=self._on_state)
+        else:
+            self.client.on_state = self._on_state
+        try:
+            await self.client.start()
+        except Exception as exc:
+            self.host.conn, self.host.detail = "lost", str(exc)
+            hint = getattr(exc, "hint", "")
+            self.app.notify(f"{exc}{chr(10) + hint if hint else ''}", title=f"cannot connect to {self.dest}",
+                            severity="error", timeout=30)
+            return
+        self.host.hello = dict(self.client.hello)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._poll_runs()), loop.create_task(self._samples()),
+                       loop.create_task(self._check_alerts())]
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Close the connection; runs keep running on the host."""
+        self._stopped = True
+        for task, _full in self.watches.values():
+            task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.close(), 5)
+
+    def _on_state(self, st: ConnectionState) -> None:
+        self.host.conn = st.status
+        self.host.detail = st.message
+        self.host.retry_at = time.time() + st.retry_in_s if st.retry_in_s is not None else None
+        if st.status == "connected" and self.client is not None:
+            self.host.hello = dict(self.client.hello)
+
+    # -- streams --------------------------------------------------------------------------------------
+    async def _poll_runs(self) -> None:
+        while not self._stopped:
+            try:
+                records = await self.client.runs()
+            except AgentError:
+                await asyncio.sleep(1.0)
+                continue
+            for rec in records:
+                self.merge_record(self.host.run(rec["run_id"]), rec)
+            self.host.runs_loaded = True
+            self._ensure_watches()
+            await asyncio.sleep(RUNS_POLL_S)
+
+    @staticmethod
+    def merge_record(run: RunState, rec: dict[str, Any]) -> None:
+        """Take the agent's record, keeping the newer step/tokens the metrics already gave."""
+        step, tokens = run.record.get("step"), run.record.get("tokens")
+        run.record.update(rec)
+        if isinstance(step, int) and isinstance(rec.get("step"), int) and step > rec["step"]:
+            run.record["step"], run.record["tokens"] = step, tokens
+        run.version += 1
+
+    def focus(self, run_id: str) -> None:
+        """Stream `run_id` in full (log included) and its ancestors' metrics for the chart."""
+        self.focused = run_id
+        if self.client is not None and self.host.conn == "connected":
+            self._ensure_watches()
+
+    def _wanted(self) -> dict[str, bool]:
+        """run id -> full watch? Alive runs (for alerts) and the focused run in full."""
+        wanted: dict[str, bool] = {r.run_id: True for r in self.host.runs.values() if r.alive}
+        if self.focused:
+            wanted[self.focused] = True
+            run = self.host.runs.get(self.focused)
+            for _ in range(ANCESTORS):
+                parent = run.record.get("parent_run") if run else None
+                if not parent or parent in wanted:
+                    break
+                run = self.host.run(parent)
+                if not run.synced:
+                    wanted[parent] = False
+        return wanted
+
+    def _ensure_watches(self) -> None:
+        wanted = self._wanted()
+        for run_id, (task, full) in list(self.watches.items()):
+            if task.done() or run_id not in wanted or (wanted[run_id] and not full):
+                task.cancel()
+                del self.watches[run_id]
+        loop = asyncio.get_running_loop()
+        for run_id, full in wanted.items():
+            if run_id not in self.watches:
+                self.watches[run_id] = (loop.create_task(self._watch(run_id, full)), full)
+
+    async def _watch(self, run_id: str, full: bool) -> None:
+        run = self.host.run(run_id)
+        streams = None if full else ["metrics"]
+        try:
+            async for ev in self.client.watch(run_id, offsets=dict(run.offsets), streams=streams):
+                self.apply(run, ev)
+                if ev.kind == "synced" and not full:
+                    return
+        except AgentError as exc:
+            if exc.code not in ("closed", "lost", "disconnected"):
+                run.log.append_many([f"[nsa-tui] watch of {run_id} ended: {exc}"])
+
+    def apply(self, run: RunState, ev: Event) -> None:
+        """Fold one event into the run's state and feed the alert detector."""
+        kind = ev.kind
+        if kind == "log":
+            run.log.append_many([str(ev.data.get("line", ""))])
+        elif kind == "metric":
+            run.add_metric(ev.data)
+        elif kind == "heartbeat":
+            run.add_heartbeat(ev.data)
+        elif kind == "status":
+            self.merge_record(run, {k: v for k, v in ev.data.items() if k != "ts"})
+        elif kind == "synced":
+            run.synced = True
+        if ev.stream in ("metrics", "log") or ev.stream.startswith("heartbeats/"):
+            run.offsets[ev.stream] = ev.offset
+        if self.detector is not None:
+            with contextlib.suppress(Exception):
+                self.detector.feed(ev)
+
+    async def _samples(self) -> None:
+        while not self._stopped:
+            try:
+                async for ev in self.client.host_events():
+                    self.host.sample = ev.data
+                    if self.detector is not None:
+                        with contextlib.suppress(Exception):
+                            self.detector.feed(ev)
+            except AgentError:
+                await asyncio.sleep(1.0)
+
+    async def _check_alerts(self) -> None:
+        while not self._stopped and self.detector is not None:
+            await asyncio.sleep(ALERT_CHECK_S)
+            try:
+                alerts = self.detector.check(time.time())
+            except Exception as exc:  # a detector bug must not take the panel down
+                self.app.log.error(f"alert check failed: {exc}")
+                continue
+            known = {alert_key(a) for a in self.app.state.alerts}
+            for alert in alerts:
+                if alert_key(alert) not in known:
+                    if getattr(alert, "host", None) in (None, ""):
+                        with contextlib.suppress(Exception):
+                            alert.host = self.dest
+                    self.app.state.alerts.insert(0, alert)
+            del self.app.state.alerts[MAX_ALERTS:]
+
+    # -- operations (called from app workers) ------------------------------------------------------
+    async def launch(self, opts: dict[str, Any]) -> str:
+        """Launch from the dialog's options; returns the new run id or raises AgentError."""
+        config = str(opts["config"])
+        nproc = opts.get("nproc")
+        if not isinstance(nproc, int):
+            raise AgentError("bad_request", f"processes must be a whole number, got {nproc!r}")
+        overrides = []
+        if opts.get("strategy"):
+            overrides.append(f"train.strategy={opts['strategy']}")
+        if opts.get("data_source"):
+            overrides.append(f"data.source={opts['data_source']}")
+        overrides += list(opts.get("overrides") or [])
+        upload = os.path.isfile(os.path.expanduser(config))
+        res = await self.client.launch(config, nproc=nproc, overrides=overrides, name=opts.get("name"),
+                                       upload=upload)
+        run_id = res["run_id"]
+        run = self.host.run(run_id)
+        run.record.update({"run_id": run_id, "name": opts.get("name") or run_id, "status": "starting",
+                           "alive": True, "started_at": time.time(), "config_path": config})
+        self.focus(run_id)
+        return run_id
+
+    async def kill(self, run_id: str) -> str:
+        res = await self.client.kill(run_id)
+        forced = " (KILL after the grace period)" if res.get("forced") else ""
+        left = res.get("remaining") or []
+        return f"stopped{forced}" + (f"; {len(left)} process(es) remain!" if left else "")
+
+    async def fallback(self, run_id: str) -> str:
+        return self._relaunched(run_id, await self.client.fallback(run_id))
+
+    async def resume(self, run_id: str) -> str:
+        return self._relaunched(run_id, await self.client.resume(run_id))
+
+    def _relaunched(self, parent: str, res: dict[str, Any]) -> str:
+        new = res["run_id"]
+        run = self.host.run(new)
+        run.record.update({"run_id": new, "status": "starting", "alive": True, "parent_run": parent,
+                           "started_at": time.time(), "resumed_from": res.get("resume_from")})
+        self.focus(new)
+        return new
+
+    async def dump(self, run_id: str) -> str:
+        res = await self.client.dump(run_id)
+        parts = [f"ranks: {res.get('ranks')}"] + [f"note: {n}" for n in res.get("notes") or []]
+        for f in res.get("files") or []:
+            parts.append(f"===== {f.get('name')} =====\n{f.get('text', '')}")
+        return "\n".join(parts)

@@ -1,0 +1,75 @@
+"""Loss and throughput charts (textual-plotext), thinned to the plot width on redraw."""
+
+from __future__ import annotations
+
+from textual_plotext import PlotextPlot
+
+from nsa_tui.app.state import thin
+
+Line = tuple[str, list[float], list[float]]
+
+
+def short(v: float) -> str:
+    """Compact tick labels: 41k, 2.83, 0.0012."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.1f}M"
+    if a >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.2g}"
+
+
+class MetricChart(PlotextPlot):
+    """A line chart of one or more series against step; redraws only on new data."""
+
+    def __init__(self, title: str, ylabel: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._title = title
+        self._ylabel = ylabel
+        self._lines: list[Line] = []
+        self._signature: tuple = ()
+
+    def on_mount(self) -> None:
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def set_lines(self, lines: list[Line], signature: tuple) -> None:
+        """Replace the data; `signature` changes when the data does (cheap to compare)."""
+        if signature == self._signature:
+            return
+        self._signature = signature
+        self._lines = lines
+        self._draw()
+
+    def _draw(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(self._title)
+        plt.xlabel("step")
+        width = max(10, self.size.width - 12)
+        drawn = False
+        for label, steps, values in self._lines:
+            if not steps:
+                continue
+            xs, ys = thin(steps, values, width)
+            if len(xs) == 1:
+                plt.scatter(xs, ys, label=label, marker="dot")
+            else:
+                plt.plot(xs, ys, label=label, marker="braille")
+            drawn = True
+        if drawn:
+            ys_all = [v for _, _, vs in self._lines for v in vs]
+            lo, hi = min(ys_all), max(ys_all)
+            if hi > lo:
+                ticks = [lo, (lo + hi) / 2, hi]
+                plt.yticks(ticks, [short(v) for v in ticks])
+        if not drawn:
+            plt.title(f"{self._title} — N/A (no data yet)")
+        self.refresh()

@@ -1,0 +1,183 @@
+"""The run's log: a virtual line view over a bounded ring buffer.
+
+Only the visible lines are rendered, and new lines are taken in batches by `sync()`
+(called from the UI timer, ~10x/s), so a log writing 10,000 lines/s costs a few
+redraws per second, not 10,000. Follow mode sticks to the end; scrolling up leaves it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from nsa_tui.app.state import LogBuffer
+
+ERROR_RE = re.compile(
+    r"Traceback|Error\b|ERROR|Exception|FAILED|exception|NaN|\bnan\b|Killed|Segmentation fault|"
+    r"^\s+File \"|CUDA out of memory|[Ff]atal"
+)
+CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
+MAX_WIDTH = 1000
+ERROR_STYLE = Style(color="red", bold=True)
+MATCH_STYLE = Style(color="black", bgcolor="yellow")
+CURRENT_STYLE = Style(color="black", bgcolor="bright_magenta", bold=True)
+
+
+class LogView(ScrollView, can_focus=True):
+    """Follow, scrollback, search (n/N) and a red highlight on error lines."""
+
+    BINDINGS = [
+        Binding("n", "next_match", "next match", show=False),
+        Binding("N", "prev_match", "prev match", show=False),
+        Binding("end", "follow", "follow", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    LogView { background: $surface; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.buffer: LogBuffer | None = None
+        self.follow = True
+        self.pattern: str | None = None
+        self.current_match: int | None = None  # absolute line number
+        self._seen_total = -1
+        self._width = 0
+        self._programmatic = False
+
+    # -- data ---------------------------------------------------------------------------------
+    def set_buffer(self, buffer: LogBuffer | None) -> None:
+        """Show another run's log (from its end, following)."""
+        if buffer is self.buffer:
+            return
+        self.buffer = buffer
+        self._seen_total = -1
+        self._width = 0
+        self.current_match = None
+        self.follow = True
+        self.sync()
+
+    def sync(self) -> bool:
+        """Take in new lines since the last call; returns whether anything changed."""
+        buf = self.buffer
+        total = buf.total if buf else 0
+        if total == self._seen_total:
+            return False
+        previous_dropped = self._dropped_at_seen
+        fresh = total - max(self._seen_total, 0) if self._seen_total >= 0 else total
+        self._seen_total = total
+        lines = buf.lines if buf else ()
+        if buf is not None:
+            for line in itertools.islice(reversed(lines), min(fresh, 200)):
+                if len(line) > self._width:
+                    self._width = min(MAX_WIDTH, len(line))
+        self._programmatic = True
+        try:
+            self.virtual_size = Size(self._width, len(lines))
+            if self.follow:
+                self.scroll_to(y=max(0, len(lines) - self.scrollable_content_region.height),
+                               animate=False, immediate=True)
+            elif buf is not None and buf.dropped > previous_dropped:
+                # keep the same lines in view while old ones fall off the front
+                self.scroll_to(y=max(0, self.scroll_y - (buf.dropped - previous_dropped)),
+                               animate=False, immediate=True)
+        finally:
+            self._programmatic = False
+        self._dropped_at_seen = buf.dropped if buf else 0
+        self.refresh()
+        return True
+
+    _dropped_at_seen = 0
+
+    def set_follow(self, follow: bool) -> None:
+        self.follow = follow
+        self._seen_total = -1
+        self.sync()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if not self._programmatic and new_value < old_value:
+            self.follow = False
+        elif not self._programmatic and self.is_vertical_scroll_end:
+            self.follow = True
+
+    # -- search ---------------------------------------------------------------------------------
+    def search(self, pattern: str) -> bool:
+        """Jump to the newest line containing `pattern` (case-insensitive); False if none."""
+        self.pattern = pattern or None
+        self.current_match = None
+        if not self.pattern:
+            self.refresh()
+            return False
+        return self._find(-1, from_end=True)
+
+    def action_next_match(self) -> None:
+        self._find(+1)
+
+    def action_prev_match(self) -> None:
+        self._find(-1)
+
+    def action_follow(self) -> None:
+        self.set_follow(True)
+
+    def _find(self, direction: int, from_end: bool = False) -> bool:
+        buf = self.buffer
+        if not buf or not self.pattern:
+            return False
+        needle = self.pattern.lower()
+        lines = buf.lines
+        n = len(lines)
+        if from_end or self.current_match is None:
+            i = n - 1 if direction < 0 else 0
+        else:
+            i = self.current_match - buf.dropped + direction
+        while 0 <= i < n:
+            if needle in lines[i].lower():
+                self.current_match = buf.dropped + i
+                self.follow = False
+                self._programmatic = True
+                try:
+                    height = self.scrollable_content_region.height
+                    self.scroll_to(y=max(0, i - height // 2), animate=False, immediate=True)
+                finally:
+                    self._programmatic = False
+                self.refresh()
+                return True
+            i += direction
+        self.app.bell()
+        return False
+
+    # -- rendering --------------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.size.width
+        base = self.rich_style
+        buf = self.buffer
+        idx = scroll_y + y
+        if buf is None or idx >= len(buf.lines):
+            return Strip.blank(width, base)
+        raw = CONTROL_RE.sub("", buf.lines[idx].expandtabs(4))[:MAX_WIDTH]
+        text = Text(raw, no_wrap=True, end="")
+        if ERROR_RE.search(raw):
+            text.stylize(ERROR_STYLE)
+        if self.pattern:
+            absolute = buf.dropped + idx
+            style = CURRENT_STYLE if absolute == self.current_match else MATCH_STYLE
+            lower, needle = raw.lower(), self.pattern.lower()
+            start = lower.find(needle)
+            while start >= 0 and needle:
+                text.stylize(style, start, start + len(needle))
+                start = lower.find(needle, start + len(needle))
+        segments = [Segment(s.text, base + s.style if s.style else base)
+                    for s in text.render(self.app.console)]
+        strip = Strip(segments).crop_extend(scroll_x, scroll_x + width, base)
+        return strip.apply_offsets(scroll_x, idx)

@@ -1,0 +1,96 @@
+"""Run list: every host's runs with status, age, config, parameters, world size, parent."""
+
+from __future__ import annotations
+
+import os
+
+from rich.text import Text
+from textual.message import Message
+from textual.widgets import DataTable
+
+from nsa_tui.app.fmt import NA, fmt_count, fmt_duration
+from nsa_tui.app.state import PanelState, RunState
+from nsa_tui.app.widgets.header import STATUS_STYLE
+
+
+def row_key(run: RunState) -> str:
+    return f"{run.host}\x1f{run.run_id}"
+
+
+class RunList(DataTable):
+    """A table of runs; moving the cursor selects the run everything else shows."""
+
+    class Selected(Message):
+        """The user moved to another run."""
+
+        def __init__(self, host: str, run_id: str) -> None:
+            super().__init__()
+            self.host = host
+            self.run_id = run_id
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        self._signature: tuple = ()
+        self._multi_host = False
+        self._suppress = False
+
+    def on_mount(self) -> None:
+        self._columns(False)
+
+    def _columns(self, multi_host: bool) -> None:
+        self.clear(columns=True)
+        self._multi_host = multi_host
+        if multi_host:
+            self.add_column("host", key="host")
+        for name in ("status", "name", "age", "params", "world", "config", "parent"):
+            self.add_column(name, key=name)
+
+    def update_from(self, state: PanelState, now: float) -> None:
+        """Rebuild rows when the set of runs or their shown fields change."""
+        runs = state.all_runs()
+        multi = len(state.hosts) > 1
+        rows = [self._row(r, now, multi) for r in runs]
+        signature = (multi, tuple(row_key(r) for r in runs), tuple(tuple(map(str, row)) for row in rows),
+                     state.selected)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        if multi != self._multi_host:
+            self._columns(multi)
+        self._suppress = True
+        try:
+            self.clear()
+            for run, row in zip(runs, rows):
+                self.add_row(*row, key=row_key(run))
+            if state.selected is not None:
+                key = f"{state.selected[0]}\x1f{state.selected[1]}"
+                try:
+                    self.move_cursor(row=self.get_row_index(key), animate=False)
+                except Exception:
+                    pass
+        finally:
+            self.call_after_refresh(self._unsuppress)
+
+    def _unsuppress(self) -> None:
+        self._suppress = False
+
+    @staticmethod
+    def _row(run: RunState, now: float, multi: bool) -> list:
+        rec = run.record
+        started = rec.get("started_at") or (rec.get("launch") or {}).get("created")
+        age = fmt_duration(now - started) if started else NA
+        config = rec.get("config_path") or (rec.get("launch") or {}).get("config_file")
+        config = os.path.basename(str(config)) if config else NA
+        parent = rec.get("parent_run") or ""
+        row = [Text(run.status, style=STATUS_STYLE.get(run.status, "")), run.name, age,
+               fmt_count(rec.get("param_count")), str(rec.get("world_size") or NA), config,
+               (parent[:14] + "…") if len(parent) > 15 else parent]
+        if multi:
+            row.insert(0, run.host)
+        return row
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if self._suppress or event.row_key is None or event.row_key.value is None:
+            return
+        host, _, run_id = str(event.row_key.value).partition("\x1f")
+        self.post_message(self.Selected(host, run_id))

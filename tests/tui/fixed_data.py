@@ -1,0 +1,89 @@
+"""Deterministic panel state for snapshot tests: fixed clock, fixed runs, metrics, log, GPUs.
+
+Everything here is plain data of the shapes the agent sends (docs/run-directory.md), so a
+snapshot changes only when the panel's drawing does.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+from nsa_tui.app.state import PanelState
+
+NOW = 1_800_000_000.0
+GIB = 1024**3
+
+
+def make_alert(**fields: Any) -> Any:
+    """An Alert from nsa_tui.alerts when it exists, else a plain record of the same fields."""
+    try:
+        from nsa_tui.alerts import Alert  # type: ignore[attr-defined]
+
+        return Alert(**fields)
+    except Exception:
+        return SimpleNamespace(**fields)
+
+
+def fixed_state(with_alert: bool = True) -> PanelState:
+    state = PanelState.for_destinations(["local"], clock=lambda: NOW)
+    host = state.host("local")
+    host.conn = "connected"
+    host.hello = {"host": "trainbox", "gpus": 2, "agent": 1}
+    host.runs_loaded = True
+    host.sample = {
+        "ts": NOW, "cpu_pct": 37.5, "ram": {"used_bytes": 21.3 * GIB, "total_bytes": 125.7 * GIB},
+        "disk": {"used_bytes": 412 * GIB, "total_bytes": 1800 * GIB}, "gpu_message": "",
+        "gpus": [
+            {"index": 0, "name": "NVIDIA A100", "uuid": "GPU-a", "mem_used_bytes": 61.2 * GIB,
+             "mem_total_bytes": 80 * GIB, "util_pct": 97, "power_w": 312.4, "temp_c": 64},
+            {"index": 1, "name": "NVIDIA A100", "uuid": "GPU-b", "mem_used_bytes": 60.9 * GIB,
+             "mem_total_bytes": 80 * GIB, "util_pct": 96, "power_w": None, "temp_c": 63},
+        ],
+    }
+    cfg = {"model": {"dim": 768, "n_layers": 12, "attention": {"kind": "nsa"}},
+           "train": {"seq_len": 2048, "warmup_steps": 200}, "data": {"source": "fineweb-edu"}}
+    parent = host.run("20261121T180000Z-nsa-125m")
+    parent.record = {"run_id": parent.run_id, "name": "nsa-125m", "status": "stopped", "alive": False,
+                     "config_path": "configs/nsa-125m.yaml", "param_count": 124_900_000, "world_size": 2,
+                     "started_at": NOW - 7200, "ended_at": NOW - 1900, "step": 1500, "total_steps": 50000}
+    run = host.run("20261121T192000Z-nsa-125m-1gpu")
+    run.record = {
+        "run_id": run.run_id, "name": "nsa-125m-1gpu", "status": "running", "alive": True,
+        "config_path": "configs/nsa-125m.yaml", "config": cfg, "param_count": 124_900_000,
+        "world_size": 1, "batch_size": 8, "grad_accum": 2, "global_batch": 16, "seq_len": 2048,
+        "dtype": "bfloat16", "device": "cuda", "data_source": "fineweb-edu", "started_at": NOW - 1800,
+        "step": 2400, "total_steps": 50000, "tokens": 78_643_200, "parent_run": parent.run_id,
+        "resumed_from": "runs/20261121T180000Z-nsa-125m/checkpoints/step-1500",
+    }
+    old = host.run("20261120T090000Z-tiny-cpu")
+    old.record = {"run_id": old.run_id, "name": "tiny-cpu", "status": "finished", "alive": False,
+                  "config_path": "configs/tiny-cpu.yaml", "param_count": 1_020_000, "world_size": 1,
+                  "started_at": NOW - 120000, "step": 600, "total_steps": 600}
+    for step in range(1, 1501):
+        parent.add_metric({"kind": "train", "step": step, "loss": 5.6 * math.exp(-step / 600) + 1.9,
+                           "tokens_per_s": 41000 + 800 * math.sin(step / 40)})
+    for step in range(1501, 2401):
+        run.add_metric({"kind": "train", "step": step, "loss": 5.6 * math.exp(-step / 600) + 1.9,
+                        "lr": 5.8e-4, "tokens_per_s": 23000 + 500 * math.sin(step / 40), "step_time_s": 1.42,
+                        "tokens": step * 16 * 2048,
+                        "gate_shares": {"compressed": 0.27, "selected": 0.46, "window": 0.27}})
+        if step % 250 == 0:
+            run.add_metric({"kind": "eval", "step": step, "val_loss": 5.6 * math.exp(-step / 600) + 2.0})
+    for step in (250, 500, 750, 1000, 1250, 1500):
+        parent.add_metric({"kind": "eval", "step": step, "val_loss": 5.6 * math.exp(-step / 600) + 2.0})
+    run.add_heartbeat({"ts": NOW - 1, "rank": 0, "phase": "train", "phase_since": NOW - 1500, "step": 2400,
+                       "device": {"type": "cuda", "index": 0, "uuid": "GPU-a"}, "source": "step"})
+    lines = [f"step {s} | loss {5.6 * math.exp(-s / 600) + 1.9:.4f} | 23.1k tok/s" for s in range(2380, 2401)]
+    lines.insert(5, "WARNING: NCCL_ASYNC_ERROR_HANDLING is deprecated")
+    lines.insert(9, "RuntimeError: example error line, highlighted in red")
+    run.log.append_many(lines)
+    if with_alert:
+        state.alerts.append(make_alert(
+            kind="stall", severity="error", host="local", run=parent.run_id, rank=1, gpu=1, phase="train",
+            last_step=1500, heartbeat_age_s=312.0, log_tail=["step 1500 | loss 2.11"],
+            message="rank 1 has not advanced for 5m12s (timer beats continue: hung collective?)",
+            suggested_actions=["d: dump stacks", "f: fall back to 1 GPU"], key="stall:local:parent:1"))
+    state.selected = ("local", run.run_id)
+    return state
