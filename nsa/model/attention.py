@@ -10,6 +10,8 @@ lives in ``nsa.ops`` (reference or Triton, same API); parameters live here.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,15 +46,18 @@ class NSAAttention(nn.Module):
         self.gate_override: tuple[float, float, float] | None = None
         # Detached mean gate per branch over the last forward (read by gate_shares; no host sync).
         self.last_gate_mean: torch.Tensor | None = None
-        # Ops per device type, resolved now so that forward does no imports (torch.compile).
-        self._ops = {"cpu": get_ops(cfg.backend, "cpu")}
+        # Resolve (and cache) the ops now so that forward does no import (torch.compile),
+        # and a bad backend fails at build time. Modules are not stored: the layer stays
+        # picklable and deep-copyable.
+        if cfg.backend != "triton" or os.environ.get("TRITON_INTERPRET") == "1":
+            get_ops(cfg.backend, "cpu")
         if cfg.backend == "triton" or torch.cuda.is_available():
-            self._ops["cuda"] = get_ops(cfg.backend, "cuda")
+            get_ops(cfg.backend, "cuda")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         H, G, D, c = self.n_heads, self.n_kv_heads, self.head_dim, self.cfg
-        ops = self._ops[x.device.type]
+        ops = get_ops(c.backend, x.device.type)
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 6, G, D)
         pos = torch.arange(T, device=x.device)
@@ -70,10 +75,13 @@ class NSAAttention(nn.Module):
         cpos = torch.arange(k_cmp.shape[1], device=x.device) * c.compress_stride + (c.compress_block - 1)
         ccos, csin = rope_angles(cpos, D, self.rope_theta, adt)
         k_cmp = apply_rope(k_cmp, ccos, csin)
-        o_cmp, p_cmp = ops.compressed_attention(q, k_cmp, v_cmp, c.compress_block, c.compress_stride)
+        # Its probabilities rank the selection blocks (Eqs. 8-10; no gradient through
+        # the ranking); the kernels get both without materialising [T, Nc] probabilities.
+        o_cmp, scores = ops.compressed_attention_and_scores(
+            q, k_cmp, v_cmp, c.compress_block, c.compress_stride, c.select_block, G
+        )
 
-        # Selected branch: blocks ranked by the compressed attention (Eqs. 8-10), top-n.
-        scores = ops.selection_scores(p_cmp, G, c.compress_block, c.compress_stride, c.select_block)
+        # Selected branch: top-n blocks per (query, KV group).
         idx = ops.select_blocks(scores, c.select_block, c.num_selected, c.num_initial, c.num_local)
         o_slc = ops.selected_attention(q, k_slc, v_slc, idx, c.select_block)
 

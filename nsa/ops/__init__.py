@@ -30,20 +30,31 @@ def triton_available() -> bool:
     return True
 
 
+_RESOLVED: dict[tuple[str, str], ModuleType] = {}
+
+
 def get_ops(backend: str, device: torch.device | str) -> ModuleType:
-    """The ops module for ``backend`` on ``device``.
+    """The ops module for ``backend`` on ``device`` (cached: cheap to call in a forward).
 
     ``"reference"``: PyTorch. ``"triton"``: the kernels (on CPU only under
     TRITON_INTERPRET=1), an error if they cannot be imported. ``"auto"``: the kernels
     on CUDA when they import, else the reference.
     """
-    dev = torch.device(device)
+    dev_type = device if isinstance(device, str) else device.type
+    key = (backend, dev_type)
+    ops = _RESOLVED.get(key)
+    if ops is None:
+        ops = _RESOLVED[key] = _resolve(backend, dev_type)
+    return ops
+
+
+def _resolve(backend: str, dev_type: str) -> ModuleType:
     if backend == "reference":
         return reference
     if backend == "triton":
-        if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        if dev_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError(
-                f"attention backend 'triton' on device {dev.type!r} needs CUDA or TRITON_INTERPRET=1"
+                f"attention backend 'triton' on device {dev_type!r} needs CUDA or TRITON_INTERPRET=1"
             )
         try:
             return _import_triton()
@@ -51,7 +62,7 @@ def get_ops(backend: str, device: torch.device | str) -> ModuleType:
             msg = f"attention backend 'triton' requested but nsa.ops.triton fails to import: {exc}"
             raise RuntimeError(msg) from exc
     if backend == "auto":
-        if dev.type == "cuda":
+        if dev_type == "cuda":
             try:
                 return _import_triton()
             except Exception:  # noqa: BLE001 - fall back to the reference, by contract

@@ -1,0 +1,29 @@
+"""Helpers for the model tests: small configs (fp64 on CPU, seconds per test), gate forcing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nsa.config import AttentionConfig, ModelConfig
+
+# T = 53 is a multiple of no block size below (l=8, d=4, l'=8, w=12, n*l'=32).
+SEQ = 53
+
+
+def small_cfg(kind: str = "nsa", vocab: int = 64, **attn: Any) -> ModelConfig:
+    """Two layers, 4 query heads in 2 KV groups, head dim 8; blocks small enough that a
+    53-token sequence has several compressed, selected and window blocks, partial ones too."""
+    base: dict[str, Any] = dict(compress_block=8, compress_stride=4, select_block=8, num_selected=4,
+                                num_initial=1, num_local=2, window=12)
+    base.update(attn)
+    acfg = AttentionConfig(kind=kind, backend="reference", **(base if kind == "nsa" else {}))
+    return ModelConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                       ffn_hidden=64, attention=acfg)
+
+
+def set_gates(model: torch.nn.Module, gates: tuple[float, float, float] | None) -> None:
+    """Force (compressed, selected, window) gates in every NSA layer (None: learned gates)."""
+    for blk in model.blocks:
+        blk.attn.gate_override = gates
