@@ -113,7 +113,10 @@ class DebugConfig:
     crash_at_step: Optional[int] = None
     crash_rank: Optional[int] = None
     nan_at_step: Optional[int] = None
+    nan_rank: Optional[int] = None  # None: every rank
     slow_data_s: float = 0.0
+    stop_at_step: Optional[int] = None  # behave as if SIGTERM arrived during this step
+    record_rank_state: bool = False  # debug/rank-R.jsonl: data digests and a final parameter digest
 
 
 @dataclass
@@ -353,7 +356,9 @@ def validate(cfg: Config, where: str) -> None:
         _require(a.window > 0, where, "model.attention.window", "a positive integer", a.window)
     dbg = cfg.debug
     for key, value in [("debug.hang_at_step", dbg.hang_at_step), ("debug.crash_at_step", dbg.crash_at_step),
-                       ("debug.nan_at_step", dbg.nan_at_step)]:
+                       ("debug.nan_at_step", dbg.nan_at_step), ("debug.stop_at_step", dbg.stop_at_step),
+                       ("debug.hang_rank", dbg.hang_rank), ("debug.crash_rank", dbg.crash_rank),
+                       ("debug.nan_rank", dbg.nan_rank)]:
         if value is not None:
-            _require(value >= 0, where, key, "a non-negative step", value)
+            _require(value >= 0, where, key, "a non-negative integer", value)
     _require(dbg.slow_data_s >= 0, where, "debug.slow_data_s", "a non-negative number", dbg.slow_data_s)

@@ -1,0 +1,1 @@
+"""nsa-train: the torchrun training runtime and the run directory it writes (docs/run-directory.md)."""

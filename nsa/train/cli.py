@@ -1,0 +1,219 @@
+"""``nsa-train --config PATH --run-dir DIR [--set section.key=value ...] [--resume auto|PATH]``.
+
+No config, no run: there is no default config (LESSONS 1). Output is line-buffered even
+into a file, and the boot banner says what is being trained, on what, with which batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nsa-train", description="Train an NSA (or dense) language model; "
+                                "run as one process or under torchrun. Writes docs/run-directory.md's files.")
+    p.add_argument("--config", required=True, help="YAML config file (required: there is no default)")
+    p.add_argument("--run-dir", required=True, help="this run's own directory (created, mode 0700)")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override config values, e.g. --set train.steps=100 data.source=synthetic")
+    p.add_argument("--resume", default=None, metavar="auto|PATH",
+                   help="auto: newest complete checkpoint of this run directory (none: start fresh); "
+                        "PATH: a checkpoint directory, or a run directory to take its newest from")
+    return p.parse_args(argv)
+
+
+def run_id_for(name: str) -> str:
+    """NSA_RUN_ID (set by the agent), else one id shared by every rank without talking:
+    derived from torchrun's rendezvous id, or fresh for a single process."""
+    rid = os.environ.get("NSA_RUN_ID")
+    if rid:
+        return rid
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic != "none":
+        return f"{name}-{hashlib.sha1(elastic.encode()).hexdigest()[:10]}"
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def versions() -> dict[str, str | None]:
+    import torch
+
+    import nsa
+
+    def ver(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "triton": ver("triton"),
+            "nsa": nsa.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)  # unbuffered lines even into a file (LESSONS 8)
+        except (AttributeError, ValueError):
+            pass
+    args = parse_args(argv)
+    from nsa.config import ConfigError, load_config, to_dict
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as exc:
+        print(f"nsa-train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from nsa.train import distributed as D
+    from nsa.train.faults import StackDumper, StopFlag
+    from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir, read_launch
+
+    run_dir = ensure_run_dir(Path(args.run_dir).expanduser().resolve())
+    rank, local_rank, world, _ = D.env_ranks()
+    run_id = run_id_for(cfg.name)
+    stop = StopFlag()
+    stop.install()
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    dumper = StackDumper(run_dir / "stacks", rank)
+    dumper.install()
+
+    def log(msg: str) -> None:
+        if rank == 0 or msg.startswith("[rank"):  # other ranks speak only about themselves
+            print(msg, flush=True)
+
+    device = D.pick_device(cfg.train, local_rank)
+    hb = Heartbeat(run_dir, run_id, rank, local_rank, world, D.device_record(device),
+                   cfg.train.heartbeat_interval_s)
+    hb.start()
+    record: RunRecord | None = None
+    trainer = None
+    try:
+        from nsa.train import checkpoint as ckpt
+        from nsa.train.trainer import Trainer
+
+        info = D.init(cfg.train, run_dir, device)
+        resume = ckpt.resolve(args.resume, run_dir)
+        launch = read_launch(run_dir)
+        if info.is_main:
+            record = RunRecord(run_dir, {
+                "run_id": run_id, "name": cfg.name, "config_path": cfg.source_path, "config": to_dict(cfg),
+                "param_count": None, "world_size": world, "batch_size": cfg.train.batch_size,
+                "grad_accum": None, "global_batch": None, "seq_len": cfg.train.seq_len, "dtype": None,
+                "device": str(device), "data_source": cfg.data.source, "command": sys.argv,
+                "versions": versions(), "host": socket.gethostname(), "total_steps": cfg.train.steps,
+                "resumed_from": str(resume) if resume else None, "parent_run": launch.get("parent_run"),
+                "strategy": cfg.train.strategy, "pid": os.getpid()})
+        trainer = Trainer(cfg, run_dir, info, hb, stop, record, resume, log)
+        boot = trainer.setup()
+        banner(log, cfg, args, run_id, run_dir, world, device, boot, trainer, resume)
+        if record:
+            record.update(param_count=boot["param_count"], grad_accum=boot["grad_accum"],
+                          global_batch=boot["global_batch"], dtype=boot["dtype"],
+                          data_source=boot["data_source"], resume_note=trainer.resume_note)
+        status = trainer.run()
+        trainer.finish()
+        overhead = trainer.telemetry_s / trainer.train_s if trainer.train_s else 0.0
+        if status == "stopped":
+            reason = f"{stop.reason}: stopped after step {trainer.step}, checkpoint {trainer.last_ckpt} saved"
+        else:
+            reason = f"finished {trainer.step} steps"
+        log(f"{status}: {reason}; telemetry overhead {overhead * 100:.3f}% of step time")
+        if record:
+            record.update(status=status, exit_reason=reason, ended_at=time.time(), step=trainer.step,
+                          tokens=trainer.tokens, telemetry_overhead=overhead)
+        hb.stop("done")
+        dumper.close()
+        D.close()
+        return 0
+    except BaseException as exc:  # every failure is recorded, then the process exits non-zero
+        return fail(exc, rank, run_dir, hb, record, trainer, dumper)
+
+
+def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: Path, world: int, device: Any,
+           boot: dict[str, Any], trainer: Any, resume: Path | None) -> None:
+    from nsa.config import to_dict
+
+    t = cfg.train
+    log(f"nsa-train run {run_id} in {run_dir}")
+    log(f"config {cfg.source_path} (overrides: {' '.join(args.set) or 'none'})")
+    log("resolved config " + json.dumps(to_dict(cfg), sort_keys=True))
+    log(f"model {cfg.model.attention.kind}: {boot['param_count']:,} parameters "
+        f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size})")
+    log(f"world size {world} ({t.strategy}), device {device}, dtype {boot['dtype']}")
+    log(f"batch: {t.batch_size} sequences per rank x {world} ranks x {boot['grad_accum']} accumulation "
+        f"= global batch {boot['global_batch']} sequences = {boot['global_batch'] * t.seq_len:,} tokens "
+        f"per optimizer step (seq_len {t.seq_len})")
+    log(f"data {boot['data_source']}, tokenizer {cfg.data.tokenizer}, {boot['n_streams']} data streams")
+    if resume:
+        log(f"resume from {resume} at step {trainer.step} ({trainer.tokens:,} tokens seen)")
+    if trainer.resume_note:
+        log(trainer.resume_note)
+
+
+def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, trainer: Any,
+         dumper: Any) -> int:
+    """Record a failure (status failed, reason with the traceback tail) and exit non-zero
+    without waiting on peers that may be gone."""
+    from nsa.train.trainer import NonFiniteLoss
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    step = trainer.step if trainer is not None else 0
+    print(f"[rank {rank}] FAILED at step {step}:\n{tb}", file=sys.stderr, flush=True)
+    tail = "\n".join(tb.strip().splitlines()[-6:])
+    if isinstance(exc, NonFiniteLoss):
+        kept = trainer.last_ckpt if trainer and trainer.last_ckpt else None
+        ck = f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was saved yet"
+        reason = f"{exc}; every rank stopped; {ck}"
+    else:
+        reason = f"rank {rank} failed at step {step + 1}: {type(exc).__name__}: {exc}\n{tail}"
+    try:
+        hb.stop("failed", error=reason[-2000:])
+    except Exception:
+        pass
+    if record is not None:
+        time.sleep(1.0)  # let a peer that failed first write its beat, then name it
+        first = first_peer_failure(run_dir, rank)
+        if first and not isinstance(exc, NonFiniteLoss):
+            reason = f"{first}\n(rank {rank} then failed: {type(exc).__name__}: {str(exc)[:300]})"
+        try:
+            record.update(status="failed", exit_reason=reason, ended_at=time.time(),
+                          step=trainer.step if trainer else 0, tokens=trainer.tokens if trainer else 0)
+        except Exception:
+            pass
+    dumper.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_FAILED)  # no teardown handshakes with dead or hung peers
+
+
+def first_peer_failure(run_dir: Path, me: int) -> str | None:
+    """The earliest ``failed`` heartbeat of another rank on this host, if any."""
+    best: tuple[float, str] | None = None
+    for path in (run_dir / "heartbeats").glob("rank-*.jsonl"):
+        if path.name == f"rank-{me}.jsonl":
+            continue
+        try:
+            last = path.read_text().strip().splitlines()[-1]
+            rec = json.loads(last)
+        except (OSError, ValueError, IndexError):
+            continue
+        if rec.get("phase") == "failed" and rec.get("error"):
+            if best is None or rec["ts"] < best[0]:
+                best = (rec["ts"], rec["error"])
+    return best[1] if best else None

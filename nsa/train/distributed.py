@@ -1,0 +1,138 @@
+"""Process group, device placement and model wrapping (DDP or FSDP2).
+
+Always a process group, even for one process (a world of 1 through an in-memory store): one
+code path for collectives and checkpoints. Explicit timeouts: a peer that stops answering
+fails the collective after ``train.pg_timeout_s`` instead of hanging forever (LESSONS 10).
+On CUDA the NCCL flight recorder is switched on and dumps into ``<run>/nccl/``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nsa.config import TrainConfig
+
+
+@dataclass
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    launched: bool  # under torchrun (or another launcher that sets RANK/WORLD_SIZE)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_ranks() -> tuple[int, int, int, bool]:
+    """(rank, local_rank, world_size, launched) from torchrun's environment."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return (int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")),
+                int(os.environ["WORLD_SIZE"]), True)
+    return 0, 0, 1, False
+
+
+def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
+    """``device: auto`` is CUDA when available; the CUDA index is LOCAL_RANK."""
+    want = cfg.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device is cuda but no CUDA device is available")
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def device_record(device: torch.device) -> dict[str, Any]:
+    """The heartbeat's ``device`` field: type, index and (CUDA) UUID."""
+    if device.type == "cuda":
+        uuid: str | None = None
+        try:
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        except Exception:
+            uuid = None
+        return {"type": "cuda", "index": device.index, "uuid": uuid}
+    return {"type": "cpu", "index": None, "uuid": None}
+
+
+def enable_flight_recorder(run_dir: Path) -> None:
+    """NCCL flight recorder: keep a trace of recent collectives and dump it on a timeout
+    (and on demand by writing to ``nccl/pipe_<rank>.pipe``). Set before the group exists."""
+    nccl = run_dir / "nccl"
+    nccl.mkdir(exist_ok=True)
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "20000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(nccl / "rank_"))
+    os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", str(nccl / "pipe_"))
+    os.environ.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
+
+
+def init(cfg: TrainConfig, run_dir: Path, device: torch.device) -> DistInfo:
+    """Join (or create) the process group with an explicit timeout."""
+    rank, local_rank, world, launched = env_ranks()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        enable_flight_recorder(run_dir)
+    timeout = timedelta(seconds=cfg.pg_timeout_s)
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    if launched:
+        dist.init_process_group(**kwargs)
+    else:
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    return DistInfo(rank, local_rank, world, device, backend, launched)
+
+
+def wrap(model: nn.Module, strategy: str, info: DistInfo) -> nn.Module:
+    """DDP (replicated) or FSDP2 (each block sharded, then the root). fp32 parameters either
+    way; bf16 comes from autocast, so optimizer state and master weights stay fp32."""
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if info.device.type == "cuda":
+        return DDP(model, device_ids=[info.device.index])
+    return DDP(model)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") and hasattr(model, "no_sync") else model
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def close() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,350 @@
+"""The training loop: model, optimizer, data streams, resume, eval, checkpoints, telemetry."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nsa.config import Config, to_dict
+from nsa.train import checkpoint as ckpt
+from nsa.train import distributed as D
+from nsa.train.data import (
+    Packer,
+    PrefetchLoader,
+    StreamPos,
+    own_streams,
+    positions_from_json,
+    reshard_positions,
+    val_batches,
+)
+from nsa.train.faults import Faults, StopFlag
+from nsa.train.schedule import lr_at
+from nsa.train.sources import build_source
+from nsa.train.telemetry import Heartbeat, JsonlWriter, RunRecord
+from nsa.train.tokenizer import build_tokenizer
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN/inf on some rank: every rank stops, the run is failed."""
+
+
+def build_optimizer(model: nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices (ndim >= 2) only, never on norms, biases or gates."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    t = cfg.train
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    extra = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), **extra)
+
+
+def param_digest(model: nn.Module) -> str:
+    """sha256 over every (full) parameter: equal on every rank of a correct DDP/FSDP run."""
+    h = hashlib.sha256()
+    for name, p in sorted(D.unwrap(model).named_parameters()):
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: Path, info: D.DistInfo, hb: Heartbeat, stop: StopFlag,
+                 record: RunRecord | None, resume: Path | None, log: Callable[[str], None]) -> None:
+        self.cfg, self.run_dir, self.info, self.hb, self.stop = cfg, run_dir, info, hb, stop
+        self.record, self.resume_path, self.log = record, resume, log
+        self.faults = Faults(cfg.debug, info.rank)
+        self.metrics = JsonlWriter(run_dir / "metrics.jsonl") if info.is_main else None
+        self.debug_log = (JsonlWriter(run_dir / "debug" / f"rank-{info.rank}.jsonl")
+                          if cfg.debug.record_rank_state else None)
+        self.step = 0
+        self.tokens = 0
+        self.last_ckpt: str | None = None
+        self.telemetry_s = 0.0
+        self.train_s = 0.0
+        self.stop_agreed = False
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> dict[str, Any]:
+        cfg, info = self.cfg, self.info
+        t = cfg.train
+        self.use_bf16 = t.dtype == "bf16" or (t.dtype == "auto" and info.device.type == "cuda")
+        if self.use_bf16 and info.device.type != "cuda":
+            raise RuntimeError("train.dtype bf16 needs CUDA here; use dtype auto or fp32 on CPU")
+        from nsa import build_model
+
+        torch.manual_seed(t.seed)  # identical initial weights on every rank
+        model = build_model(cfg.model).to(info.device)
+        self.param_count = sum(p.numel() for p in model.parameters())
+        model.activation_checkpointing = t.activation_checkpointing
+        if t.compile:
+            for block in model.blocks:
+                block.compile()
+        self.raw = model
+        self.model = D.wrap(model, t.strategy, info)
+        self.optimizer = build_optimizer(self.model, cfg, info.device)
+        self.grad_accum, self.n_streams, self.micro_per_stream = t.grad_accum, info.world_size, t.grad_accum
+        positions: dict[int, StreamPos] = {}
+        self.resume_note = None
+        if self.resume_path is not None:
+            positions = self._load_checkpoint(self.resume_path)
+        self.global_batch = t.batch_size * info.world_size * self.grad_accum
+        self._setup_data(positions)
+        return {"param_count": self.param_count, "grad_accum": self.grad_accum,
+                "global_batch": self.global_batch, "dtype": "bf16 autocast, fp32 params" if self.use_bf16
+                else "fp32", "data_source": self.source.description, "n_streams": self.n_streams}
+
+    def _load_checkpoint(self, path: Path) -> dict[int, StreamPos]:
+        cfg, info = self.cfg, self.info
+        meta = ckpt.read_meta(path)
+        for key, mine in (("batch_size", cfg.train.batch_size), ("seq_len", cfg.train.seq_len)):
+            if meta[key] != mine:
+                raise ckpt.CheckpointError(f"{path}: saved with train.{key}={meta[key]}, this run has "
+                                           f"{mine}; resume needs the same value")
+        g, b, w = meta["global_batch"], cfg.train.batch_size, info.world_size
+        if g % (b * w):
+            raise ckpt.CheckpointError(
+                f"{path}: global batch {g} is not a multiple of batch_size {b} x world {w}: "
+                "cannot keep the global batch on this world size")
+        self.grad_accum = g // (b * w)
+        if meta["world_size"] != w or self.grad_accum != cfg.train.grad_accum:
+            self.resume_note = (f"resuming a {meta['world_size']}-rank checkpoint on {w} rank(s): "
+                                f"grad_accum {meta['grad_accum']} -> {self.grad_accum} keeps the global "
+                                f"batch of {g} sequences")
+        rank_states = ckpt.load(path, self.model, self.optimizer)
+        ckpt.set_rng_state(rank_states[min(info.rank, len(rank_states) - 1)], info.device)
+        self.step, self.tokens = int(meta["step"]), int(meta["tokens"])
+        positions = positions_from_json(meta["data_positions"])
+        old_streams = int(meta["n_streams"])
+        if own_streams(old_streams, w, info.rank) is None:
+            new = reshard_positions(positions, old_streams, w)
+            self.log(f"data: {old_streams} streams cannot be split over {w} ranks; re-sharding into {w} "
+                     f"streams starting at document {new[0].doc} of each (nothing replayed, the rest of "
+                     "partly read documents skipped)")
+            self.n_streams, self.micro_per_stream = w, self.grad_accum
+            return new
+        self.n_streams = old_streams
+        self.micro_per_stream = g // (b * old_streams)
+        return positions
+
+    def _setup_data(self, positions: dict[int, StreamPos]) -> None:
+        cfg, info = self.cfg, self.info
+        self.hb.set_phase("data")
+        self.source = build_source(cfg.data)
+        self.tokenizer = build_tokenizer(cfg.data)
+        if self.tokenizer.vocab_size > cfg.model.vocab_size:
+            raise RuntimeError(f"tokenizer {self.tokenizer.name} needs vocab {self.tokenizer.vocab_size} > "
+                               f"model.vocab_size {cfg.model.vocab_size}")
+        window = cfg.train.seq_len + 1
+        mine = own_streams(self.n_streams, info.world_size, info.rank) or [info.rank]
+        self.my_streams = mine
+        packers = {s: Packer(self.source, self.tokenizer, s, self.n_streams, "train", window,
+                             pos=positions.get(s)) for s in mine}
+        self.positions = {s: p.pos for s, p in packers.items()}
+        self.loader = PrefetchLoader(packers, self.micro_per_stream, cfg.train.batch_size,
+                                     cfg.data.prefetch_batches, cfg.debug.slow_data_s,
+                                     pin=info.device.type == "cuda")
+        self._val: list[torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ steps
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.use_bf16:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = tokens.to(self.info.device, non_blocking=True)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        with self._autocast():
+            logits = self.model(x)
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))  # fp32 loss
+
+    def _sync_ctx(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradient all-reduce only on the last micro-batch of an optimizer step."""
+        if self.cfg.train.strategy == "fsdp":
+            self.model.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else self.model.no_sync()
+
+    def _next_batch(self):
+        if not self.loader.ready():
+            self.hb.set_phase("data")  # the step waits for data: the panel sees it
+        batch = self.loader.next()
+        self.hb.set_phase("compile" if self.cfg.train.compile and self.step == self._start_step else "train")
+        for msg in batch.events:
+            self.log(f"[rank {self.info.rank}] data: {msg}")
+            if self.metrics:
+                self.metrics.write({"kind": "epoch", "ts": time.time(), "step": self.step,
+                                    "epoch": batch.positions[batch.stream].epoch, "split": "train",
+                                    "message": msg})
+        return batch
+
+    def train_step(self) -> tuple[float, torch.Tensor | None]:
+        """One optimizer step: accumulate, agree on loss/stop/NaN across ranks, clip, update."""
+        step_idx = self.step  # 0-based index of the step being computed; it completes as step+1
+        self.faults.maybe_crash(step_idx + 1)
+        loss_sum = torch.zeros((), device=self.info.device)
+        for m in range(self.grad_accum):
+            batch = self._next_batch()
+            if self.debug_log:
+                self.debug_log.write({"step": step_idx + 1, "micro": m, "stream": batch.stream,
+                                      "digest": batch.digest()})
+            with self._sync_ctx(m == self.grad_accum - 1):
+                loss = self._loss(batch.tokens)
+                if m == 0 and self.faults.nan_now(step_idx + 1):
+                    loss = loss * float("nan")
+                (loss / self.grad_accum).backward()
+            loss_sum += loss.detach()
+            self.positions = batch.positions
+        w = self.info.world_size
+        flags = torch.zeros(2 + w, device=self.info.device)
+        local = loss_sum / self.grad_accum
+        finite = bool(torch.isfinite(local))
+        flags[0] = local if finite else 0.0
+        flags[1] = 1.0 if self.stop.is_set() else 0.0
+        flags[2 + self.info.rank] = 0.0 if finite else 1.0
+        torch.distributed.all_reduce(flags)
+        vals = flags.tolist()
+        bad = [r for r in range(w) if vals[2 + r] > 0]
+        if bad:
+            raise NonFiniteLoss(f"non-finite loss at step {step_idx + 1} on rank(s) {bad}")
+        self.stop_agreed = vals[1] > 0  # every rank saw the same sum: they stop together
+        if self.stop_agreed:
+            self.stop.set(self.stop.reason or "SIGTERM on another rank")
+        lr = lr_at(step_idx, lr=self.cfg.train.lr, min_lr=self.cfg.train.min_lr,
+                   warmup_steps=self.cfg.train.warmup_steps, total_steps=self.cfg.train.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        grad_norm = None
+        if self.cfg.train.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; resolve it on every rank
+                grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += self.global_batch * self.cfg.train.seq_len
+        self.last_lr = lr
+        return vals[0] / w, grad_norm
+
+    # ------------------------------------------------------------------ eval / save
+    def evaluate(self) -> float | None:
+        t = self.cfg.train
+        if t.eval_batches == 0:
+            return None
+        self.hb.set_phase("eval")
+        if self._val is None:
+            packers = [Packer(self.source, self.tokenizer, s, self.n_streams, "val", t.seq_len + 1,
+                              wrap=False) for s in self.my_streams]
+            self._val = val_batches(packers, t.eval_batches, t.batch_size)
+        count = torch.tensor([len(self._val)], device=self.info.device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)
+        n = int(count.item())  # the same number of forwards on every rank (FSDP needs it)
+        if n == 0:
+            self.log("eval: no validation batches (too few validation documents); skipped")
+            return None
+        self.model.eval()
+        total = torch.zeros((), device=self.info.device)
+        with torch.no_grad():
+            for tokens in self._val[:n]:
+                total += self._loss(tokens)
+        self.model.train()
+        torch.distributed.all_reduce(total)
+        return float(total) / (n * self.info.world_size)
+
+    def save(self) -> None:
+        self.hb.set_phase("checkpoint")
+        t0 = time.time()
+        positions = D.all_gather_objects({str(s): vars(p) for s, p in self.positions.items()})
+        merged = {k: v for part in positions for k, v in part.items()}
+        rank_states = D.all_gather_objects(ckpt.rng_state(self.info.device))
+        meta = {"tokens": self.tokens, "world_size": self.info.world_size, "grad_accum": self.grad_accum,
+                "batch_size": self.cfg.train.batch_size, "global_batch": self.global_batch,
+                "seq_len": self.cfg.train.seq_len, "n_streams": self.n_streams,
+                "data_positions": merged, "config": to_dict(self.cfg), "run_id": self.hb.base["run_id"],
+                "strategy": self.cfg.train.strategy}
+        path = ckpt.save(self.run_dir / "checkpoints", self.step, self.model, self.optimizer, meta,
+                         rank_states, self.cfg.train.keep_checkpoints, self.info.is_main)
+        self.last_ckpt = f"step-{self.step}"
+        if path is not None:
+            self.log(f"checkpoint {path} ({time.time() - t0:.1f} s)")
+        self.hb.set_phase("train")
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> str:
+        """Train to ``train.steps``; returns ``finished`` or ``stopped``."""
+        t = self.cfg.train
+        self._start_step = self.step
+        self.hb.set_phase("compile" if t.compile else "train")
+        if self.record:
+            self.record.update(status="running", step=self.step, tokens=self.tokens)
+        last_end = time.perf_counter()
+        while self.step < t.steps:
+            loss, grad_norm = self.train_step()
+            now = time.perf_counter()
+            step_time, last_end = now - last_end, now
+            self.train_s += step_time
+            t0 = time.perf_counter()
+            self.hb.step_beat(self.step)
+            if self.metrics and (self.step % t.log_every == 0 or self.step == t.steps):
+                self._log_metrics(loss, grad_norm, step_time)
+            if self.record:
+                self.record.progress(self.step, self.tokens)
+            self.telemetry_s += time.perf_counter() - t0
+            self.faults.maybe_hang(self.step)
+            stopping = self.stop_agreed
+            if self.faults.stop_now(self.step):  # same config on every rank: they agree
+                self.stop.set(f"debug.stop_at_step={self.step}")
+                stopping = True
+            if self.step % t.eval_every == 0 or self.step == t.steps:
+                val = self.evaluate()
+                if val is not None and self.metrics:
+                    self.metrics.write({"kind": "eval", "ts": time.time(), "step": self.step,
+                                        "val_loss": val, "tokens": self.tokens})
+                    self.log(f"eval step {self.step}: val_loss {val:.4f}")
+                self.hb.set_phase("train")
+            if stopping or self.step % t.save_every == 0 or self.step == t.steps:
+                self.save()
+            if stopping:
+                return "stopped"
+            last_end = time.perf_counter()  # eval and checkpoint time are not step time
+        return "finished"
+
+    def _log_metrics(self, loss: float, grad_norm: torch.Tensor | None, step_time: float) -> None:
+        shares = self.raw.gate_shares() if hasattr(self.raw, "gate_shares") else None
+        gates = None
+        if shares is not None:
+            c, s, w = shares.float().tolist()
+            gates = {"compressed": c, "selected": s, "window": w}
+        if self.info.device.type == "cuda":
+            alloc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        else:
+            import psutil
+
+            alloc = reserved = psutil.Process().memory_info().rss  # CPU: process RSS
+        gn = float(grad_norm) if grad_norm is not None else None
+        tps = self.global_batch * self.cfg.train.seq_len / step_time if step_time > 0 else None
+        rec = {"kind": "train", "ts": time.time(), "step": self.step, "loss": loss, "lr": self.last_lr,
+               "tokens": self.tokens, "tokens_per_s": tps, "step_time_s": step_time, "grad_norm": gn,
+               "gate_shares": gates, "mem_allocated_bytes": alloc, "mem_reserved_bytes": reserved}
+        self.metrics.write(rec)
+        gate_txt = (f" gates c/s/w {gates['compressed']:.2f}/{gates['selected']:.2f}/{gates['window']:.2f}"
+                    if gates else "")
+        self.log(f"step {self.step}/{self.cfg.train.steps} loss {loss:.4f} lr {self.last_lr:.3g} "
+                 f"grad_norm {gn if gn is None else round(gn, 3)} {tps or 0:.0f} tok/s "
+                 f"{step_time * 1000:.0f} ms/step{gate_txt}")
+
+    def finish(self) -> None:
+        if self.debug_log:
+            self.debug_log.write({"final_step": self.step, "param_digest": param_digest(self.model)})
+            self.debug_log.close()
+        self.loader.close()
