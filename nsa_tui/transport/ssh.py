@@ -49,10 +49,14 @@ def parse_dest(dest: str) -> tuple[str | None, str, int | None]:
 
 
 def agent_command(runs_root: str | None, remote_python: str | None) -> str:
-    """The remote shell command: the setup venv's python if present, else python3."""
+    """The remote shell command: the setup venv's python if present, else python3.
+
+    ``remote_python`` is a command prefix (``"/opt/py/bin/python3 -X utf8"``); every
+    word is quoted again, so nothing in it or in ``runs_root`` reaches the shell raw.
+    """
     args = ["-m", "nsa_tui.agent"] + (["--runs-root", runs_root] if runs_root else [])
     if remote_python:
-        return shlex.join([remote_python, *args])
+        return shlex.join([*shlex.split(remote_python), *args])
     return (
         f'if [ -x {VENV_PYTHON} ]; then P={VENV_PYTHON}; else P=python3; fi; '
         f'exec "$P" {shlex.join(args)}'
@@ -106,6 +110,8 @@ class SshTransport(Transport):
         self.confirm_host_key = confirm_host_key
         self.known_hosts = known_hosts
         self.client_keys = client_keys
+        if config == () and os.environ.get("NSA_TUI_SSH_CONFIG"):
+            config = [os.environ["NSA_TUI_SSH_CONFIG"]]
         self.config = config
         self.remote_python = remote_python or os.environ.get("NSA_TUI_REMOTE_PYTHON") or None
         self.opts = {"keepalive_interval": keepalive_interval, "keepalive_count_max": keepalive_count_max,
@@ -113,6 +119,10 @@ class SshTransport(Transport):
         self.conn: asyncssh.SSHClientConnection | None = None
 
     def _kwargs(self) -> dict[str, Any]:
+        if isinstance(self.known_hosts, str) and not os.path.exists(self.known_hosts):
+            # an explicit file that does not exist yet: every host is unknown (then asked)
+            Path(self.known_hosts).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            Path(self.known_hosts).touch(mode=0o600)
         kw: dict[str, Any] = dict(self.opts, known_hosts=self.known_hosts, config=self.config)
         if self.user:
             kw["username"] = self.user

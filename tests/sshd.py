@@ -1,0 +1,155 @@
+"""A real OpenSSH server on 127.0.0.1 for tests (``pytest_plugins = ["tests.sshd"]``).
+
+Fixture ``sshd`` yields an ``SshServer``: a fresh ``/usr/sbin/sshd -D`` on a free
+port with temporary host and client keys, a ``known_hosts`` that trusts it, and an
+``ssh_config`` with the alias ``nsa-test`` (HostName, Port, User, IdentityFile,
+UserKnownHostsFile), so code under test can connect exactly as a user would. Tests
+are skipped where the server binary is missing. Recipe: ../shared/notes/ENVIRONMENT.md.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SSHD = "/usr/sbin/sshd"
+ALIAS = "nsa-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return Path(f"{path}.pub").read_text().strip()
+
+
+@dataclass
+class SshServer:
+    """One sshd; ``dest`` is ``user@127.0.0.1:port``; ``ssh_options`` suit SshTransport."""
+
+    dir: Path
+    port: int
+    user: str
+    host_key: Path
+    client_key: Path
+    known_hosts: Path
+    ssh_config: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dest(self) -> str:
+        return f"{self.user}@127.0.0.1:{self.port}"
+
+    @property
+    def ssh_options(self) -> dict[str, Any]:
+        return {"known_hosts": str(self.known_hosts), "client_keys": [str(self.client_key)], "config": []}
+
+    def env(self) -> dict[str, str]:
+        """Environment for a CLI subprocess: the test ssh config and this Python on the host."""
+        return dict(os.environ, NSA_TUI_SSH_CONFIG=str(self.ssh_config), NSA_TUI_REMOTE_PYTHON=sys.executable)
+
+    def start(self) -> None:
+        if os.geteuid() == 0:
+            Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "sshd.log", "ab")
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")],
+                                     stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {(self.dir / 'sshd.log').read_text()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("sshd did not start listening")
+
+    def _children(self) -> list[int]:
+        """Per-connection sshd processes (they outlive the listener otherwise)."""
+        import psutil
+
+        if self.proc is None:
+            return []
+        try:
+            return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self) -> None:
+        """Stop the listener and every connection it serves (their sessions too)."""
+        if self.proc is None:
+            return
+        kids = self._children()
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.kill()
+        self.proc.wait(5)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def change_host_key(self) -> None:
+        """A new host key (as after a reinstall or an interception); restart needed."""
+        for p in (self.host_key, Path(f"{self.host_key}.pub")):
+            p.unlink()
+        _keygen(self.host_key)
+
+
+def make_server(base: Path) -> SshServer:
+    base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o700)
+    port = _free_port()
+    host_key, client_key = base / "host_ed25519", base / "client_ed25519"
+    _keygen(host_key)
+    client_pub = _keygen(client_key)
+    (base / "authorized_keys").write_text(client_pub + "\n")
+    algo, blob = Path(f"{host_key}.pub").read_text().split()[:2]
+    known = base / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {algo} {blob}\n")
+    (base / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
+        f"AuthorizedKeysFile {base / 'authorized_keys'}\nPidFile {base / 'sshd.pid'}\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        "PermitRootLogin prohibit-password\nLogLevel ERROR\n")
+    user = getpass.getuser()
+    cfg = base / "ssh_config"
+    cfg.write_text(
+        f"Host {ALIAS}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {client_key}\n"
+        f"  UserKnownHostsFile {known}\n  IdentitiesOnly yes\n")
+    return SshServer(base, port, user, host_key, client_key, known, cfg)
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[SshServer]:
+    """A running sshd for one test; stopped (with its sessions) afterwards."""
+    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    server = make_server(tmp_path / "sshd")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
