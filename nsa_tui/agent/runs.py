@@ -56,7 +56,7 @@ def _pgrp(pid: int) -> int | None:
         return None
 
 
-def _environ(pid: int) -> dict[str, str]:
+def environ_of(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -82,7 +82,7 @@ def run_processes(run_id: str, pgid: int | None = None) -> list[dict[str, Any]]:
         grp = _pgrp(pid)
         if grp is None or (pgid is not None and grp != pgid):
             continue
-        env = _environ(pid)
+        env = environ_of(pid)
         if env.get("NSA_RUN_ID") != run_id:
             continue
         rank = env.get("RANK")
@@ -134,7 +134,7 @@ class RunStore:
         rec.update({k: v for k, v in run.items() if k != "config"})
         rec["config"] = run.get("config")
         rec["launch"] = launch or None
-        rec["name"] = run.get("name") or launch.get("name") or run_id
+        rec["name"] = launch.get("name") or run.get("name") or run_id
         rec["trainer_status"] = run.get("status")
         pgid = launch.get("launcher_pgid")
         same_boot = not launch.get("boot_id") or launch.get("boot_id") == boot_id()

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from nsa_tui.agent.runs import environ_of
+
 
 class GpuSource(Protocol):
     """Where GPU readings come from. ``read`` returns (gpus or None, message)."""
@@ -107,16 +109,17 @@ class HostSampler:
         self.gpu = gpu_source if gpu_source is not None else NvmlSource()
         psutil.cpu_percent(None)  # prime: the first call has no interval to measure
 
-    def sample(self, rank_pids: dict[int, tuple[str, int]] | None = None) -> dict[str, Any]:
-        """``rank_pids`` maps a PID to (run id, rank) so each GPU names its ranks."""
+    def sample(self) -> dict[str, Any]:
+        """Each GPU also lists ``ranks``: the run id and rank of the processes on it."""
         gpus, message = self.gpu.read()
-        if gpus is not None and rank_pids:
-            for g in gpus:
-                g["ranks"] = [
-                    {"pid": pid, "run": rank_pids[pid][0], "rank": rank_pids[pid][1]}
-                    for pid in g.get("pids", [])
-                    if pid in rank_pids
-                ]
+        for g in gpus or []:
+            g["ranks"] = []
+            for pid in g.get("pids") or []:
+                env = environ_of(pid)
+                if env.get("NSA_RUN_ID"):
+                    rank = env.get("RANK", "")
+                    g["ranks"].append({"pid": pid, "run": env["NSA_RUN_ID"],
+                                       "rank": int(rank) if rank.isdigit() else None})
         vm = psutil.virtual_memory()
         try:
             du = psutil.disk_usage(self.runs_root if os.path.exists(self.runs_root) else "/")

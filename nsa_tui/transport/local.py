@@ -54,6 +54,7 @@ class LocalTransport(Transport):
     def __init__(self, runs_root: str | None = None, python: str = sys.executable) -> None:
         self.runs_root = runs_root
         self.python = python
+        self.proc: asyncio.subprocess.Process | None = None
 
     async def connect(self) -> Channel:
         argv = [self.python, "-m", "nsa_tui.agent"]
@@ -66,4 +67,10 @@ class LocalTransport(Transport):
             )
         except OSError as exc:
             raise TransportError(f"cannot start the local agent: {exc}") from exc
+        self.proc = proc
         return ProcessChannel(proc)
+
+    def abort(self) -> None:
+        """Kill the agent at once, as a crash would (runs are detached and keep going)."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()

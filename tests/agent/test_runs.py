@@ -1,0 +1,181 @@
+"""Run records, liveness (PID reuse, reboots), kill, line tailing and host samples.
+
+Real processes and real files; only NVML readings are faked (behind GpuSource).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa_tui.agent.launcher import Launcher
+from nsa_tui.agent.runs import RunStore, boot_id, run_processes, write_json
+from nsa_tui.agent.sampler import HostSampler, NvmlSource
+from nsa_tui.agent.tail import read_lines, tail_text
+
+# a process tree like torchrun's: a leader and two "ranks"
+TREE = ("import subprocess,sys,time; "
+        "ps=[subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']) for _ in range(2)]; "
+        "time.sleep(300)")
+
+
+def fake_run(store: RunStore, run_id: str, env_id: str | None = None, boot: str | None = None,
+             status: str | None = "running") -> tuple[Path, subprocess.Popen[bytes]]:
+    """A run directory whose recorded group is a real detached process tree."""
+    d = store.root / run_id
+    d.mkdir(parents=True, mode=0o700)
+    env = dict(os.environ)
+    if env_id:
+        env["NSA_RUN_ID"] = env_id
+    proc = subprocess.Popen([sys.executable, "-c", TREE], env=env, start_new_session=True)
+    write_json(d / "launch.json", {"run_id": run_id, "launcher_pid": proc.pid, "launcher_pgid": proc.pid,
+                                   "boot_id": boot or boot_id(), "nproc": 2})
+    if status:
+        write_json(d / "run.json", {"run_id": run_id, "status": status, "step": 3})
+    return d, proc
+
+
+def wait_children(n: int, run_id: str, pgid: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(run_processes(run_id, pgid)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait(5)
+
+
+def test_read_lines_offsets_partial_lines_and_truncation(tmp_path: Path) -> None:
+    f = tmp_path / "m.jsonl"
+    assert read_lines(str(f), 0) == ([], 0)  # absent
+    f.write_bytes(b'{"a":1}\n{"b":2}\n{"c"')
+    lines, off = read_lines(str(f), 0)
+    assert [ln.text for ln in lines] == ['{"a":1}', '{"b":2}'] and off == 16
+    assert [ln.offset for ln in lines] == [8, 16]
+    assert read_lines(str(f), off) == ([], 16)  # the half line waits for its newline
+    with open(f, "ab") as fh:
+        fh.write(b':3}\n')
+    lines, off = read_lines(str(f), off)
+    assert [ln.text for ln in lines] == ['{"c":3}'] and off == f.stat().st_size
+    lines, _ = read_lines(str(f), 8)  # resume from a saved offset: exactly the rest
+    assert [ln.text for ln in lines] == ['{"b":2}', '{"c":3}']
+    f.write_bytes(b"new\n")  # replaced by a shorter file: start again
+    assert [ln.text for ln in read_lines(str(f), 24)[0]] == ["new"]
+    f.write_bytes(b"x" * 100)  # one line longer than the chunk is delivered cut, never stalls
+    lines, off = read_lines(str(f), 0, max_bytes=40)
+    assert len(lines) == 1 and off == 40
+    (tmp_path / "log").write_text("".join(f"line {i}\n" for i in range(100)))
+    assert tail_text(str(tmp_path / "log"), 3) == ["line 97", "line 98", "line 99"]
+
+
+def test_liveness_needs_group_and_run_id(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    _, good = fake_run(store, "20260101-000000-a-0001", env_id="20260101-000000-a-0001")
+    _, reused = fake_run(store, "20260101-000000-b-0002", env_id=None)  # PID reuse: right group, no id
+    _, old = fake_run(store, "20260101-000000-c-0003", env_id="20260101-000000-c-0003", boot="other-boot")
+    try:
+        wait_children(3, "20260101-000000-a-0001", good.pid)
+        rec = store.record("20260101-000000-a-0001")
+        assert rec["alive"] and rec["status"] == "running" and len(rec["pids"]) == 3
+        rec = store.record("20260101-000000-b-0002")
+        assert not rec["alive"] and rec["status"] == "crashed"
+        rec = store.record("20260101-000000-c-0003")  # launched before a reboot: lost, whatever runs now
+        assert not rec["alive"] and rec["status"] == "lost"
+        assert [r["run_id"] for r in store.records()] == [
+            "20260101-000000-c-0003", "20260101-000000-b-0002", "20260101-000000-a-0001"]
+    finally:
+        for p in (good, reused, old):
+            reap(p)
+    with pytest.raises(KeyError):
+        store.run_dir("../etc")
+
+
+def test_crashed_record_has_exit_code_and_tail(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    d, p = fake_run(store, "20260101-000000-x-0004", env_id="20260101-000000-x-0004")
+    reap(p)
+    (d / "exit.json").write_text(json.dumps({"exit_code": 1}))
+    (d / "train.log").write_text("boot\nTraceback (most recent call last):\nRuntimeError: boom\n")
+    rec = store.record("20260101-000000-x-0004")
+    assert rec["status"] == "crashed" and rec["exit_code"] == 1
+    assert rec["log_tail"][-1] == "RuntimeError: boom"
+    write_json(d / "run.json", {"status": "finished"})
+    assert store.record("20260101-000000-x-0004")["status"] == "finished"
+
+
+async def test_kill_takes_the_whole_group_even_when_term_is_ignored(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    rid = "20260101-000000-k-0005"
+    d = store.root / rid
+    d.mkdir(parents=True)
+    code = ("import signal,subprocess,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']); time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NSA_RUN_ID=rid),
+                            start_new_session=True)
+    write_json(d / "launch.json", {"run_id": rid, "launcher_pid": proc.pid, "launcher_pgid": proc.pid,
+                                   "boot_id": boot_id()})
+    try:
+        wait_children(2, rid, proc.pid)
+        t0 = time.monotonic()
+        res = await Launcher(store).kill(rid, grace_s=1.0)
+        assert res["was_running"] and res["forced"] and res["remaining"] == []
+        assert time.monotonic() - t0 < 8
+        await asyncio.to_thread(proc.wait, 5)
+        assert run_processes(rid) == []
+        assert store.record(rid)["status"] == "stopped"
+        assert (await Launcher(store).kill(rid))["was_running"] is False
+    finally:
+        reap(proc)
+
+
+class FakeGpus:
+    """NVML readings for tests: two GPUs, the second lost (N/A values)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def count(self) -> int:
+        return 2
+
+    def read(self) -> tuple[list[dict], str]:
+        g0 = {"index": 0, "name": "Fake H100", "mem_used_bytes": 10 << 30, "mem_total_bytes": 80 << 30,
+              "util_pct": 97, "power_w": 650.0, "power_limit_w": 700.0, "temp_c": 61, "pids": [self.pid]}
+        g1 = {"index": 1, "name": None, "mem_used_bytes": None, "mem_total_bytes": None, "util_pct": None,
+              "power_w": None, "power_limit_w": None, "temp_c": None, "pids": []}
+        return [g0, g1], "GPU 1 not reachable"
+
+
+def test_host_sample_without_nvml_is_na_not_an_error(tmp_path: Path) -> None:
+    src = NvmlSource()  # the real path: this machine has no NVML library
+    pytest.importorskip("pynvml")
+    if src.ok:
+        pytest.skip("NVML present here")
+    assert src.count() == 0
+    s = HostSampler(str(tmp_path), src).sample()
+    assert s["gpus"] is None and "NVML" in s["gpu_message"]
+    assert s["ram"]["total_bytes"] > 0 and s["disk"]["total_bytes"] > 0 and 0 <= s["cpu_pct"] <= 100
+
+
+def test_host_sample_names_the_rank_on_each_gpu(tmp_path: Path) -> None:
+    rid = "20260101-000000-g-0006"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env=dict(os.environ, NSA_RUN_ID=rid, RANK="1"))
+    try:
+        time.sleep(0.2)
+        s = HostSampler(str(tmp_path), FakeGpus(proc.pid)).sample()
+        assert s["gpus"][0]["ranks"] == [{"pid": proc.pid, "run": rid, "rank": 1}]
+        assert s["gpus"][1]["util_pct"] is None and s["gpu_message"] == "GPU 1 not reachable"
+    finally:
+        proc.kill()
+        proc.wait()
