@@ -36,7 +36,8 @@ class NsaApp(App[str | None]):
 
     def __init__(self, destinations: list[str], *, state: PanelState | None = None, live: bool = True,
                  clock: Callable[[], float] | None = None, keymap_file: Path | None = None,
-                 offer_demo: bool = True) -> None:
+                 offer_demo: bool = True, configs: list[str] | None = None,
+                 alert_thresholds: Any = None) -> None:
         super().__init__()
         self.destinations = list(destinations) or ["local"]
         self.state = state or PanelState.for_destinations(self.destinations, clock or time.time)
@@ -44,6 +45,8 @@ class NsaApp(App[str | None]):
             self.state.clock = clock
         self.live = live
         self.offer_demo = offer_demo
+        self.configs = configs
+        self.alert_thresholds = alert_thresholds
         self._keymap_file = keymap_file
         self.services: dict[str, Any] = {}
         self.tick_count = 0
@@ -165,7 +168,8 @@ class NsaApp(App[str | None]):
                 self.notify(f"launched {run_id}", title="launch")
 
         self.push_screen(LaunchScreen(list(self.state.hosts), dest, host.gpu_count if host else 0,
-                                      find_configs(), self.submit_launch if self.live else None), done)
+                                      self.configs if self.configs is not None else find_configs(),
+                                      self.submit_launch if self.live else None), done)
 
     def _selected_or_warn(self, verb: str) -> Any:
         run = self.state.selected_run()

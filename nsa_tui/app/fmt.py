@@ -30,6 +30,8 @@ def fmt_pair_bytes(used: Any, total: Any) -> str:
     """"used/total UNIT" with one unit chosen from the total."""
     if not is_num(used) or not is_num(total):
         return NA
+    if total >= 1024 * GIB:
+        return f"{used / GIB / 1024:.2f}/{total / GIB / 1024:.2f} TiB"
     if total >= GIB:
         return f"{used / GIB:.1f}/{total / GIB:.1f} GiB"
     return f"{used / MIB:.0f}/{total / MIB:.0f} MiB"

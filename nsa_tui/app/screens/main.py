@@ -52,7 +52,7 @@ class MainScreen(Screen):
                 yield RunSummary(id="summary")
             with Vertical(id="right"):
                 with Horizontal(id="charts"):
-                    yield MetricChart("loss", "loss", id="loss")
+                    yield MetricChart("loss: train ─ val ●", "loss", id="loss")
                     yield MetricChart("tokens/s", "tokens/s", id="tps")
                 with Horizontal(id="mid"):
                     yield GpuTable(id="gpus")

@@ -25,12 +25,12 @@ MAX_ALERTS = 200
 ANCESTORS = 3
 
 
-def _detector() -> Any:
+def _detector(host: str, thresholds: Any) -> Any:
     try:
         from nsa_tui.alerts import AlertDetector
     except ImportError:
         return None
-    return AlertDetector()
+    return AlertDetector(host=host, thresholds=thresholds)
 
 
 class HostService:
@@ -43,7 +43,7 @@ class HostService:
         self.client = client
         self.focused: str | None = None
         self.watches: dict[str, tuple[asyncio.Task[None], bool]] = {}  # run -> (task, full)
-        self.detector = _detector()
+        self.detector = _detector(dest, getattr(app, "alert_thresholds", None))
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
 
@@ -147,9 +147,13 @@ class HostService:
     async def _watch(self, run_id: str, full: bool) -> None:
         run = self.host.run(run_id)
         streams = None if full else ["metrics"]
+        n = 0
         try:
             async for ev in self.client.watch(run_id, offsets=dict(run.offsets), streams=streams):
                 self.apply(run, ev)
+                n += 1
+                if n % 256 == 0:
+                    await asyncio.sleep(0)  # a backlog of lines must not starve the UI
                 if ev.kind == "synced" and not full:
                     return
         except AgentError as exc:
@@ -194,14 +198,20 @@ class HostService:
             except Exception as exc:  # a detector bug must not take the panel down
                 self.app.log.error(f"alert check failed: {exc}")
                 continue
-            known = {alert_key(a) for a in self.app.state.alerts}
-            for alert in alerts:
-                if alert_key(alert) not in known:
-                    if getattr(alert, "host", None) in (None, ""):
-                        with contextlib.suppress(Exception):
-                            alert.host = self.dest
-                    self.app.state.alerts.insert(0, alert)
-            del self.app.state.alerts[MAX_ALERTS:]
+            self.merge_alerts(alerts)
+
+    def merge_alerts(self, current: list[Any]) -> None:
+        """This host's alerts become `current`: new ones first, resolved ones gone, order kept."""
+        state = self.app.state
+        keys = {alert_key(a) for a in current}
+        mine = lambda a: getattr(a, "host", None) == self.dest  # noqa: E731
+        kept = [a for a in state.alerts if not mine(a) or alert_key(a) in keys]
+        known = {alert_key(a) for a in kept}
+        fresh = [a for a in current if alert_key(a) not in known]
+        # refresh evidence (heartbeat age, log tail) of alerts that still hold
+        by_key = {alert_key(a): a for a in current}
+        kept = [by_key.get(alert_key(a), a) if mine(a) else a for a in kept]
+        state.alerts[:] = (fresh + kept)[:MAX_ALERTS]
 
     # -- operations (called from app workers) ------------------------------------------------------
     async def launch(self, opts: dict[str, Any]) -> str:

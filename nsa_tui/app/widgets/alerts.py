@@ -50,7 +50,9 @@ class AlertsPane(Static):
 
     def update_from(self, state: PanelState, now: float) -> None:
         open_alerts = state.open_alerts()
-        signature = tuple(alert_key(a) for a in open_alerts) + (len(state.acked),)
+        signature: tuple = tuple((alert_key(a), round(getattr(a, "heartbeat_age_s", None) or 0))
+                                 for a in open_alerts)
+        signature += (len(state.acked),)
         if signature == self._signature:
             return
         self._signature = signature

@@ -9,6 +9,9 @@ from nsa_tui.app.state import thin
 Line = tuple[str, list[float], list[float]]
 
 
+SERIES_COLORS = ("cyan", "orange", "magenta")
+
+
 def short(v: float) -> str:
     """Compact tick labels: 41k, 2.83, 0.0012."""
     a = abs(v)
@@ -55,14 +58,16 @@ class MetricChart(PlotextPlot):
         plt.xlabel("step")
         width = max(10, self.size.width - 12)
         drawn = False
-        for label, steps, values in self._lines:
+        # no plotext legend: it paints over the newest-left data; the title names the series
+        for i, (_label, steps, values) in enumerate(self._lines):
             if not steps:
                 continue
             xs, ys = thin(steps, values, width)
-            if len(xs) == 1:
-                plt.scatter(xs, ys, label=label, marker="dot")
+            color = SERIES_COLORS[i % len(SERIES_COLORS)]
+            if i > 0 or len(xs) == 1:
+                plt.scatter(xs, ys, marker="●" if i > 0 else "dot", color=color)
             else:
-                plt.plot(xs, ys, label=label, marker="braille")
+                plt.plot(xs, ys, marker="braille", color=color)
             drawn = True
         if drawn:
             ys_all = [v for _, _, vs in self._lines for v in vs]
@@ -70,6 +75,11 @@ class MetricChart(PlotextPlot):
             if hi > lo:
                 ticks = [lo, (lo + hi) / 2, hi]
                 plt.yticks(ticks, [short(v) for v in ticks])
+            xs_all = [x for _, xs, _ in self._lines for x in xs[:1] + xs[-1:]]
+            x0, x1 = min(xs_all), max(xs_all)
+            if x1 > x0:
+                xt = [x0 + (x1 - x0) * k / 3 for k in range(4)]
+                plt.xticks(xt, [str(round(x)) if x < 1e4 else short(x) for x in xt])
         if not drawn:
             plt.title(f"{self._title} — N/A (no data yet)")
         self.refresh()

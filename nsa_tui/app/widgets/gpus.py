@@ -67,10 +67,10 @@ def gpu_line(g: dict[str, Any], i: int, ranks: dict[str, list[int]], wide: bool)
     t.append(f"GPU{idx} ", style="bold")
     t.append(bar(frac, 8), style="red" if is_num(frac) and frac > 0.95 else "green")
     t.append(f" {fmt_pair_bytes(used, total)}")
-    t.append("\n     " if not wide else "  ")
-    t.append(f"{fmt_pct(util)} · {f'{power:.0f} W' if is_num(power) else 'N/A W'}"
-             f" · {f'{temp:.0f} °C' if is_num(temp) else 'N/A °C'}")
-    t.append(f" · rank {','.join(map(str, on))}" if on else " · idle", style="cyan" if on else "dim")
+    t.append("\n  " if not wide else "  ")
+    t.append(f"{fmt_pct(util)} {f'{power:.0f} W' if is_num(power) else 'N/A W'}"
+             f" {f'{temp:.0f} °C' if is_num(temp) else 'N/A °C'}")
+    t.append(f" rank {','.join(map(str, on))}" if on else " no rank", style="cyan" if on else "dim")
     return t
 
 

@@ -36,7 +36,7 @@ def run_progress(run: RunState, now: float) -> Text:
     t.append("  ")
     t.append(run.status, style=STATUS_STYLE.get(run.status, ""))
     phase, since = run.phase()
-    t.append(" · phase ")
+    t.append(" · ")
     if phase:
         age = fmt_duration(now - since) if since else NA
         t.append(f"{phase}", style="bold magenta")
@@ -54,7 +54,7 @@ def run_progress(run: RunState, now: float) -> Text:
     if run.alive and isinstance(step, int) and isinstance(total, int) and isinstance(step_time, (int, float)):
         eta = step_time * max(0, total - step)
     t.append(f" · ETA {fmt_duration(eta)}")
-    t.append(f" · {fmt_count(rec.get('tokens'), 'tokens')}")
+    t.append(f" · {fmt_count(rec.get('tokens'), 'tok')}")
     return t
 
 

@@ -84,8 +84,8 @@ class LogView(ScrollView, can_focus=True):
         try:
             self.virtual_size = Size(self._width, len(lines))
             if self.follow:
-                self.scroll_to(y=max(0, len(lines) - self.scrollable_content_region.height),
-                               animate=False, immediate=True)
+                self.scroll_end(animate=False, immediate=True, x_axis=False)
+                self.call_after_refresh(self._stick_to_end)
             elif buf is not None and buf.dropped > previous_dropped:
                 # keep the same lines in view while old ones fall off the front
                 self.scroll_to(y=max(0, self.scroll_y - (buf.dropped - previous_dropped)),
@@ -97,6 +97,18 @@ class LogView(ScrollView, can_focus=True):
         return True
 
     _dropped_at_seen = 0
+
+    def _stick_to_end(self) -> None:
+        """Scroll to the end once the new virtual size is laid out (follow mode)."""
+        if self.follow:
+            self._programmatic = True
+            try:
+                self.scroll_end(animate=False, immediate=True, x_axis=False)
+            finally:
+                self._programmatic = False
+
+    def on_resize(self) -> None:
+        self._stick_to_end()
 
     def set_follow(self, follow: bool) -> None:
         self.follow = follow

@@ -12,9 +12,17 @@ from nsa_tui.app.fmt import NA, fmt_count, fmt_duration
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.app.widgets.header import STATUS_STYLE
 
+COLUMNS = (("status", 8), ("name", 14), ("age", 6), ("params", 7), ("world", 5), ("config", 18),
+           ("parent", 18))
+
 
 def row_key(run: RunState) -> str:
     return f"{run.host}\x1f{run.run_id}"
+
+
+def clip(text: str, width: int) -> str:
+    """Keep the end of long names visible (run ids differ at the end)."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
 class RunList(DataTable):
@@ -41,9 +49,10 @@ class RunList(DataTable):
         self.clear(columns=True)
         self._multi_host = multi_host
         if multi_host:
-            self.add_column("host", key="host")
-        for name in ("status", "name", "age", "params", "world", "config", "parent"):
-            self.add_column(name, key=name)
+            self.add_column("host", key="host", width=12)
+        # fixed widths: the layout does not jump as runs come and go
+        for name, width in COLUMNS:
+            self.add_column(name, key=name, width=width)
 
     def update_from(self, state: PanelState, now: float) -> None:
         """Rebuild rows when the set of runs or their shown fields change."""
@@ -82,9 +91,9 @@ class RunList(DataTable):
         config = rec.get("config_path") or (rec.get("launch") or {}).get("config_file")
         config = os.path.basename(str(config)) if config else NA
         parent = rec.get("parent_run") or ""
-        row = [Text(run.status, style=STATUS_STYLE.get(run.status, "")), run.name, age,
-               fmt_count(rec.get("param_count")), str(rec.get("world_size") or NA), config,
-               (parent[:14] + "…") if len(parent) > 15 else parent]
+        row = [Text(run.status, style=STATUS_STYLE.get(run.status, "")), clip(run.name, 14), age,
+               fmt_count(rec.get("param_count")), str(rec.get("world_size") or NA), clip(config, 18),
+               clip(parent, 18)]
         if multi:
             row.insert(0, run.host)
         return row

@@ -1,0 +1,35 @@
+"""Snapshots of the main screen and the launch dialog with deterministic data (fixed clock).
+
+Update after an intended change of the drawing: pytest tests/tui/test_snapshots.py --snapshot-update
+"""
+
+from __future__ import annotations
+
+from nsa_tui.app.app import NsaApp
+from tests.tui.fixed_data import NOW, fixed_state
+
+CONFIGS = ["configs/nsa-125m.yaml", "configs/smoke-cpu.yaml", "configs/tiny-cpu.yaml"]
+
+
+def fixed_app(**kw) -> NsaApp:
+    return NsaApp(["local"], state=fixed_state(**kw), live=False, clock=lambda: NOW, configs=CONFIGS,
+                  keymap_file=None)
+
+
+async def settle(pilot) -> None:
+    await pilot.pause(0.3)
+
+
+def test_main_screen_100x30(snap_compare, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
+    assert snap_compare(fixed_app(), terminal_size=(100, 30), run_before=settle)
+
+
+def test_main_screen_160x45(snap_compare, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
+    assert snap_compare(fixed_app(), terminal_size=(160, 45), run_before=settle)
+
+
+def test_launch_dialog(snap_compare, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
+    assert snap_compare(fixed_app(with_alert=False), press=["l"], terminal_size=(100, 30), run_before=settle)

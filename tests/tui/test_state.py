@@ -1,0 +1,75 @@
+"""Plain-data layer of the panel: bounded buffers, chart downsampling, units, keymap file."""
+
+from __future__ import annotations
+
+import time
+
+from nsa_tui.app.fmt import fmt_bytes, fmt_count, fmt_duration, fmt_pair_bytes
+from nsa_tui.app.keymap import load_keymap
+from nsa_tui.app.state import LogBuffer, PanelState, Series, thin
+
+
+def test_series_million_steps_is_bounded_fast_and_keeps_the_shape() -> None:
+    s = Series(cap=2048)
+    t0 = time.perf_counter()
+    for step in range(1, 1_000_001):
+        s.append(step, 10.0 - step / 1e5)
+    elapsed = time.perf_counter() - t0
+    steps, values = s.points()
+    assert len(steps) <= 2048 and s.count == 1_000_000
+    assert elapsed < 5.0
+    assert steps == sorted(steps) and steps[-1] == 1_000_000
+    # bucket means of a straight line stay on the line
+    for st, v in zip(steps[::97], values[::97]):
+        assert abs(v - (10.0 - st / 1e5)) < s.stride / 1e5 + 1e-9
+    xs, ys = thin(steps, values, 80)
+    assert len(xs) == 80 and xs[-1] == steps[-1]
+
+
+def test_series_ignores_replayed_steps() -> None:
+    s = Series()
+    for step in (1, 2, 3, 2, 3, 4):
+        s.append(step, float(step))
+    assert s.points() == ([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
+
+
+def test_log_buffer_is_a_ring_that_counts_everything() -> None:
+    buf = LogBuffer(maxlen=100)
+    for i in range(10):
+        buf.append_many([f"line {i * 50 + j}" for j in range(50)])
+    assert len(buf.lines) == 100 and buf.total == 500 and buf.dropped == 400
+    assert buf.lines[0] == "line 400" and buf.lines[-1] == "line 499"
+
+
+def test_chart_continues_from_the_parent_steps() -> None:
+    state = PanelState.for_destinations(["local"])
+    host = state.host("local")
+    parent, child = host.run("p"), host.run("c")
+    child.record["parent_run"] = "p"
+    for step in range(1, 101):
+        parent.add_metric({"kind": "train", "step": step, "loss": 5.0})
+    for step in range(61, 81):  # resumed from the step-60 checkpoint
+        child.add_metric({"kind": "train", "step": step, "loss": 3.0})
+    steps, values = state.chart_series(child, "loss")
+    assert steps == list(range(1, 81))
+    assert values[:60] == [5.0] * 60 and values[60:] == [3.0] * 20
+
+
+def test_units_on_every_number() -> None:
+    gib = 1024**3
+    assert fmt_bytes(80 * gib) == "80.0 GiB"
+    assert fmt_bytes(300 * 1024**2) == "300 MiB"
+    assert fmt_pair_bytes(61.2 * gib, 80 * gib) == "61.2/80.0 GiB"
+    assert fmt_pair_bytes(100 * 1024**2, 512 * 1024**2) == "100/512 MiB"
+    assert fmt_bytes(None) == "N/A" and fmt_pair_bytes(1, None) == "N/A"
+    assert fmt_count(124_900_000, "params") == "124.90M params"
+    assert fmt_duration(3725) == "1h02m" and fmt_duration(None) == "N/A"
+
+
+def test_keymap_file(tmp_path) -> None:
+    path = tmp_path / "keymap.yaml"
+    path.write_text("kill: x\nsearch: [ctrl+f, slash]\nbogus: z\nhelp: 3\n")
+    keymap, problems = load_keymap(path)
+    assert keymap == {"kill": "x", "search": "ctrl+f,slash"}
+    assert any("bogus" in p for p in problems) and any("help" in p for p in problems)
+    assert load_keymap(tmp_path / "absent.yaml") == ({}, [])
