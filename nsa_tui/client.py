@@ -167,7 +167,7 @@ class HostClient:
         if not isinstance(hello, dict):
             err = (await chan.stderr_text()).strip()
             await chan.close()
-            if not line and ("No module named" in err or "not found" in err):
+            if not line and any(s in err for s in ("No module named", "not found", "No such file")):
                 last = err.splitlines()[-1] if err else "no output"
                 raise AgentMissing(
                     f"{self.dest}: no nsa_tui agent on the host ({last})",

@@ -133,7 +133,7 @@ def make_server(base: Path) -> SshServer:
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPidFile {base / 'sshd.pid'}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-        "PermitRootLogin prohibit-password\nLogLevel ERROR\n")
+        "PermitRootLogin prohibit-password\nLogLevel ERROR\nSubsystem sftp internal-sftp\n")
     user = getpass.getuser()
     cfg = base / "ssh_config"
     cfg.write_text(
