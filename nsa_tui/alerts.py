@@ -224,10 +224,14 @@ class AlertDetector:
                 suggested_actions=["logs", "resume"]))
         elif status == "failed":
             reason = str(rec.get("exit_reason") or "")
-            kind = "nan" if "nan" in reason.lower() else "failed"
-            out.append(self._alert(kind, "critical", run_id, run, last_step=rec.get("step"),
-                                   log_tail=traceback_tail(tail), message=f"trainer failed: {reason}",
-                                   suggested_actions=["logs", "resume"]))
+            kind = "nan" if "nan" in reason.lower() else "crash"
+            first = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
+            code = rec.get("exit_code")
+            out.append(self._alert(
+                kind, "critical", run_id, run, last_step=rec.get("step"),
+                log_tail=traceback_tail(tail or reason.splitlines()),
+                message=f"trainer failed{f' (exit code {code})' if code is not None else ''}: {first}",
+                suggested_actions=["logs", "resume"]))
         elif status == "lost":
             out.append(self._alert("lost", "warning", run_id, run, last_step=rec.get("step"),
                                    message="run was running when the host rebooted; its processes are gone",

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--out", default=None, help="also write the files into this directory")
     st = sub.add_parser("setup", parents=[common], help="install this version on an SSH host (venv)")
     st.add_argument("host")
-    st.add_argument("--no-deps", action="store_true", help="pip --no-deps: keep what the host has, install none")
+    st.add_argument("--no-deps", action="store_true", help="pip --no-deps: install no dependency")
     st.add_argument("--prefix", default="~/.nsa-tui", help="install directory on the host")
     st.add_argument("--python", default="python3", help="the host's python that creates the venv")
     return p
@@ -130,7 +130,7 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
               for r, b in beats.items()]
     for a in alerts:
         lines.append(f"  [{a.severity.upper()}] {a.kind}: {a.message}")
-        lines += [f"      | {ln}" for ln in a.log_tail[-8:]] if a.kind in ("crash", "failed") else []
+        lines += [f"      | {ln}" for ln in a.log_tail[-8:]] if a.kind in ("crash", "nan") else []
     _emit(args, out, "\n".join(lines))
     bad = any(a.severity == "critical" for a in alerts) or rec.get("status") in ("crashed", "failed", "lost")
     return EXIT_UNHEALTHY if bad else EXIT_OK

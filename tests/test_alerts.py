@@ -127,8 +127,10 @@ def test_nan_loss_and_failed_and_lost() -> None:
     det.feed(metric(4, T0 + 4, loss=math.nan))
     assert ("nan", None) in kinds(det.check(T0 + 5))
     det2 = AlertDetector("h")
-    det2.feed(status("failed", exit_reason="CUDA out of memory"))
-    assert ("failed", None) in kinds(det2.check(T0))
+    det2.feed(status("failed", exit_reason="rank 1 failed at step 3: RuntimeError: CUDA out of memory"))
+    assert ("crash", None) in kinds(det2.check(T0))
+    det2.feed(status("failed", exit_reason="loss is NaN at step 7"))
+    assert ("nan", None) in kinds(det2.check(T0))
     det2.feed(status("lost"))
     assert ("lost", None) in kinds(det2.check(T0))
 
