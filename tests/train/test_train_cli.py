@@ -1,0 +1,74 @@
+"""The nsa-train command line and the run-directory contract (docs/run-directory.md)."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.train.test_train_data import write_fineweb_parquet
+from tests.train.trainrun import REPO, SMOKE, beats, metrics, run_json, run_train, train_env
+
+RUN_KEYS = {"run_id", "name", "status", "exit_reason", "config_path", "config", "param_count", "world_size",
+            "batch_size", "grad_accum", "global_batch", "seq_len", "dtype", "device", "data_source",
+            "command", "versions", "host", "started_at", "updated_at", "ended_at", "step", "total_steps",
+            "tokens", "resumed_from", "parent_run"}
+BEAT_KEYS = {"ts", "run_id", "rank", "local_rank", "world_size", "pid", "host", "device", "phase",
+             "phase_since", "step", "source"}
+TRAIN_KEYS = {"kind", "ts", "step", "loss", "lr", "tokens", "tokens_per_s", "step_time_s", "grad_norm",
+              "gate_shares", "mem_allocated_bytes", "mem_reserved_bytes"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nsa.train", *args], cwd=REPO, env=train_env(),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_no_config_is_an_error_not_a_default(tmp_path: Path) -> None:
+    res = cli("--run-dir", str(tmp_path / "r"))
+    assert res.returncode == 2 and "--config" in res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_config_names_the_key_and_starts_nothing(tmp_path: Path) -> None:
+    res = cli("--config", str(SMOKE), "--run-dir", str(tmp_path / "r"), "--set", "train.max_grad_norm=1")
+    assert res.returncode == 2
+    assert "train.max_grad_norm" in res.stderr and "unknown key" in res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.timeout(120)
+def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path: Path) -> None:
+    data = tmp_path / "fw.parquet"
+    write_fineweb_parquet(data, 80)
+    sets = ["model.attention.kind=nsa", "data.source=files", f"data.paths=[{data}]", "train.steps=4",
+            "train.eval_every=2", "train.save_every=2", "data.val_every_n_docs=5"]
+    done = run_train(tmp_path / "run", sets, nproc=None, env={"NSA_RUN_ID": "run-under-test"})
+    assert done.rc == 0, done.output[-3000:]
+    out = done.output
+    for needle in ("config " + str(SMOKE), "resolved config", "parameters", "world size 1",
+                   "global batch 2 sequences", "device cpu", "dtype fp32", "data files (1:"):
+        assert needle in out, needle
+    rd = done.run_dir
+    assert stat.S_IMODE(rd.stat().st_mode) == 0o700
+    run = run_json(rd)
+    assert RUN_KEYS <= set(run), RUN_KEYS - set(run)
+    assert run["run_id"] == "run-under-test" and run["status"] == "finished" and run["step"] == 4
+    assert run["param_count"] > 0 and run["global_batch"] == 2 and run["tokens"] == 4 * 2 * 64
+    assert run["config"]["model"]["attention"]["kind"] == "nsa"
+    b = beats(rd, 0)
+    assert all(BEAT_KEYS <= set(x) for x in b)
+    assert {x["phase"] for x in b} >= {"boot", "data", "train", "eval", "checkpoint", "done"}
+    assert all(x["run_id"] == "run-under-test" for x in b)
+    m = metrics(rd)
+    assert [x["step"] for x in m] == [1, 2, 3, 4] and all(TRAIN_KEYS <= set(x) for x in m)
+    shares = m[-1]["gate_shares"]
+    assert set(shares) == {"compressed", "selected", "window"}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5)
+    assert m[-1]["mem_allocated_bytes"] > 10_000_000  # bytes (process RSS on CPU), not MiB
+    ev = metrics(rd, "eval")
+    assert [x["step"] for x in ev] == [2, 4] and all(x["val_loss"] > 0 for x in ev)
+    assert sorted(p.name for p in (rd / "checkpoints").iterdir()) == ["latest", "step-2", "step-4"]
