@@ -83,18 +83,30 @@ class SshServer:
         raise RuntimeError("sshd did not start listening")
 
     def _children(self) -> list[int]:
-        """Per-connection sshd processes (they outlive the listener otherwise)."""
+        """Per-connection sshd processes (they outlive the listener otherwise).
+
+        Only sshd itself: the commands of the sessions lose their connection as they
+        would in a real outage; what they started detached keeps running.
+        """
         import psutil
 
         if self.proc is None:
             return []
         try:
-            return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        out = []
+        for c in kids:
+            try:
+                if c.name().startswith("sshd"):
+                    out.append(c.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return out
 
     def stop(self) -> None:
-        """Stop the listener and every connection it serves (their sessions too)."""
+        """Stop the listener and every connection it serves, like a crash of sshd."""
         if self.proc is None:
             return
         kids = self._children()

@@ -1,0 +1,98 @@
+"""Real tiny nsa-train runs (2 ranks on CPU) through the local transport."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa_tui.agent.runs import run_processes
+from nsa_tui.alerts import AlertDetector, Thresholds
+from nsa_tui.client import HostClient
+from tests.agent.e2e import LONG, SMOKE, is_step, stop_all, until
+
+pytestmark = pytest.mark.slow
+
+
+async def test_dump_kill_and_fallback_keep_the_global_batch(tmp_path: Path) -> None:
+    c = HostClient("local", runs_root=str(tmp_path))
+    await c.start()
+    ids: list[str] = []
+    try:
+        run = await c.launch(SMOKE, nproc=2, overrides=LONG)
+        ids.append(run["run_id"])
+        await until(c.watch(run["run_id"], streams=["metrics"]), is_step(8), 90)
+        dump = await c.dump(run["run_id"])
+        assert sorted(dump["ranks"]) == [0, 1]
+        texts = [f["text"] for f in dump["files"] if f["name"].startswith("stacks/rank-")]
+        assert len(texts) == 2 and all("File " in t for t in texts)
+
+        fb = await c.fallback(run["run_id"], grace_s=30)
+        ids.append(fb["run_id"])
+        assert fb["killed"]["remaining"] == [] and run_processes(run["run_id"]) == []
+        parent = await c.run(run["run_id"])
+        assert parent["status"] == "stopped"
+        ck_step = int(Path(fb["resume_from"]).name.split("-")[1])
+        first = await until(c.watch(fb["run_id"], streams=["metrics"]), is_step(0), 90)
+        assert first.data["step"] == ck_step + 1  # the step count continues
+        child = await c.run(fb["run_id"])
+        assert child["world_size"] == 1 and child["parent_run"] == run["run_id"]
+        assert child["global_batch"] == parent["global_batch"]
+        assert child["grad_accum"] == parent["grad_accum"] * parent["world_size"]
+
+        killed = await c.kill(fb["run_id"], grace_s=30)
+        assert killed["was_running"] and killed["remaining"] == []
+        assert run_processes(fb["run_id"]) == []
+        assert (await c.run(fb["run_id"]))["status"] == "stopped"
+    finally:
+        await stop_all(c, ids)
+        await c.close()
+
+
+async def test_hang_on_rank_1_alerts_within_threshold_and_healthy_run_stays_quiet(tmp_path: Path) -> None:
+    floor = 5.0
+    th = Thresholds(train_floor_s=floor, train_factor=10.0, no_heartbeat_s=20.0)
+    det = AlertDetector("local", th)
+    c = HostClient("local", runs_root=str(tmp_path))
+    await c.start()
+    ids: list[str] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        hang = await c.launch(SMOKE, nproc=2, name="hang",
+                              overrides=LONG + ["debug.hang_at_step=15", "debug.hang_rank=1"])
+        ok = await c.launch(SMOKE, nproc=2, name="healthy", overrides=LONG)
+        ids += [hang["run_id"], ok["run_id"]]
+
+        async def feed(it) -> None:
+            async for ev in it:
+                det.feed(ev)
+
+        tasks = [asyncio.create_task(feed(c.watch(r))) for r in ids]
+        tasks.append(asyncio.create_task(feed(c.host_events())))
+        deadline = time.monotonic() + 120
+        stall = None
+        while time.monotonic() < deadline and stall is None:
+            await asyncio.sleep(0.2)
+            alerts = det.check(time.time())
+            assert not [a for a in alerts if a.run == ok["run_id"]], alerts
+            stall = next((a for a in alerts if a.kind == "stall" and a.rank == 1), None)
+        assert stall is not None, "no stall alert for rank 1"
+        rank1 = det.runs[hang["run_id"]].ranks[1]
+        threshold = det.train_threshold(hang["run_id"])
+        latency = (time.time() - det.skew()) - rank1.advanced_at
+        print(f"\nMEASURE hang alert latency: {latency:.2f} s after rank 1's last step "
+              f"(threshold {threshold:.1f} s)")
+        assert threshold == pytest.approx(floor, abs=0.01) or threshold < 15
+        assert latency <= threshold + 2.0
+        assert stall.last_step == 15 and stall.phase == "train" and stall.heartbeat_age_s < 3
+        # the healthy run over the same time: still no alert, still stepping
+        assert [a for a in det.check(time.time()) if a.run == ok["run_id"]] == []
+        ok_rank = det.runs[ok["run_id"]].ranks[0]
+        assert ok_rank.step > 15
+    finally:
+        for t in tasks:
+            t.cancel()
+        await stop_all(c, ids)
+        await c.close()
