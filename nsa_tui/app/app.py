@@ -37,7 +37,7 @@ class NsaApp(App[str | None]):
     def __init__(self, destinations: list[str], *, state: PanelState | None = None, live: bool = True,
                  clock: Callable[[], float] | None = None, keymap_file: Path | None = None,
                  offer_demo: bool = True, configs: list[str] | None = None,
-                 alert_thresholds: Any = None) -> None:
+                 alert_thresholds: Any = None, clients: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.destinations = list(destinations) or ["local"]
         self.state = state or PanelState.for_destinations(self.destinations, clock or time.time)
@@ -47,6 +47,7 @@ class NsaApp(App[str | None]):
         self.offer_demo = offer_demo
         self.configs = configs
         self.alert_thresholds = alert_thresholds
+        self.clients = clients or {}  # dest -> a HostClient built elsewhere (tests, custom transports)
         self._keymap_file = keymap_file
         self.services: dict[str, Any] = {}
         self.tick_count = 0
@@ -67,7 +68,7 @@ class NsaApp(App[str | None]):
             from nsa_tui.app.services.host import HostService
 
             for dest in self.destinations:
-                svc = HostService(self, dest)
+                svc = HostService(self, dest, self.clients.get(dest))
                 self.services[dest] = svc
                 svc.start()
         self.set_interval(TICK_S, self.tick)

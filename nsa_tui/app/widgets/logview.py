@@ -22,7 +22,7 @@ from nsa_tui.app.state import LogBuffer
 
 ERROR_RE = re.compile(
     r"Traceback|Error\b|ERROR|Exception|FAILED|exception|NaN|\bnan\b|Killed|Segmentation fault|"
-    r"^\s+File \"|CUDA out of memory|[Ff]atal"
+    r"^\s+File \"|CUDA out of memory|[Ff]atal|exitcode\s*:\s*[1-9-]|exited with [1-9]"
 )
 CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
 MAX_WIDTH = 1000

@@ -1,0 +1,50 @@
+"""Fixtures for the panel's pilot tests: a private runs root, tiny real configs, cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = REPO / "configs" / "smoke-cpu.yaml"
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """NSA_RUNS_ROOT for the local agent; every run still alive afterwards is killed."""
+    root = tmp_path / "runs"
+    monkeypatch.setenv("NSA_RUNS_ROOT", str(root))
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "no-keymap.yaml"))
+    yield root
+    from nsa_tui.agent.runs import RunStore, run_processes
+
+    store = RunStore(root)
+    for run_id in store.ids():
+        for p in run_processes(run_id):
+            try:
+                os.killpg(p["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., str]:
+    """Write smoke-cpu.yaml with `section.key` changes; returns the file's path."""
+
+    def make(name: str = "smoke", **changes: Any) -> str:
+        cfg = yaml.safe_load(SMOKE.read_text())
+        cfg["name"] = name
+        for dotted, value in changes.items():
+            section, key = dotted.split("__", 1)
+            cfg.setdefault(section, {})[key] = value
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return str(path)
+
+    return make

@@ -1,0 +1,227 @@
+"""Pilot tests of every key path against the local transport running REAL tiny runs.
+
+Each test drives the real panel (NsaApp) whose service starts the real agent as a
+subprocess; runs are real `nsa-train` runs of configs/smoke-cpu.yaml variants.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nsa_tui.alerts import Thresholds
+from nsa_tui.app.app import NsaApp
+from nsa_tui.app.screens.dialogs import ConfirmScreen, StacksScreen
+from nsa_tui.app.screens.launch import LaunchScreen
+from nsa_tui.app.screens.main import MainScreen
+from nsa_tui.app.widgets.alerts import AlertsPane
+from nsa_tui.app.widgets.header import PanelHeader
+from nsa_tui.app.widgets.logview import LogView
+from nsa_tui.app.widgets.summary import RunSummary
+from tests.tui.helpers import plain, run_alive_on_host, wait_for
+
+SIZE = (100, 30)
+
+
+def on(app: NsaApp, cls: type):
+    """A condition: the app shows a screen of `cls` (returns that screen)."""
+    return lambda: isinstance(app.screen, cls) and app.screen
+
+
+async def launch_through_dialog(app: NsaApp, pilot, config: str, nproc: str | None = None,
+                                name: str | None = None) -> str:
+    """l, type the config path (uploaded), optional nproc/name, ctrl+s; returns the new run id."""
+    before = {r.run_id for r in app.state.all_runs()}
+    await pilot.press("l")
+    dialog = await wait_for(pilot, lambda: isinstance(app.screen, LaunchScreen) and app.screen, 5, "dialog")
+    dialog.query_one("#config-path").value = config
+    if nproc is not None:
+        dialog.query_one("#nproc").value = nproc
+    if name is not None:
+        dialog.query_one("#name").value = name
+    await pilot.press("ctrl+s")
+    await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 30, "the dialog to close")
+    run = await wait_for(pilot, lambda: (r := app.state.selected_run()) and r.run_id not in before and r, 10,
+                         "the new run to be selected")
+    return run.run_id
+
+
+@pytest.mark.slow
+async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, make_config) -> None:
+    config = make_config("watched", train__steps=5000, train__save_every=5000)
+    app = NsaApp(["local"], offer_demo=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
+        await pilot.press("l")
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, LaunchScreen) and app.screen, 5)
+        assert dialog.query_one("#nproc").value == "1"  # no GPU here: nproc defaults to max(1, gpus)
+        await pilot.press("escape")
+        run_id = await launch_through_dialog(app, pilot, config)
+        run = app.state.selected_run()
+        await wait_for(pilot, lambda: len(run.loss) >= 3 and run.log.total > 0, 90, "metrics to arrive")
+        await pilot.pause(0.3)
+        header = plain(app.screen.query_one(PanelHeader))
+        assert "watched" in header and "running" in header and "train" in header
+        summary = app.screen.query_one(RunSummary)
+        text = plain(summary)
+        assert "watched.yaml" in str(run.record.get("config_path")) or "watched" in text
+        assert run.record.get("param_count") and run.record.get("global_batch") == 2
+        assert app.screen.query_one("#loss")._lines[0][1], "the loss chart has points"
+        # search the log, then follow again
+        log = app.screen.query_one(LogView)
+        await pilot.press("slash")
+        await pilot.pause(0.1)
+        for ch in "step":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert log.pattern == "step" and not log.follow and log.current_match is not None
+        await pilot.press("t")
+        await pilot.pause(0.2)
+        assert log.follow and log.pattern is None
+        # dump stacks into the viewer
+        await pilot.press("d")
+        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "stacks")
+        stacks = viewer.query_one("#stacks-text").text
+        assert "rank-0" in stacks and "File" in stacks
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
+        await pilot.press("q")
+    assert "keep going" in app.return_value and run_id in app.return_value
+    assert run_alive_on_host(runs_root, run_id), "quitting the panel must not stop the run"
+
+
+@pytest.mark.slow
+async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
+    config = make_config("twogpu", train__steps=5000, train__save_every=2)
+    app = NsaApp(["local"], offer_demo=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
+        parent_id = await launch_through_dialog(app, pilot, config, nproc="2")
+        parent = app.state.selected_run()
+        ckpt = runs_root / parent_id / "checkpoints" / "latest"
+        await wait_for(pilot, lambda: ckpt.exists() and len(parent.loss) >= 3, 120, "a checkpoint")
+        assert parent.record.get("world_size") == 2
+        # f: one confirmation, then the new run is selected by itself
+        await pilot.press("f")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
+        await pilot.press("y")
+        child = await wait_for(
+            pilot, lambda: (r := app.state.selected_run()) and r.run_id != parent_id and r, 90, "fallback")
+        assert child.record.get("parent_run") == parent_id
+        await wait_for(pilot, lambda: len(child.loss) >= 1 and child.record.get("world_size") == 1, 120,
+                       "the fallback run's first steps")
+        assert child.record.get("global_batch") == parent.record.get("global_batch")  # accumulation keeps it
+        steps, _ = app.state.chart_series(child, "loss")
+        own_first = child.loss.points()[0][0]
+        assert own_first > 1 and steps[0] == 1, "the chart continues from the parent's steps"
+        assert not run_alive_on_host(runs_root, parent_id)
+        # k: confirm, the whole group stops
+        await pilot.press("k")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not child.alive and child.status in ("stopped", "finished"), 90, "stop")
+        assert not run_alive_on_host(runs_root, child.run_id)
+        # r: resume the stopped run as a new linked run, selected automatically
+        await pilot.press("r")
+        resumed = await wait_for(
+            pilot, lambda: (r := app.state.selected_run()) and r.run_id != child.run_id and r, 30, "resume")
+        assert resumed.record.get("parent_run") == child.run_id
+        await wait_for(pilot, lambda: len(resumed.loss) >= 1, 120, "the resumed run's steps")
+        assert resumed.loss.points()[0][0] > own_first
+        await pilot.press("q")
+    assert resumed.run_id in app.return_value
+
+
+async def test_stalled_run_alert_then_dump_and_ack(runs_root: Path, make_config) -> None:
+    config = make_config("stuck", train__steps=50, debug__hang_at_step=3)
+    fast = Thresholds(train_floor_s=3.0, train_factor=3.0, first_step_s=60.0)
+    app = NsaApp(["local"], offer_demo=False, alert_thresholds=fast)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
+        await launch_through_dialog(app, pilot, config)
+        pane = app.screen.query_one(AlertsPane)
+        await wait_for(pilot, lambda: "stall" in plain(pane), 90, "the stall alert in the pane")
+        text = plain(pane)
+        assert "rank 0" in text and "phase train" in text and "last step 3" in text
+        await pilot.press("d")
+        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "stacks")
+        assert "maybe_hang" in viewer.query_one("#stacks-text").text  # where it hangs
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: "stall" not in plain(pane), 5, "the acknowledged alert to leave")
+
+
+async def test_crashed_run_shows_its_traceback(runs_root: Path, make_config) -> None:
+    config = make_config("crashy", train__steps=50, debug__crash_at_step=2)
+    app = NsaApp(["local"], offer_demo=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
+        await launch_through_dialog(app, pilot, config)
+        run = app.state.selected_run()
+        await wait_for(pilot, lambda: run.status in ("crashed", "failed"), 90, "the crash")
+        await wait_for(pilot, lambda: any("InjectedCrash" in line for line in run.log.lines), 10, "traceback")
+        lines = list(run.log.lines)
+        assert any(line.startswith("Traceback") for line in lines)
+        pane = app.screen.query_one(AlertsPane)
+        await wait_for(pilot, lambda: "crash" in plain(pane).lower(), 10, "the crash alert")
+        # search takes the view to the traceback, drawn in the error style
+        log = app.screen.query_one(LogView)
+        await pilot.press("slash")
+        for ch in "Traceback":
+            await pilot.press(ch)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert log.current_match is not None and not log.follow
+        rendered = [log.render_line(y) for y in range(log.size.height)]
+        red = [s for s in rendered if any(seg.style and seg.style.color and seg.style.color.name == "red"
+                                          for seg in s)]
+        assert red, "error lines are highlighted"
+
+
+async def test_bad_config_error_stays_in_the_dialog(runs_root: Path, make_config) -> None:
+    config = make_config("bad", train__bogus_key=1)
+    app = NsaApp(["local"], offer_demo=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
+        await pilot.press("l")
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, LaunchScreen) and app.screen, 5)
+        dialog.query_one("#config-path").value = config
+        await pilot.press("ctrl+s")
+        err = dialog.query_one("#launch-error")
+        await wait_for(pilot, lambda: err.display and "bogus_key" in plain(err), 30, "host's error")
+        assert isinstance(app.screen, LaunchScreen)
+        assert not list(runs_root.iterdir()) if runs_root.exists() else True
+
+
+async def test_no_runs_offers_the_demo(runs_root: Path) -> None:
+    app = NsaApp(["local"])
+    async with app.run_test(size=SIZE) as pilot:
+        offer = await wait_for(pilot, on(app, ConfirmScreen), 30, "offer")
+        assert "demo" in plain(offer.query_one("#confirm-body")).lower()
+        await pilot.press("n")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
+        await pilot.press("q")
+    assert "no runs" in app.return_value
+
+
+async def test_keymap_file_remaps_and_help_lists_it(runs_root: Path, tmp_path: Path, monkeypatch) -> None:
+    keymap = tmp_path / "keymap.yaml"
+    keymap.write_text("launch: x\n")
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(keymap))
+    app = NsaApp(["local"], offer_demo=False, live=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("l")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, MainScreen)
+        await pilot.press("x")
+        await wait_for(pilot, lambda: isinstance(app.screen, LaunchScreen), 5, "remapped launch key")
+        await pilot.press("escape")
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", 5)
+        commands = {c.title for c in app.get_system_commands(app.screen_stack[1])}
+        for label in ("Launch", "Kill", "1-gpu", "Resume", "Stacks", "Follow", "Search", "Help", "Quit"):
+            assert any(t.startswith(label) for t in commands), label
