@@ -100,12 +100,28 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _block(lines: list[str], start: int) -> list[str]:
+    """One traceback: from its first line to its (unindented) exception line."""
+    for j in range(start + 1, len(lines)):
+        ln = lines[j]
+        if ln and not ln[0].isspace() and not ln.startswith("Traceback"):
+            return lines[start : j + 1]
+    return lines[start:]
+
+
 def traceback_tail(lines: list[str], n: int = 15) -> list[str]:
-    """The last traceback in ``lines`` (from its "Traceback" line), else the last n lines."""
-    for i in range(len(lines) - 1, -1, -1):
-        if "Traceback (most recent call last)" in lines[i]:
-            return lines[i:] if len(lines) - i <= n else [lines[i], "...", *lines[-(n - 2):]]
-    return lines[-n:]
+    """The root-cause traceback in ``lines``, else the last ``n`` lines.
+
+    torchrun prints its own traceback (ChildFailedError) after the ranks' ones; the
+    first rank traceback is the cause, so torchrun's is skipped when another exists.
+    """
+    starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
+    blocks = [_block(lines, i) for i in starts]
+    ours = [b for b in blocks if not any("ChildFailedError" in ln or "distributed/run.py" in ln for ln in b)]
+    if not blocks:
+        return lines[-n:]
+    block = (ours or blocks)[0]
+    return block if len(block) <= n else [block[0], "...", *block[-(n - 2):]]
 
 
 _SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([mb])(?![a-z])", re.I)
@@ -229,7 +245,7 @@ class AlertDetector:
             code = rec.get("exit_code")
             out.append(self._alert(
                 kind, "critical", run_id, run, last_step=rec.get("step"),
-                log_tail=traceback_tail(tail or reason.splitlines()),
+                log_tail=traceback_tail(tail if any("Traceback" in x for x in tail) else reason.splitlines()),
                 message=f"trainer failed{f' (exit code {code})' if code is not None else ''}: {first}",
                 suggested_actions=["logs", "resume"]))
         elif status == "lost":

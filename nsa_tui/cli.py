@@ -254,3 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_run_command(args))
     except KeyboardInterrupt:
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -184,7 +184,12 @@ def test_clock_skew_between_client_and_host() -> None:
     assert ("stall", 0) in kinds(det.check(T0 + 3 + skew + 6))
 
 
-def test_traceback_tail_picks_the_last_traceback() -> None:
-    lines = ["a", "Traceback (most recent call last):", "x", "E1", "b", "Traceback (most recent call last):",
-             "y", "E2"]
-    assert traceback_tail(lines) == lines[5:]
+def test_traceback_tail_picks_the_rank_traceback_not_torchruns() -> None:
+    tb = "Traceback (most recent call last):"
+    lines = ["step 4", tb, '  File "trainer.py", line 1', "InjectedCrash: boom", "other output", tb,
+             '  File "torch/distributed/run.py", line 9',
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "=====", "summary"]
+    assert traceback_tail(lines) == lines[1:4]
+    assert traceback_tail(["a", "b"]) == ["a", "b"]
+    long = ["Traceback (most recent call last):"] + [f"  File {i}" for i in range(30)] + ["E: x"]
+    assert traceback_tail(long, 10) == [long[0], "...", *long[-8:]]

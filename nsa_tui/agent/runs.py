@@ -159,7 +159,7 @@ class RunStore:
             derived = "crashed"
         rec["status"] = derived
         failed = with_tail and derived in ("crashed", "failed")
-        rec["log_tail"] = tail_text(str(d / "train.log")) if failed else []
+        rec["log_tail"] = tail_text(str(d / "train.log"), 150, 65536) if failed else []
         return rec
 
     def records(self) -> list[dict[str, Any]]:

@@ -1,0 +1,94 @@
+"""``nsa-tui`` CLI: real subprocesses against the local agent and a real crashing run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa_tui import cli
+from nsa_tui.client import HostClient
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke-cpu.yaml")
+
+
+def nsa_tui(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_exit_codes_without_a_run(tmp_path: Path) -> None:
+    root = ["--runs-root", str(tmp_path)]
+    assert nsa_tui("runs", "local", *root).returncode == 0
+    r = nsa_tui("status", "local", "20990101-000000-none-0000", *root, "--json")
+    assert r.returncode == cli.EXIT_NO_RUN and json.loads(r.stdout)["error"]["code"] == "no_such_run"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")
+    r = nsa_tui("launch", "local", "--config", str(bad), *root)
+    assert r.returncode == cli.EXIT_BAD_CONFIG and "model" in r.stderr
+    r = nsa_tui("runs", "nobody@127.0.0.1:1", "--json")
+    assert r.returncode == cli.EXIT_UNREACHABLE
+    assert "cannot connect" in json.loads(r.stdout)["error"]["message"]
+    assert nsa_tui("launch", "local").returncode == cli.EXIT_USAGE  # --config is required
+
+
+def test_panel_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nsa_tui.app
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(nsa_tui.app, "main", lambda dests: seen.append(dests))
+    assert cli.main([]) == 0 and cli.main(["connect", "gpu1", "me@gpu2:22"]) == 0
+    assert seen == [[], ["gpu1", "me@gpu2:22"]]
+
+
+@pytest.mark.slow
+def test_crash_is_reported_by_status_logs_and_resume(tmp_path: Path) -> None:
+    root = ["--runs-root", str(tmp_path)]
+    t0 = time.monotonic()
+    r = nsa_tui("launch", "local", "--config", SMOKE, "--nproc", "2", "--name", "crashy", "--json", *root,
+                "--set", "debug.crash_at_step=5", "debug.crash_rank=1", "train.save_every=3",
+                "train.eval_every=1000")
+    assert r.returncode == 0, r.stderr
+    rid = json.loads(r.stdout)["run_id"]
+
+    async def first_beat() -> float:
+        c = HostClient("local", runs_root=str(tmp_path))
+        await c.start()
+        try:
+            async for ev in c.watch(rid, streams=["heartbeats"]):
+                if ev.kind == "heartbeat":
+                    return time.monotonic() - t0
+        finally:
+            await c.close()
+        return -1.0
+
+    print(f"\nMEASURE local: nsa-tui launch -> first heartbeat seen by the client "
+          f"{asyncio.run(asyncio.wait_for(first_beat(), 90)):.2f} s")
+    logs = nsa_tui("logs", "local", rid, "-f", *root)
+    assert logs.returncode == 0 and "InjectedCrash" in logs.stdout
+    st = nsa_tui("status", "local", rid, "--json", *root)
+    assert st.returncode == cli.EXIT_UNHEALTHY, st.stdout + st.stderr
+    out = json.loads(st.stdout)
+    assert out["run"]["status"] == "failed"
+    crash = next(a for a in out["alerts"] if a["kind"] == "crash")
+    assert crash["severity"] == "critical" and crash["host"] and crash["run"] == rid
+    assert crash["log_tail"][0].startswith("Traceback") and "InjectedCrash" in crash["log_tail"][-1]
+    runs = json.loads(nsa_tui("runs", "local", "--json", *root).stdout)
+    assert [(x["run_id"], x["status"], x["name"]) for x in runs] == [(rid, "failed", "crashy")]
+    k = nsa_tui("kill", "local", rid, "--json", *root)
+    assert k.returncode == 0 and json.loads(k.stdout)["was_running"] is False
+    res = nsa_tui("resume", "local", rid, "--json", *root)
+    assert res.returncode == 0, res.stderr
+    child = json.loads(res.stdout)
+    assert child["parent_run"] == rid and child["resume_from"].endswith("step-3")
+    logs = nsa_tui("logs", "local", child["run_id"], "-f", "--json", *root)  # crashes again at step 5
+    lines = [json.loads(x)["line"] for x in logs.stdout.splitlines()]
+    assert any("InjectedCrash" in ln for ln in lines)
+    rec = json.loads((tmp_path / child["run_id"] / "run.json").read_text())
+    assert rec["parent_run"] == rid and rec["resumed_from"].endswith("step-3") and rec["world_size"] == 2
