@@ -1,0 +1,35 @@
+"""NSAAttention traces under torch.compile(fullgraph=True): no graph break, no host sync
+in the forward (issue 2: the reference must compile; LESSONS 16)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa.config import AttentionConfig
+from nsa.model import NSAAttention
+
+
+def _layer() -> NSAAttention:
+    torch.manual_seed(0)
+    cfg = AttentionConfig(kind="nsa", backend="reference", compress_block=8, compress_stride=4,
+                          select_block=16, num_selected=3, window=16)
+    return NSAAttention(32, 4, 2, 8, cfg, 10000.0)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_nsa_attention_compiles_fullgraph(backend: str) -> None:
+    torch._dynamo.reset()
+    layer = _layer()
+    x = torch.randn(2, 37, 32)
+    want = layer(x)
+    want.square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)  # graph break -> error
+    got = compiled(x)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for n, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-5, msg=n)
+    assert layer.last_gate_mean is not None and layer.last_gate_mean.shape == (3,)
