@@ -284,14 +284,15 @@ class HostClient:
     # -- requests -----------------------------------------------------------------
     async def request(self, op: str, **args: Any) -> Any:
         """Send one request and wait for its reply; raises AgentError."""
-        rid = await self._send(op, args)
-        return await self._pending[rid] if rid in self._pending else None
+        return await (await self._send(op, args))
 
-    async def _send(self, op: str, args: dict[str, Any], sub: _Sub | None = None) -> int:
+    async def _send(self, op: str, args: dict[str, Any], sub: _Sub | None = None) -> asyncio.Future[Any]:
+        """Write a request; the returned future gets its reply (kept even if it comes at once)."""
         if self._chan is None:
             raise AgentError("disconnected", f"not connected to {self.dest} ({self.state.status})")
         rid = next(self._ids)
-        self._pending[rid] = asyncio.get_running_loop().create_future()
+        fut = self._pending[rid] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved" noise
         if sub is not None:
             sub.rid = rid
             self._subs[rid] = sub
@@ -300,7 +301,7 @@ class HostClient:
         except TransportError as exc:
             self._pending.pop(rid, None)
             raise AgentError("disconnected", str(exc)) from exc
-        return rid
+        return fut
 
     async def ping(self) -> dict[str, Any]:
         return await self.request("ping")
@@ -343,11 +344,11 @@ class HostClient:
         args = dict(sub.args)
         if sub.op == "watch":
             args["offsets"] = dict(sub.offsets)
-        rid = await self._send(sub.op, args, sub)
+        fut = await self._send(sub.op, args, sub)
         try:
-            await self._pending[rid]
+            await fut
         except AgentError as exc:
-            self._subs.pop(rid, None)
+            self._subs.pop(sub.rid, None)
             if exc.code != "disconnected":
                 sub.queue.put_nowait(exc)
 
@@ -366,7 +367,7 @@ class HostClient:
             rid = sub.rid
             if rid is not None and self._subs.pop(rid, None) is not None and self._chan is not None:
                 try:
-                    await self._send("unwatch", {"sub": rid})
+                    await self._send("unwatch", {"sub": rid})  # the reply is not awaited
                 except AgentError:
                     pass
 
