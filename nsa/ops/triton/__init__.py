@@ -77,6 +77,17 @@ class _SelectedAttention(torch.autograd.Function):
         return dq, dk.to(kd), dv.to(vd), None, None, None
 
 
+def _amp(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under autocast, run the kernels in the autocast dtype (as SDPA does): the model's
+    RoPE hands us fp32 q/k, and fp32 ``tl.dot`` in exact mode would forgo tensor cores.
+    The casts sit outside the autograd Functions, so gradients come back in each input's dtype."""
+    dev = xs[0].device.type
+    if dev == "cuda" and torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        return tuple(x.to(dt) for x in xs)
+    return xs
+
+
 def _scale(q: torch.Tensor, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
@@ -88,6 +99,7 @@ def _cmp_split(n_cmp: int) -> int:
 
 def _compressed(q, k_cmp, v_cmp, block, stride, scale):
     T = q.shape[1]
+    q, k_cmp, v_cmp = _amp(q, k_cmp, v_cmp)
     return _BandAttention.apply(q, k_cmp, v_cmp, stride, block - 1, T + 1, _scale(q, scale),
                                 _cmp_split(k_cmp.shape[1]))
 
@@ -124,8 +136,9 @@ def compressed_attention_and_scores(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp:
         raise ValueError(f"k_cmp has {k_cmp.shape[2]} KV groups, n_kv_heads={n_kv_heads}")
     out, lse = _compressed(q, k_cmp, v_cmp, block, stride, scale)
     with torch.no_grad():
-        qc = q.detach().contiguous()
-        kc = k_cmp.detach().to(qc.dtype).contiguous()
+        qc, kc = _amp(q.detach(), k_cmp.detach())
+        qc = qc.contiguous()
+        kc = kc.to(qc.dtype).contiguous()
         scores = selection_scores_from_lse(qc, kc, lse, block, stride, select_block, _scale(q, scale))
     return out, scores
 
@@ -133,11 +146,15 @@ def compressed_attention_and_scores(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp:
 def selected_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
                        select_block: int, scale: float | None = None) -> torch.Tensor:
     """Group-centric selected attention over ``idx [B,T,G,n]`` (distinct blocks, -1 = unused)."""
-    return _SelectedAttention.apply(q, k, v, idx, select_block, _scale(q, scale))
+    scale = _scale(q, scale)
+    q, k, v = _amp(q, k, v)
+    return _SelectedAttention.apply(q, k, v, idx, select_block, scale)
 
 
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
                      scale: float | None = None) -> torch.Tensor:
     """Sliding-window attention: query t sees keys ``t - window < s <= t``."""
-    out, _ = _BandAttention.apply(q, k, v, 1, 0, window, _scale(q, scale), 1)
+    scale = _scale(q, scale)
+    q, k, v = _amp(q, k, v)
+    out, _ = _BandAttention.apply(q, k, v, 1, 0, window, scale, 1)
     return out

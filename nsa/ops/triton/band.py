@@ -123,7 +123,7 @@ def _band_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         s = tl.dot(q, kt, input_precision=PREC) * scale
         e = offs_n * STRIDE + OFF
         vis = (e[None, :] <= offs_m[:, None]) & (offs_m[:, None] - e[None, :] < WIN) & nmask[None, :]
-        p = tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
+        p = tl.exp(tl.where(vis, s - lse[:, None], float("-inf")))
         dp = tl.dot(do, vt, input_precision=PREC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
@@ -171,7 +171,7 @@ def _band_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DKP, DVP,
             delta = tl.load(DELTA + (b * H + h) * T + offs_m, mask=mmask, other=0.0)
             st = tl.dot(k, qt, input_precision=PREC) * scale
             vis = (e[:, None] <= offs_m[None, :]) & (offs_m[None, :] - e[:, None] < WIN) & mmask[None, :]
-            pt = tl.where(vis, tl.exp(st - lse[None, :]), 0.0)
+            pt = tl.exp(tl.where(vis, st - lse[None, :], float("-inf")))
             dv += tl.dot(pt.to(dot_.dtype), tl.trans(dot_), input_precision=PREC)
             dpt = tl.dot(v, dot_, input_precision=PREC)
             dst = pt * (dpt - delta[None, :])
@@ -182,8 +182,8 @@ def _band_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DKP, DVP,
 
 
 def _prec(x: torch.Tensor) -> str:
-    """Exact fp32 products for fp32 inputs (no TF32), tensor cores for 16-bit inputs."""
-    return "ieee" if x.dtype == torch.float32 else "tf32"
+    """Exact products for fp32/fp64 inputs (no TF32: the 1e-5 checks), tensor cores for 16-bit."""
+    return "tf32" if x.dtype in (torch.float16, torch.bfloat16) else "ieee"
 
 
 def _blocks(d: int) -> tuple[int, int, int]:

@@ -43,7 +43,7 @@ def _tile_contrib(Q, K, LSE, b, g, offs_m, i0, i_hi, j0,
                     mask=(offs_m[:, None] < T) & dmask[None, :], other=0.0)
         lse = tl.load(LSE + (b * H + h) * T + offs_m, mask=offs_m < T, other=float("inf"))
         s = tl.dot(q, kt, input_precision=PREC) * scale
-        psum += tl.where(vis, tl.exp(s - lse[:, None]), 0.0)
+        psum += tl.exp(tl.where(vis, s - lse[:, None], float("-inf")))
     offs_j = j0 + tl.arange(0, BJ)
     c0 = offs_i * STRIDE
     s0 = offs_j * SBLK

@@ -102,7 +102,7 @@ def _sel_bwd_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
             vt = tl.load(vbase + offs_n[None, :] * skt + offs_d[:, None],
                          mask=nmask[None, :] & dmask[:, None], other=0.0)
             s = tl.dot(q, kt, input_precision=PREC) * scale
-            p = tl.where(nmask[None, :], tl.exp(s - lse[:, None]), 0.0)
+            p = tl.exp(tl.where(nmask[None, :], s - lse[:, None], float("-inf")))
             dp = tl.dot(do, vt, input_precision=PREC)
             ds = p * (dp - delta[:, None])
             dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
@@ -147,7 +147,7 @@ def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, DK, DV,
         delta = tl.load(DELTA + row, mask=valid, other=0.0)
         st = tl.dot(k, qt, input_precision=PREC) * scale
         vis = nmask[:, None] & (offs_n[:, None] <= t[None, :]) & valid[None, :]
-        pt = tl.where(vis, tl.exp(st - lse[None, :]), 0.0)
+        pt = tl.exp(tl.where(vis, st - lse[None, :], float("-inf")))
         dv += tl.dot(pt.to(dot_.dtype), tl.trans(dot_), input_precision=PREC)
         dpt = tl.dot(v, dot_, input_precision=PREC)
         dst = pt * (dpt - delta[None, :])
