@@ -78,7 +78,7 @@ def test_cli_over_ssh_names_and_paths_cannot_inject(sshd: SshServer, tmp_path: P
     cfg.write_text(Path(SMOKE).read_text())
     name = f"a b; cd; touch {mark}; echo 'q\" $(cd; touch {mark})"
     root = tmp_path / "runs; x"
-    base = ["nsa-tui"]
+    base = [sys.executable, "-m", "nsa_tui.cli"]
     env = sshd.env()
     out = subprocess.run(base + ["launch", ALIAS, "--config", str(cfg), "--nproc", "1", "--name", name,
                                  "--set", "train.steps=2", "--runs-root", str(root), "--json"],
