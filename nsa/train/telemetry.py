@@ -21,15 +21,17 @@ PHASES = ("boot", "data", "compile", "train", "eval", "checkpoint", "done", "fai
 STATUSES = ("starting", "running", "stopped", "finished", "failed")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file in the same directory."""
+def write_json_atomic(path: Path, data: Any, durable: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file in the same directory
+    (``durable``: fsync first, for records that must survive a power cut)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, default=str)
             f.write("\n")
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -142,11 +144,11 @@ class RunRecord:
         """Step and tokens, rewritten at most every ``every_s`` seconds (cheap, atomic)."""
         self.data.update(step=step, tokens=tokens)
         if time.time() - self._last_write >= every_s:
-            self.write()
+            self.write(durable=False)
 
-    def write(self) -> None:
+    def write(self, durable: bool = True) -> None:
         self.data["updated_at"] = time.time()
-        write_json_atomic(self.path, self.data)
+        write_json_atomic(self.path, self.data, durable)
         self._last_write = time.time()
 
 

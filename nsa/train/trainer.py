@@ -72,6 +72,9 @@ class Trainer:
         self.telemetry_s = 0.0
         self.train_s = 0.0
         self.stop_agreed = False
+        import psutil
+
+        self._proc = psutil.Process()
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> dict[str, Any]:
@@ -328,9 +331,7 @@ class Trainer:
         if self.info.device.type == "cuda":
             alloc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         else:
-            import psutil
-
-            alloc = reserved = psutil.Process().memory_info().rss  # CPU: process RSS
+            alloc = reserved = self._proc.memory_info().rss  # CPU: process RSS (psutil)
         gn = float(grad_norm) if grad_norm is not None else None
         tps = self.global_batch * self.cfg.train.seq_len / step_time if step_time > 0 else None
         rec = {"kind": "train", "ts": time.time(), "step": self.step, "loss": loss, "lr": self.last_lr,

@@ -115,3 +115,32 @@ def test_fsdp2_trains_and_resumes(reference: Path, tmp_path: Path) -> None:
     d0 = [x["param_digest"] for x in rank_records(run_dir, 0) if "param_digest" in x]
     d1 = [x["param_digest"] for x in rank_records(run_dir, 1) if "param_digest" in x]
     assert d0 and d0 == d1
+
+
+def test_fsdp2_checkpoint_resumes_on_one_rank(tmp_path: Path, reference: Path) -> None:
+    src = tmp_path / "fsdp2"
+    sets = BASE[:-1] + ["train.strategy=fsdp", "train.steps=6"]
+    first = run_train(src, sets + ["debug.stop_at_step=3"])
+    assert first.rc == 0, first.output[-3000:]
+    done = run_train(tmp_path / "one", sets, nproc=1, resume=str(src))  # a run dir: its newest checkpoint
+    assert done.rc == 0, done.output[-3000:]
+    assert "grad_accum 2 -> 4" in done.output
+    got, want = losses(done.run_dir), losses(reference)
+    assert sorted(got) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert got[step] == pytest.approx(want[step], rel=1e-5), f"step {step}"
+
+
+def test_one_rank_checkpoint_resumes_on_two_ranks_by_resharding(tmp_path: Path) -> None:
+    src = tmp_path / "one"
+    sets = ["train.batch_size=1", "train.grad_accum=2", "train.steps=4", "train.save_every=2"]
+    first = run_train(src, sets + ["debug.stop_at_step=2"], nproc=None)
+    assert first.rc == 0, first.output[-3000:]
+    done = run_train(tmp_path / "two", sets + ["debug.record_rank_state=true"],
+                     resume=str(src / "checkpoints" / "step-2"))
+    assert done.rc == 0, done.output[-3000:]
+    assert "grad_accum 2 -> 1 keeps the global batch of 2 sequences" in done.output
+    assert "re-sharding into 2 streams" in done.output
+    assert sorted(losses(done.run_dir)) == [3, 4]
+    seen = [[x["digest"] for x in rank_records(done.run_dir, r) if "digest" in x] for r in (0, 1)]
+    assert len(seen[0]) == len(seen[1]) == 2 and not set(seen[0]) & set(seen[1])
