@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.sshd import sshd  # noqa: F401  (the real OpenSSH server fixture)
+
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "smoke-cpu.yaml"
 
