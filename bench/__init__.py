@@ -1,0 +1,1 @@
+"""GPU benchmarks of the NSA kernels against dense attention (``python -m bench.run``)."""

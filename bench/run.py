@@ -1,0 +1,247 @@
+"""NSA vs dense attention on one CUDA GPU: every case issue 6 lists, in one command.
+
+    python -m bench.run [--quick] [--out-dir bench/results] [--no-train] [--no-reference]
+
+Rows (bench/report.py): attention forward (``attn_fwd``) and backward alone
+(``attn_bwd``: the forward runs untimed before each timed backward) for ``nsa_triton``,
+``nsa_reference`` (until it runs out of memory) and ``dense_sdpa`` at seq 2k..64k with
+the nsa-125m head layout (16 q heads, 1 KV group, dim 64) and the paper's (64, 4, 128);
+then ``train_step`` (forward, loss, backward, clip, AdamW) of nsa-125m vs dense-125m at
+seq 2048 and 16k. Times are medians over CUDA-event timings after warm-up; memory is
+``torch.cuda.max_memory_allocated`` during the timed calls. Dense rows always come
+from the same run. bf16 throughout (train: bf16 autocast over fp32 weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import functools
+import importlib
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.report import write_results  # noqa: E402
+
+LAYOUTS = {"nsa-125m": (16, 1, 64), "paper": (64, 4, 128)}  # H, G, D
+SEQS = (2048, 8192, 16384, 32768, 65536)
+TRAIN_CASES = ((2048, 8), (16384, 1))  # (seq_len, batch)
+NSA = dict(block=32, stride=16, select_block=64, num_selected=16, num_initial=1, num_local=2, window=512)
+
+
+def time_cuda(fn: Callable[[Any], None], setup: Callable[[], Any] | None, warmup: int,
+              iters: int) -> tuple[float, int]:
+    """(median ms of ``fn(setup())`` measured with CUDA events, peak bytes allocated)."""
+    for _ in range(warmup):
+        fn(setup() if setup else None)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(iters):
+        state = setup() if setup else None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(state)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), torch.cuda.max_memory_allocated()
+
+
+def nsa_attention(ops: Any, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates) -> torch.Tensor:
+    """The NSA attention core of one layer: three branches, top-n selection, gated sum."""
+    G = k_slc.shape[2]
+    o_cmp, scores = ops.compressed_attention_and_scores(q, k_cmp, v_cmp, NSA["block"], NSA["stride"],
+                                                        NSA["select_block"], G)
+    idx = ops.select_blocks(scores, NSA["select_block"], NSA["num_selected"], NSA["num_initial"],
+                            NSA["num_local"])
+    o_slc = ops.selected_attention(q, k_slc, v_slc, idx, NSA["select_block"])
+    o_win = ops.window_attention(q, k_win, v_win, NSA["window"])
+    return gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
+
+
+def _dense(q, k, v) -> torch.Tensor:
+    """Causal SDPA in [B, H, T, D]; GQA via enable_gqa; the flash backend when it accepts."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = q.shape[1] != k.shape[1]
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    except RuntimeError:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def attention_inputs(impl: str, B: int, T: int, H: int, G: int, D: int, dev: str = "cuda",
+                     dt: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """Random inputs of one case: dense q, k, v; or NSA q, compressed and branch K/V, gates."""
+    if impl == "dense_sdpa":
+        return [torch.randn(B, H, T, D, device=dev, dtype=dt), torch.randn(B, G, T, D, device=dev, dtype=dt),
+                torch.randn(B, G, T, D, device=dev, dtype=dt)]
+    nc = (T - NSA["block"]) // NSA["stride"] + 1
+    shapes = [(B, T, H, D), (B, nc, G, D), (B, nc, G, D)] + [(B, T, G, D)] * 4
+    xs = [torch.randn(*s, device=dev, dtype=dt) for s in shapes]
+    return xs + [torch.rand(B, T, H, 3, device=dev, dtype=dt)]
+
+
+def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: int) -> list[dict[str, Any]]:
+    """attn_fwd and attn_bwd rows of one implementation at one shape."""
+    H, G, D = LAYOUTS[layout]
+    if impl == "dense_sdpa":
+        fwd = _dense
+    else:
+        ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
+        fwd = lambda *xs: nsa_attention(ops, *xs)  # noqa: E731
+    xs = attention_inputs(impl, B, T, H, G, D)
+    rows = []
+    with torch.no_grad():
+        ms, mem = time_cuda(lambda _: fwd(*xs), None, warmup, iters)
+    rows.append(dict(op="attn_fwd", ms=ms, peak_mem_bytes=mem))
+    leaves = [x.requires_grad_() for x in xs]
+    grad_out = None
+
+    def setup():
+        nonlocal grad_out
+        for x in leaves:
+            x.grad = None
+        out = fwd(*leaves)
+        if grad_out is None:
+            grad_out = torch.randn_like(out)
+        return out
+
+    ms, mem = time_cuda(lambda out: out.backward(grad_out), setup, warmup, iters)
+    rows.append(dict(op="attn_bwd", ms=ms, peak_mem_bytes=mem))
+    for r in rows:
+        r.update(impl=impl, layout=layout, seq_len=T, batch=B, tokens_per_s=None, status="ok",
+                 note=f"H={H} G={G} D={D} bf16" + (" causal sdpa" if impl == "dense_sdpa" else ""))
+    return rows
+
+
+def bench_train(config: str, T: int, B: int, warmup: int, iters: int) -> dict[str, Any]:
+    """One train_step row: bf16 autocast forward, cross-entropy, backward, clip, AdamW."""
+    from nsa.config import load_config
+    from nsa.model import build_model
+    from nsa.train.trainer import build_optimizer
+
+    cfg = load_config(ROOT / "configs" / f"{config}.yaml", [f"train.seq_len={T}", f"train.batch_size={B}"])
+    if cfg.model.attention.kind == "nsa":
+        cfg.model.attention.backend = "triton"
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = build_model(cfg.model).to(dev)
+    opt = build_optimizer(model, cfg, dev)
+    V = cfg.model.vocab_size
+    tokens = torch.randint(0, 256, (B, T + 1), device=dev)
+
+    def step(_):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, V), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    ms, mem = time_cuda(step, None, warmup, iters)
+    impl = "nsa_triton" if cfg.model.attention.kind == "nsa" else "dense_sdpa"
+    return dict(op="train_step", impl=impl, layout=config, seq_len=T, batch=B, ms=ms,
+                tokens_per_s=B * T / (ms / 1000.0), peak_mem_bytes=mem, status="ok",
+                note=f"{model.param_count() / 1e6:.1f}M params, bf16 autocast, fused AdamW")
+
+
+def _failed(status: str, **kw: Any) -> dict[str, Any]:
+    return dict(ms=None, tokens_per_s=None, peak_mem_bytes=None, status=status, **kw)
+
+
+def _guard(make: Callable[[], list[dict[str, Any]]], ident: dict[str, Any],
+           ops: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Run one case; an out-of-memory or any other error becomes a row saying so."""
+    try:
+        return make()
+    except torch.cuda.OutOfMemoryError:
+        status = "oom"
+    except Exception as exc:  # noqa: BLE001 - the benchmark must run end to end
+        status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    torch.cuda.empty_cache()
+    return [_failed(status, op=op, note="", **ident) for op in ops]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2k and 8k, nsa-125m layout, few iters")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--no-train", action="store_true", help="skip the train_step rows")
+    ap.add_argument("--no-reference", action="store_true", help="skip the nsa_reference rows")
+    ap.add_argument("--tokens", type=int, default=65536, help="attention batch = max(1, tokens // seq_len)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.run: no CUDA device here; this benchmark measures GPU kernels and needs one "
+              "(nothing was measured, no results written).", file=sys.stderr)
+        return 2
+    import triton
+
+    device = torch.cuda.get_device_name()
+    seqs = SEQS[:2] if args.quick else SEQS
+    layouts = ["nsa-125m"] if args.quick else list(LAYOUTS)
+    warmup, iters = (1, 3) if args.quick else (3, 10)
+    impls = ["nsa_triton", "dense_sdpa"] + ([] if args.no_reference else ["nsa_reference"])
+    common = dict(device=device, torch=torch.__version__, triton=triton.__version__)
+    rows: list[dict[str, Any]] = []
+    for layout in layouts:
+        for impl in impls:
+            gave_up = False
+            for T in seqs:
+                B = max(1, args.tokens // T)
+                ident = dict(impl=impl, layout=layout, seq_len=T, batch=B)
+                if gave_up:  # a shorter sequence already ran out of memory
+                    got = [_failed("skipped (oom at a shorter seq)", op=op, note="", **ident)
+                           for op in ("attn_fwd", "attn_bwd")]
+                else:
+                    w, n = (1, 2) if impl == "nsa_reference" else (warmup, iters)
+                    got = _guard(functools.partial(bench_attention, impl, layout, T, B, w, n),
+                                 ident, ("attn_fwd", "attn_bwd"))
+                    gave_up = any(r["status"] == "oom" for r in got)
+                for r in got:
+                    r.update(common)
+                    print(_line(r), flush=True)
+                rows += got
+                torch.cuda.empty_cache()
+    if not args.no_train:
+        cases = TRAIN_CASES[:1] if args.quick else TRAIN_CASES
+        for T, B in cases:
+            for config in ("nsa-125m", "dense-125m"):
+                impl = "nsa_triton" if config == "nsa-125m" else "dense_sdpa"
+                ident = dict(impl=impl, layout=config, seq_len=T, batch=B)
+                got = _guard(lambda c=config, t=T, b=B: [bench_train(c, t, b, warmup, iters)],
+                             ident, ("train_step",))
+                for r in got:
+                    r.update(common)
+                    print(_line(r), flush=True)
+                rows += got
+                torch.cuda.empty_cache()
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    meta = dict(common, argv=sys.argv[1:], quick=args.quick, nsa_hparams=NSA,
+                tokens_per_attn_batch=args.tokens)
+    jpath, mpath = write_results(rows, args.out_dir, device, date + ("-quick" if args.quick else ""), meta)
+    print(f"wrote {jpath} and {mpath}")
+    return 0
+
+
+def _line(r: dict[str, Any]) -> str:
+    ms = "-" if r["ms"] is None else f"{r['ms']:.3f} ms"
+    return (f"{r['op']:10s} {r['impl']:14s} {r['layout']:10s} T={r['seq_len']:6d} B={r['batch']:3d} "
+            f"{ms} {r['status']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
