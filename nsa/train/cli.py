@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.finish()
         overhead = trainer.telemetry_s / trainer.train_s if trainer.train_s else 0.0
         if status == "stopped":
-            reason = f"{stop.reason}: stopped after step {trainer.step}, checkpoint {trainer.last_ckpt} saved"
+            saved = f"checkpoint {trainer.last_ckpt} saved" if trainer.last_ckpt else "no checkpoint"
+            reason = f"{stop.reason}: stopped after step {trainer.step}, {saved}"
         else:
             reason = f"finished {trainer.step} steps"
         log(f"{status}: {reason}; telemetry overhead {overhead * 100:.3f}% of step time")
@@ -162,6 +163,8 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
     log(f"data {boot['data_source']}, tokenizer {cfg.data.tokenizer}, {boot['n_streams']} data streams")
     if resume:
         log(f"resume from {resume} at step {trainer.step} ({trainer.tokens:,} tokens seen)")
+    elif args.resume == "auto":
+        log(f"--resume auto: no checkpoint in {run_dir / 'checkpoints'}: starting from step 0")
     if trainer.resume_note:
         log(trainer.resume_note)
 

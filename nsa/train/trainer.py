@@ -211,10 +211,10 @@ class Trainer:
         w = self.info.world_size
         flags = torch.zeros(2 + w, device=self.info.device)
         local = loss_sum / self.grad_accum
-        finite = bool(torch.isfinite(local))
-        flags[0] = local if finite else 0.0
+        finite = torch.isfinite(local)  # stays on the device: one host sync per step, below
+        flags[0] = torch.where(finite, local, torch.zeros_like(local))
         flags[1] = 1.0 if self.stop.is_set() else 0.0
-        flags[2 + self.info.rank] = 0.0 if finite else 1.0
+        flags[2 + self.info.rank] = (~finite).float()
         torch.distributed.all_reduce(flags)
         vals = flags.tolist()
         bad = [r for r in range(w) if vals[2 + r] > 0]
@@ -287,6 +287,13 @@ class Trainer:
         """Train to ``train.steps``; returns ``finished`` or ``stopped``."""
         t = self.cfg.train
         self._start_step = self.step
+        flag = torch.tensor([1.0 if self.stop.is_set() else 0.0], device=self.info.device)
+        torch.distributed.all_reduce(flag)  # a stop during boot: leave before training at all
+        if flag.item() > 0:
+            self.stop.set(self.stop.reason or "SIGTERM on another rank")
+            self.last_ckpt = ckpt.find_latest(self.run_dir / "checkpoints")
+            self.last_ckpt = self.last_ckpt.name if self.last_ckpt else None
+            return "stopped"
         self.hb.set_phase("compile" if t.compile else "train")
         if self.record:
             self.record.update(status="running", step=self.step, tokens=self.tokens)
