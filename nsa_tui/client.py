@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
 
 PROTOCOL = 1
@@ -181,7 +182,12 @@ class HostClient:
         self.hello = hello
         self._chan = chan
         self._reader = asyncio.create_task(self._read(chan))
-        self._set_state("connected", f"{hello.get('host')}: agent {hello.get('nsa_tui')}")
+        notes = list(hello.get("problems") or [])
+        if hello.get("nsa_tui") != __version__:
+            notes.append(f"agent {hello.get('nsa_tui')} differs from this nsa-tui {__version__}: "
+                         f"nsa-tui setup {self.dest}")
+        head = f"{hello.get('host')}: agent {hello.get('nsa_tui')}"
+        self._set_state("connected", "; ".join([head, *notes]))
         for sub in list(self._open):
             await self._subscribe(sub)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
@@ -56,6 +57,36 @@ class Channel(ABC):
     async def stderr_text(self) -> str:
         """What the agent wrote on stderr (for error messages), best effort."""
         return ""
+
+
+class StderrTail:
+    """Keeps reading an agent's stderr (a full pipe or SSH window would stall stdout too)
+    and remembers the last 64 KiB for error messages."""
+
+    def __init__(self, read: Callable[[int], Awaitable[bytes | str]]) -> None:
+        self.data = b""
+        self.task = asyncio.ensure_future(self._drain(read))
+
+    async def _drain(self, read: Callable[[int], Awaitable[bytes | str]]) -> None:
+        try:
+            while True:
+                chunk = await read(65536)
+                if not chunk:
+                    return
+                self.data = (self.data + (chunk.encode() if isinstance(chunk, str) else chunk))[-65536:]
+        except Exception:  # noqa: BLE001 - the channel is gone; what we have is all there is
+            return
+
+    async def text(self, wait_s: float = 3.0) -> str:
+        """The tail so far, after waiting up to ``wait_s`` for the stream to end."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), wait_s)
+        except asyncio.TimeoutError:
+            pass
+        return self.data.decode("utf-8", "replace")
+
+    def cancel(self) -> None:
+        self.task.cancel()
 
 
 class Transport(ABC):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from nsa_tui.transport.base import Channel, Transport, TransportError
+from nsa_tui.transport.base import Channel, StderrTail, Transport, TransportError
 
 
 class ProcessChannel(Channel):
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
+        assert proc.stderr is not None
+        self.err = StderrTail(proc.stderr.read)
 
     async def readline(self) -> bytes:
         assert self.proc.stdout is not None
@@ -35,15 +37,10 @@ class ProcessChannel(Channel):
         except asyncio.TimeoutError:
             self.proc.kill()
             await self.proc.wait()
+        self.err.cancel()
 
     async def stderr_text(self) -> str:
-        if self.proc.stderr is None:
-            return ""
-        try:
-            data = await asyncio.wait_for(self.proc.stderr.read(65536), 2)
-        except asyncio.TimeoutError:
-            return ""
-        return data.decode("utf-8", "replace")
+        return await self.err.text()
 
 
 class LocalTransport(Transport):

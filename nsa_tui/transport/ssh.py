@@ -23,6 +23,7 @@ from nsa_tui.transport.base import (
     Channel,
     ConfirmHostKey,
     HostKeyError,
+    StderrTail,
     Transport,
     TransportError,
 )
@@ -66,6 +67,7 @@ def agent_command(runs_root: str | None, remote_python: str | None) -> str:
 class SshChannel(Channel):
     def __init__(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
         self.proc = proc
+        self.err = StderrTail(proc.stderr.read)
 
     async def readline(self) -> bytes:
         try:
@@ -86,13 +88,10 @@ class SshChannel(Channel):
         except (asyncssh.Error, OSError):
             pass
         self.proc.close()
+        self.err.cancel()
 
     async def stderr_text(self) -> str:
-        try:
-            data = await asyncio.wait_for(self.proc.stderr.read(65536), 3)
-        except (asyncio.TimeoutError, asyncssh.Error, OSError):
-            return ""
-        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        return await self.err.text()
 
 
 class SshTransport(Transport):
