@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import nsa_tui
 from nsa_tui.agent.runs import RunStore, boot_id, read_json, run_processes, write_json
+from nsa_tui.transport.base import env_with_package_path
 
 
 class OpError(Exception):
@@ -125,7 +127,10 @@ class Launcher:
             "config_file": source,
         }
         write_json(run_dir / "launch.json", launch)
-        env = dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1")
+        import nsa
+
+        env = env_with_package_path(dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1"), nsa.__file__)
+        env = env_with_package_path(env, nsa_tui.__file__)  # the supervisor
         argv = [self.python, "-m", "nsa_tui.agent.supervise", str(run_dir), "--", *command]
         log = open(run_dir / "train.log", "ab", buffering=0)
         os.chmod(run_dir / "train.log", 0o600)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
-from nsa_tui.transport.base import Channel, StderrTail, Transport, TransportError
+import nsa_tui
+from nsa_tui.transport.base import Channel, StderrTail, Transport, TransportError, env_with_package_path
 
 
 class ProcessChannel(Channel):
@@ -61,6 +63,7 @@ class LocalTransport(Transport):
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, limit=16 << 20,
+                env=env_with_package_path(dict(os.environ), nsa_tui.__file__),
             )
         except OSError as exc:
             raise TransportError(f"cannot start the local agent: {exc}") from exc

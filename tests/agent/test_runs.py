@@ -179,3 +179,15 @@ def test_host_sample_names_the_rank_on_each_gpu(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.gpu
+def test_real_nvml_readings_on_a_gpu_host(tmp_path: Path) -> None:
+    src = NvmlSource()
+    if not src.ok or src.count() == 0:
+        pytest.skip("no NVML GPU on this machine")
+    s = HostSampler(str(tmp_path), src).sample()
+    g = s["gpus"][0]
+    assert g["mem_total_bytes"] > 0 and g["util_pct"] is not None and g["name"]
+    assert g["power_w"] is None or g["power_w"] > 0
+    assert Launcher(RunStore(tmp_path), gpu_count=src.count()).gpu_count == src.count()
