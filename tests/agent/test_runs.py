@@ -191,3 +191,40 @@ def test_real_nvml_readings_on_a_gpu_host(tmp_path: Path) -> None:
     assert g["mem_total_bytes"] > 0 and g["util_pct"] is not None and g["name"]
     assert g["power_w"] is None or g["power_w"] > 0
     assert Launcher(RunStore(tmp_path), gpu_count=src.count()).gpu_count == src.count()
+
+
+class _NvmlError(Exception):
+    pass
+
+
+class LostGpuNvml:
+    """A stand-in for the pynvml module: GPU 0 answers, GPU 1 fell off the bus."""
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - pynvml's names
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+        if i == 1:
+            raise _NvmlError("GPU is lost")
+        return i
+
+    def __getattr__(self, name: str):  # every other getter of GPU 0
+        values = {"nvmlDeviceGetMemoryInfo": type("M", (), {"used": 1 << 30, "total": 80 << 30})(),
+                  "nvmlDeviceGetUtilizationRates": type("U", (), {"gpu": 50})(),
+                  "nvmlDeviceGetPowerUsage": 300_000, "nvmlDeviceGetEnforcedPowerLimit": 700_000,
+                  "nvmlDeviceGetTemperature": 55, "nvmlDeviceGetComputeRunningProcesses": [],
+                  "nvmlDeviceGetName": b"Fake", "nvmlDeviceGetUUID": "GPU-0"}
+        if name not in values:
+            raise AttributeError(name)
+        if name == "nvmlDeviceGetTemperature":
+            return lambda h, sensor: values[name]
+        return lambda h: values[name]
+
+
+def test_lost_gpu_gives_na_values_and_a_message(tmp_path: Path) -> None:
+    src = NvmlSource()
+    src.ok, src.nv = True, LostGpuNvml()  # readings faked behind the real NvmlSource code
+    gpus, msg = src.read()
+    assert gpus[0]["power_w"] == 300.0 and gpus[0]["mem_total_bytes"] == 80 << 30
+    assert gpus[0]["name"] == "Fake" and gpus[0]["temp_c"] == 55
+    assert gpus[1]["util_pct"] is None and gpus[1]["mem_used_bytes"] is None and "GPU 1" in msg
