@@ -20,7 +20,9 @@
     await client.dump(run_id)     # -> {"files": [{"name", "text"}], "ranks", "notes"}
     await client.read_log(run_id, offset=0, max_bytes=1 << 20) # -> {"text", "offset", "size"}
     async for ev in client.watch(run_id): ...     # Event, survives reconnects (below)
-    async for sample in client.host_samples(): ... # dict per second (see host-agent.md)
+    async for sample in client.host_samples(): ... # dict per second (docs/agent-protocol.md)
+    async for ev in client.host_events(): ...      # the same as Events, for AlertDetector.feed
+    client.drop_connection()      # cut the link now (a "reconnect" key; tests)
     await client.close()          # closes the channel; runs keep running
 
 Events (``Event``): ``kind`` is ``heartbeat`` | ``metric`` | ``log`` | ``status`` |
