@@ -137,7 +137,7 @@ class NsaApp(App[str | None]):
 
         self.push_screen(ConfirmScreen(
             "No runs on this host yet",
-            f"Launch the demo? {config}: a tiny NSA model training on CPU from the Python\n"
+            f"Launch the demo? {config}: a tiny NSA model training on CPU from the Python "
             "standard library's own source; the first steps show within a minute.",
             yes="Launch demo"), answered)
 

@@ -109,7 +109,7 @@ class LogBuffer:
         return self.total - len(self.lines)
 
 
-@dataclass
+@dataclass(eq=False)
 class RunState:
     """Everything the panel knows about one run on one host."""
 
@@ -184,7 +184,7 @@ class RunState:
         return max(ts) if ts else None
 
 
-@dataclass
+@dataclass(eq=False)
 class HostState:
     """One destination: its connection, hello, runs and latest host sample."""
 

@@ -7,23 +7,18 @@ snapshot changes only when the panel's drawing does.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any
 
+from nsa_tui.alerts import Alert
 from nsa_tui.app.state import PanelState
 
 NOW = 1_800_000_000.0
 GIB = 1024**3
 
 
-def make_alert(**fields: Any) -> Any:
-    """An Alert from nsa_tui.alerts when it exists, else a plain record of the same fields."""
-    try:
-        from nsa_tui.alerts import Alert  # type: ignore[attr-defined]
-
-        return Alert(**fields)
-    except Exception:
-        return SimpleNamespace(**fields)
+def make_alert(**fields: Any) -> Alert:
+    """A real Alert (nsa_tui.alerts), as the detector makes them."""
+    return Alert(**fields)
 
 
 def fixed_state(with_alert: bool = True) -> PanelState:
@@ -81,9 +76,9 @@ def fixed_state(with_alert: bool = True) -> PanelState:
     run.log.append_many(lines)
     if with_alert:
         state.alerts.append(make_alert(
-            kind="stall", severity="error", host="local", run=parent.run_id, rank=1, gpu=1, phase="train",
+            kind="stall", severity="critical", host="local", run=parent.run_id, rank=1, gpu=1, phase="train",
             last_step=1500, heartbeat_age_s=312.0, log_tail=["step 1500 | loss 2.11"],
             message="rank 1 has not advanced for 5m12s (timer beats continue: hung collective?)",
-            suggested_actions=["d: dump stacks", "f: fall back to 1 GPU"], key="stall:local:parent:1"))
+            suggested_actions=["dump", "fallback"]))
     state.selected = ("local", run.run_id)
     return state

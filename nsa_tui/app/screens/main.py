@@ -62,6 +62,7 @@ class MainScreen(Screen):
         yield Footer()
 
     ready = False
+    _chart_sig: tuple = ()
 
     def on_mount(self) -> None:
         self.ready = True
@@ -83,20 +84,29 @@ class MainScreen(Screen):
         log = self.query_one(LogView)
         log.set_buffer(run.log if run else None)
         log.sync()
-        log.border_title = "log (following)" if log.follow else "log (scrollback — t: follow)"
+        title = "log (following)" if log.follow else "log (scrollback — t: follow)"
         if log.pattern:
-            log.border_title += f"  /{log.pattern}"
+            title += f"  /{log.pattern}"
+        if log.border_title != title:
+            log.border_title = title
         loss, tps = self.query_one("#loss", MetricChart), self.query_one("#tps", MetricChart)
         if run is None:
             loss.set_lines([], ())
             tps.set_lines([], ())
+            self._chart_sig = ()
             return
+        lineage = [run]
+        while (parent := state.parent_of(lineage[-1])) is not None and all(parent is not r for r in lineage):
+            lineage.append(parent)
+        sig = tuple((r.key, r.loss.count, r.val_loss.count, r.tokens_per_s.count) for r in lineage)
+        if sig == self._chart_sig:  # series are only copied when a point arrived
+            return
+        self._chart_sig = sig
         train = state.chart_series(run, "loss")
         val = state.chart_series(run, "val_loss")
         speed = state.chart_series(run, "tokens_per_s")
-        sig = (run.key, len(train[0]), train[0][-1:], len(val[0]), val[0][-1:])
         loss.set_lines([("train", *train), ("val", *val)], sig)
-        tps.set_lines([("tokens/s", *speed)], (run.key, len(speed[0]), speed[0][-1:]))
+        tps.set_lines([("tokens/s", *speed)], sig)
 
     # -- search bar -------------------------------------------------------------------------
     def action_search(self) -> None:

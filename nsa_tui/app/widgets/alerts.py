@@ -11,6 +11,7 @@ from textual.widgets import Static
 from nsa_tui.app.fmt import NA, fmt_duration, is_num
 from nsa_tui.app.state import PanelState, alert_key
 
+ACTION_KEYS = {"dump": "d", "kill": "k", "fallback": "f", "resume": "r", "logs": "t"}
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "bold yellow",
                   "info": "bold cyan"}
 
@@ -37,7 +38,8 @@ def alert_text(alert: Any, log_lines: int = 3) -> Text:
         t.append(f"   │ {line}\n", style="red" if "Error" in line or "Traceback" in line else "dim")
     actions = g("suggested_actions") or []
     if actions:
-        t.append("   → " + "; ".join(map(str, actions)) + "\n", style="cyan")
+        said = [f"{ACTION_KEYS[a]}: {a}" if a in ACTION_KEYS else str(a) for a in actions]
+        t.append("   → " + " · ".join(said) + "\n", style="cyan")
     return t
 
 

@@ -81,5 +81,5 @@ class MetricChart(PlotextPlot):
                 xt = [x0 + (x1 - x0) * k / 3 for k in range(4)]
                 plt.xticks(xt, [str(round(x)) if x < 1e4 else short(x) for x in xt])
         if not drawn:
-            plt.title(f"{self._title} — N/A (no data yet)")
+            plt.title(f"{self._title.split(':')[0]} — N/A (no data yet)")
         self.refresh()

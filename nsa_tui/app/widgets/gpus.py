@@ -77,14 +77,20 @@ def gpu_line(g: dict[str, Any], i: int, ranks: dict[str, list[int]], wide: bool)
 class GpuTable(Static):
     """GPUs of the selected run's host, or 'no GPU' honestly."""
 
+    _sig: tuple = ()
+
     def update_from(self, state: PanelState, now: float) -> None:
         host = state.current_host()
         sample = host.sample if host else {}
-        gpus = sample.get("gpus") or []
         ranks = ranks_by_gpu(state)
+        sig = (id(sample), sample.get("ts"), self.size.width, tuple((k, tuple(v)) for k, v in ranks.items()))
+        if sig == self._sig:
+            return
+        self._sig = sig
+        gpus = sample.get("gpus") or []
         parts: list[Any] = [host_line(sample)]
         if not gpus:
-            why = sample.get("gpu_message") or "none on this host"
+            why = str(sample.get("gpu_message") or "none on this host").split(":")[0]
             parts.append(Text(f"GPUs: N/A — {why}" if sample else "GPUs: N/A (no sample yet)", style="dim"))
         else:
             wide = self.size.width >= 60

@@ -65,6 +65,8 @@ class PanelHeader(Static):
     PanelHeader { height: 2; background: $panel; color: $foreground; padding: 0 1; }
     """
 
+    _last = ""
+
     def update_from(self, state: PanelState, now: float) -> None:
         line1 = Text("nsa-tui ", style="bold")
         for i, host in enumerate(state.hosts.values()):
@@ -76,4 +78,7 @@ class PanelHeader(Static):
         run = state.selected_run()
         line2 = run_progress(run, now) if run else Text("no run selected — press l to launch one",
                                                            style="dim")
-        self.update(Text("\n").join([line1, line2]))
+        text = Text("\n").join([line1, line2])
+        if text.plain != self._last:  # redraw only on change: the timer runs 10x/s
+            self._last = text.plain
+            self.update(text)

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from nsa_tui.app.fmt import NA, fmt_count, fmt_float, is_num
+from nsa_tui.app.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
 from nsa_tui.app.state import PanelState, RunState
 
 UNIFORM_TOL = 0.03  # gate shares within 3 points of 1/3 each look untrained (LESSONS 21)
@@ -32,7 +32,27 @@ def gate_text(shares: Any, step: Any, warmup: Any) -> Text:
     return t
 
 
-def summary_table(run: RunState) -> Table:
+def ranks_text(run: RunState, now: float) -> Text:
+    """One line per rank: phase, step and heartbeat age (a stuck rank stands out)."""
+    t = Text()
+    beats = sorted(run.heartbeats.items())
+    if not beats:
+        return Text(NA, style="dim")
+    top = max((b.get("step") or 0) for _, b in beats)
+    for i, (rank, b) in enumerate(beats[:8]):
+        if i:
+            t.append("\n")
+        age = now - b["ts"] if is_num(b.get("ts")) else None
+        behind = (b.get("step") or 0) < top
+        t.append(f"r{rank} ", style="bold")
+        t.append(f"{b.get('phase') or NA} step {b.get('step', NA)}", style="yellow" if behind else "")
+        t.append(f" · beat {fmt_duration(age)} ago" if age is not None else "", style="dim")
+    if len(beats) > 8:
+        t.append(f"\n… {len(beats) - 8} more ranks", style="dim")
+    return t
+
+
+def summary_table(run: RunState, now: float = 0.0) -> Table:
     rec = run.record
     cfg = rec.get("config") or {}
     train = cfg.get("train") or {} if isinstance(cfg, dict) else {}
@@ -44,7 +64,7 @@ def summary_table(run: RunState) -> Table:
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
     launch = rec.get("launch") or {}
-    config = rec.get("config_path") or launch.get("config_file")
+    config = launch.get("config_file") or rec.get("config_path")  # as the user gave it
     t.add_row("config", str(config) if config else NA)
     t.add_row("model", f"{fmt_count(rec.get('param_count'), 'params')}  {attn or NA}"
               + (f"  d{model.get('dim')}×L{model.get('n_layers')}" if model.get("dim") else ""))
@@ -64,6 +84,8 @@ def summary_table(run: RunState) -> Table:
     m = run.last_metric
     lr = m.get("lr")
     t.add_row("last", f"loss {fmt_float(m.get('loss'))} · lr {f'{lr:.2e}' if is_num(lr) else NA}")
+    if run.alive or run.heartbeats:
+        t.add_row("ranks", ranks_text(run, now))
     if rec.get("parent_run"):
         t.add_row("parent", str(rec["parent_run"]))
     if rec.get("resumed_from"):
@@ -76,9 +98,15 @@ def summary_table(run: RunState) -> Table:
 class RunSummary(Static):
     """What is this run, really? Shown for the selected run."""
 
+    _sig: tuple = ()
+
     def update_from(self, state: PanelState, now: float) -> None:
         run = state.selected_run()
+        sig = (run.key, run.version, int(now)) if run else ()
+        if sig == self._sig and sig:
+            return
+        self._sig = sig
         if run is None:
             self.update(Text("N/A — no run selected", style="dim"))
             return
-        self.update(summary_table(run))
+        self.update(summary_table(run, now))
