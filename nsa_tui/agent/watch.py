@@ -19,6 +19,7 @@ from nsa_tui.agent.runs import RunStore
 from nsa_tui.agent.tail import read_lines
 
 POLL_S = 0.25
+FINAL = ("finished", "failed", "stopped", "crashed", "lost")
 STATUS_EVERY_S = 1.0
 STATUS_KEYS = ("status", "trainer_status", "step", "alive", "exit_code", "exit_reason", "pids", "updated_at")
 
@@ -62,6 +63,16 @@ async def watch_run(
     synced = False
     while True:
         busy = False
+        rec = None
+        now = time.monotonic()
+        if now >= next_status or not synced:
+            # the record first, the files after: every line written before a final status
+            # was observed is sent before that status
+            next_status = now + STATUS_EVERY_S
+            try:
+                rec = await asyncio.to_thread(store.record, run_id)
+            except (KeyError, OSError):
+                rec = {"run_id": run_id, "status": "missing"}
         for name, path in stream_files(run_dir).items():
             if wanted is not None and name not in wanted and not (
                 name.startswith("heartbeats/") and "heartbeats" in wanted
@@ -73,13 +84,9 @@ async def watch_run(
                 send({"id": sub_id, "event": kind, "run": run_id, "stream": name, "offset": line.offset,
                       "data": data})
             busy = busy or len(lines) > 0
-        now = time.monotonic()
-        if now >= next_status or not synced:
-            next_status = now + STATUS_EVERY_S
-            try:
-                rec = await asyncio.to_thread(store.record, run_id)
-            except (KeyError, OSError):
-                rec = {"run_id": run_id, "status": "missing"}
+        if rec is not None and busy and rec.get("status") in FINAL:
+            next_status = 0.0  # a final status goes out after the backlog, never before it
+        elif rec is not None:
             key = tuple(json.dumps(rec.get(k), sort_keys=True) for k in STATUS_KEYS)
             if key != last_status:
                 last_status = key
