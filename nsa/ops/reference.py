@@ -3,9 +3,9 @@
 Every function follows the ops contract (docs/ops-contract.md): ``q [B, T, H, D]``,
 ``k, v [B, T, G, D]`` with query head h in KV group ``h // (H // G)``. They are
 vectorized: no Python loop over positions, tokens, heads or rows and no host sync, so
-they trace under ``torch.compile(fullgraph=True)``. Memory is O(T^2) per head for the
-selected and window branches (a dense masked attention); the Triton kernels are the
-fast path, this is the one that is obviously right.
+they trace under ``torch.compile(fullgraph=True)``. The selected and window branches
+are a dense attention under a boolean mask (fused by SDPA; the mask is O(T^2) per KV
+group); the Triton kernels are the fast path, this is the one that is obviously right.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _masked_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q [B,T,H,D]`` over ``k, v [B,S,G,D]`` where ``mask`` (bool,
-    broadcastable to ``[B, G, R, T, S]``) says which keys a query may see.
+    broadcastable to ``[B, G, R, T, S]``) says which keys a query may see, with the
+    probabilities (for the compressed branch, whose probabilities rank the blocks).
 
     Rows with no visible key give output 0 and probabilities 0, never NaN. Softmax in
     fp32 (fp64 for fp64 inputs). Returns (out [B,T,H,D], probs [B,G,R,T,S]).
@@ -62,13 +63,35 @@ def _masked_attention(
     B, T, H, D = q.shape
     G = k.shape[2]
     R = H // G
-    qg = q.reshape(B, T, G, R, D)
     acc = _acc_dtype(q)
-    scores = torch.einsum("btgrd,bsgd->bgrts", qg.to(acc), k.to(acc)) * scale
+    qg = q.reshape(B, T, G, R, D).to(acc) * scale
+    scores = torch.einsum("btgrd,bsgd->bgrts", qg, k.to(acc))
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1) * mask  # fully masked rows: uniform * 0 = 0
+    # finfo.min (not -inf) keeps fully masked rows finite; they are zeroed by row below
+    probs = torch.softmax(scores, dim=-1) * mask.any(dim=-1, keepdim=True)
     out = torch.einsum("bgrts,bsgd->btgrd", probs.to(v.dtype), v)
     return out.reshape(B, T, H, v.shape[-1]), probs
+
+
+def _sdpa_grouped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Fused masked attention (``F.scaled_dot_product_attention``) for masks that differ
+    per KV group: ``mask`` is ``[T, S]`` or ``[B, G, T, S]`` (bool) and every query must
+    see at least one key (true for the window and selected branches: t sees itself).
+
+    The group becomes part of the batch (``[B*G, R, T, D]``) so a per-group mask is a
+    view shared by the group's R heads, and K/V are shared through ``enable_gqa``.
+    """
+    B, T, H, D = q.shape
+    S, G = k.shape[1], k.shape[2]
+    R = H // G
+    qb = q.reshape(B, T, G, R, D).permute(0, 2, 3, 1, 4).reshape(B * G, R, T, D)
+    kb = k.permute(0, 2, 1, 3).reshape(B * G, 1, S, D)
+    vb = v.permute(0, 2, 1, 3).reshape(B * G, 1, S, v.shape[-1])
+    mb = mask.reshape(B * G, 1, T, S) if mask.dim() == 4 else mask
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, scale=scale, enable_gqa=True)
+    return out.reshape(B, G, R, T, -1).permute(0, 3, 1, 2, 4).reshape(B, T, H, -1)
 
 
 def compressed_attention(
@@ -175,9 +198,7 @@ def selected_attention(
     s = torch.arange(T, device=q.device)
     key_mask = chosen[..., s // select_block]  # [B, T, G, S]
     key_mask = key_mask & (s[None, :] <= s[:, None])[None, :, None, :]
-    mask = key_mask.permute(0, 2, 1, 3)[:, :, None]  # [B, G, 1, T, S]
-    out, _ = _masked_attention(q, k, v, mask, scale)
-    return out
+    return _sdpa_grouped(q, k, v, key_mask.permute(0, 2, 1, 3).contiguous(), scale)
 
 
 def window_attention(
@@ -189,8 +210,7 @@ def window_attention(
     s = torch.arange(T, device=q.device)
     diff = s[:, None] - s[None, :]
     mask = (diff >= 0) & (diff < window)
-    out, _ = _masked_attention(q, k, v, mask, scale)
-    return out
+    return _sdpa_grouped(q, k, v, mask, scale)
 
 
 def compressed_attention_and_scores(
