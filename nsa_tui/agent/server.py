@@ -47,14 +47,20 @@ class Agent:
         self.launcher = Launcher(self.store, gpu_count=self.sampler.gpu.count())
         self.subs: dict[Any, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.gone = False
 
     def send(self, obj: dict[str, Any]) -> None:
-        """Write one line; a closed pipe means the client is gone, so stop."""
+        """Write one line. A closed pipe means the client is gone: streams stop, but
+        requests in flight (a kill) run to their end; stdin's EOF then ends the agent."""
+        if self.gone:
+            return
         try:
             self.out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
             self.out.flush()
         except (BrokenPipeError, ConnectionResetError, ValueError):
-            os._exit(0)
+            self.gone = True
+            for t in self.subs.values():
+                t.cancel()
 
     def hello(self) -> dict[str, Any]:
         """What the client needs to know first: versions, host, GPUs, runs root."""
