@@ -45,7 +45,7 @@ def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path:
     data = tmp_path / "fw.parquet"
     write_fineweb_parquet(data, 80)
     sets = ["model.attention.kind=nsa", "data.source=files", f"data.paths=[{data}]", "train.steps=4",
-            "train.eval_every=2", "train.save_every=2", "data.val_every_n_docs=5"]
+            "train.eval_every=2", "train.save_every=2", "data.val_every_n_docs=5", "debug.slow_data_s=0.3"]
     done = run_train(tmp_path / "run", sets, nproc=None, env={"NSA_RUN_ID": "run-under-test"})
     assert done.rc == 0, done.output[-3000:]
     out = done.output
@@ -63,6 +63,8 @@ def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path:
     assert all(BEAT_KEYS <= set(x) for x in b)
     assert {x["phase"] for x in b} >= {"boot", "data", "train", "eval", "checkpoint", "done"}
     assert all(x["run_id"] == "run-under-test" for x in b)
+    first_train = next(i for i, x in enumerate(b) if x["phase"] == "train")
+    assert any(x["phase"] == "data" for x in b[first_train:])  # slow data: steps wait, visibly
     m = metrics(rd)
     assert [x["step"] for x in m] == [1, 2, 3, 4] and all(TRAIN_KEYS <= set(x) for x in m)
     shares = m[-1]["gate_shares"]

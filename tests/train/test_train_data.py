@@ -207,3 +207,18 @@ def test_val_batches_are_bounded_and_full() -> None:
     src = list_source(texts(30), val_every=3)
     vb = val_batches([Packer(src, BYTE, 0, 1, "val", 17, wrap=False)], 50, 2)
     assert 0 < len(vb) < 50 and all(tuple(b.shape) == (2, 17) for b in vb)
+
+
+def test_files_source_reads_txt_as_whole_documents_and_jsonl_rows(tmp_path: Path) -> None:
+    import datasets
+
+    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
+    (tmp_path / "a.txt").write_text("line one\nline two\n")
+    (tmp_path / "b.txt").write_text("other\n")
+    (tmp_path / "c.jsonl").write_text('{"text": "j1"}\n{"text": "j2"}\n')
+    txt = build_source(DataConfig(source="files", paths=[str(tmp_path / "*.txt")], val_every_n_docs=1000))
+    assert list(txt.docs(0, 1, "train", 0, 0)) == ["line one\nline two\n", "other\n"]
+    js = build_source(DataConfig(source="files", paths=[str(tmp_path / "c.jsonl")], val_every_n_docs=1000))
+    assert list(js.docs(0, 1, "train", 0, 0)) == ["j1", "j2"]
+    with pytest.raises(DataSourceError, match="mixed file types"):
+        build_source(DataConfig(source="files", paths=[str(tmp_path / "*")]))
