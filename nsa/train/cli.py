@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 or msg.startswith("[rank"):  # other ranks speak only about themselves
             print(msg, flush=True)
 
-    device = D.pick_device(cfg.train, local_rank)
+    try:
+        device = D.pick_device(cfg.train, local_rank)
+    except RuntimeError as exc:
+        print(f"nsa-train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     hb = Heartbeat(run_dir, run_id, rank, local_rank, world, D.device_record(device),
                    cfg.train.heartbeat_interval_s)
     hb.start()
@@ -107,18 +111,20 @@ def main(argv: list[str] | None = None) -> int:
         from nsa.train import checkpoint as ckpt
         from nsa.train.trainer import Trainer
 
-        info = D.init(cfg.train, run_dir, device)
-        resume = ckpt.resolve(args.resume, run_dir)
         launch = read_launch(run_dir)
-        if info.is_main:
+        if rank == 0:  # before anything can fail, so a failure always has a run.json to land in
             record = RunRecord(run_dir, {
                 "run_id": run_id, "name": cfg.name, "config_path": cfg.source_path, "config": to_dict(cfg),
                 "param_count": None, "world_size": world, "batch_size": cfg.train.batch_size,
                 "grad_accum": None, "global_batch": None, "seq_len": cfg.train.seq_len, "dtype": None,
                 "device": str(device), "data_source": cfg.data.source, "command": sys.argv,
                 "versions": versions(), "host": socket.gethostname(), "total_steps": cfg.train.steps,
-                "resumed_from": str(resume) if resume else None, "parent_run": launch.get("parent_run"),
+                "resumed_from": None, "parent_run": launch.get("parent_run"),
                 "strategy": cfg.train.strategy, "pid": os.getpid()})
+        resume = ckpt.resolve(args.resume, run_dir)
+        if record and resume:
+            record.update(resumed_from=str(resume))
+        info = D.init(cfg.train, run_dir, device)
         trainer = Trainer(cfg, run_dir, info, hb, stop, record, resume, log)
         boot = trainer.setup()
         banner(log, cfg, args, run_id, run_dir, world, device, boot, trainer, resume)
@@ -184,7 +190,9 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
         ck = f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was saved yet"
         reason = f"{exc}; every rank stopped; {ck}"
     else:
-        reason = f"rank {rank} failed at step {step + 1}: {type(exc).__name__}: {exc}\n{tail}"
+        where = f"at step {step + 1}" if hb.phase in ("train", "compile", "data") and trainer and \
+            getattr(trainer, "loader", None) else f"during {hb.phase} (after step {step})"
+        reason = f"rank {rank} failed {where}: {type(exc).__name__}: {exc}\n{tail}"
     try:
         hb.stop("failed", error=reason[-2000:])
     except Exception:
