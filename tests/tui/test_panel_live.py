@@ -145,6 +145,7 @@ async def test_stalled_run_alert_then_dump_and_ack(runs_root: Path, make_config)
         await wait_for(pilot, lambda: "stall" in plain(pane), 90, "the stall alert in the pane")
         text = plain(pane)
         assert "rank 0" in text and "phase train" in text and "last step 3" in text
+        assert any("stall" in (n.title or "") for n in app._notifications), "a toast for the new alert"
         await pilot.press("d")
         viewer = await wait_for(pilot, on(app, StacksScreen), 30, "stacks")
         assert "maybe_hang" in viewer.query_one("#stacks-text").text  # where it hangs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
@@ -73,8 +74,17 @@ class MainScreen(Screen):
         self.query_one("#log").border_title = "log (following)"
         self.query_one("#runs").focus()
 
+    def on_unmount(self) -> None:
+        self.ready = False
+
     def update_from(self, state: PanelState, now: float) -> None:
         """Redraw every pane from `state`; each pane skips work when nothing changed."""
+        try:
+            self._update_from(state, now)
+        except NoMatches:  # the app is shutting down and the panes are already gone
+            self.ready = False
+
+    def _update_from(self, state: PanelState, now: float) -> None:
         self.query_one(PanelHeader).update_from(state, now)
         self.query_one(RunList).update_from(state, now)
         self.query_one(RunSummary).update_from(state, now)

@@ -13,7 +13,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from nsa_tui.app.state import HostState, RunState, alert_key
+from nsa_tui.app.state import HostState, LogBuffer, RunState, alert_key
 from nsa_tui.client import AgentError, ConnectionState, Event, HostClient
 
 if TYPE_CHECKING:
@@ -139,10 +139,20 @@ class HostService:
             if task.done() or run_id not in wanted or (wanted[run_id] and not full):
                 task.cancel()
                 del self.watches[run_id]
+                if run_id not in wanted:
+                    self._forget_log(run_id)
         loop = asyncio.get_running_loop()
         for run_id, full in wanted.items():
             if run_id not in self.watches:
                 self.watches[run_id] = (loop.create_task(self._watch(run_id, full)), full)
+
+    def _forget_log(self, run_id: str) -> None:
+        """A run nobody looks at keeps its (bounded) series but not its log: memory stays flat
+        however many runs are browsed. Looking at it again re-reads the log from the host."""
+        run = self.host.runs.get(run_id)
+        if run is not None and not run.alive:
+            run.log = LogBuffer()
+            run.offsets.pop("log", None)
 
     async def _watch(self, run_id: str, full: bool) -> None:
         run = self.host.run(run_id)
