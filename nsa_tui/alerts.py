@@ -84,6 +84,16 @@ class _Rank:
     advanced_at: float = 0.0
     pid: int | None = None
     gpu: int | None = None
+    history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))  # (ts, step)
+
+    def step_at(self, ts: float) -> int | None:
+        """The step this rank had reached at host time ``ts`` (None: unknown)."""
+        best = None
+        for t, s in self.history:
+            if t > ts:
+                break
+            best = s
+        return best
 
 
 @dataclass
@@ -184,6 +194,8 @@ class AlertDetector:
         step = d.get("step")
         if step != r.step:
             r.step, r.advanced_at = step, ts
+        if isinstance(step, int):
+            r.history.append((ts, step))
         r.phase = d.get("phase")
         r.phase_since = d.get("phase_since") if _finite(d.get("phase_since")) else ts
         r.last_ts = ts
@@ -262,13 +274,7 @@ class AlertDetector:
         stalled = self._stall_alerts(run_id, run, now)
         out += stalled
         out += self._nccl_alerts(run_id, run, stalled)
-        steps = [r.step for r in run.ranks.values() if isinstance(r.step, int)]
-        if len(steps) >= 2 and max(steps) - min(steps) >= self.t.drift_steps:
-            lag = min(run.ranks, key=lambda k: run.ranks[k].step if isinstance(run.ranks[k].step, int) else 0)
-            out.append(self._alert(
-                "drift", "warning", run_id, run, rank=lag, last_step=run.ranks[lag].step,
-                message=f"ranks drift apart: steps {min(steps)}..{max(steps)} (rank {lag} behind)",
-                suggested_actions=["dump"]))
+        out += self._drift_alerts(run_id, run)
         if len(run.tps) >= self.t.throughput_min_points:
             vals = list(run.tps)
             recent, base = statistics.median(vals[-3:]), statistics.median(vals[:-3][-20:])
@@ -278,6 +284,23 @@ class AlertDetector:
                     message=f"throughput collapsed: {recent:,.0f} tok/s, was {base:,.0f} tok/s",
                     suggested_actions=["dump"]))
         return out
+
+    def _drift_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+        """Ranks compared at the same host time (the newest time every rank has reported),
+        so a batch of one rank's lines that arrived before the other's is no drift."""
+        ranks = {k: r for k, r in run.ranks.items() if r.history}
+        if len(ranks) < 2:
+            return []
+        common = min(r.last_ts for r in ranks.values())
+        steps = {k: r.step_at(common) for k, r in ranks.items()}
+        known = {k: s for k, s in steps.items() if s is not None}
+        if len(known) < 2 or max(known.values()) - min(known.values()) < self.t.drift_steps:
+            return []
+        lag = min(known, key=lambda k: known[k])
+        lo, hi = min(known.values()), max(known.values())
+        return [self._alert("drift", "warning", run_id, run, rank=lag, last_step=ranks[lag].step,
+                            message=f"ranks drift apart: steps {lo}..{hi} (rank {lag} behind)",
+                            suggested_actions=["dump"])]
 
     def _stall_alerts(self, run_id: str, run: _Run, now: float) -> list[Alert]:
         out = []

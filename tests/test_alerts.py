@@ -96,8 +96,10 @@ def test_no_heartbeat_and_drift() -> None:
     for k in range(1, 40):
         det.feed(beat(0, 20 + k, t + k))
     alerts = det.check(t + 40)
-    assert ("no_heartbeat", 1) in kinds(alerts)
-    assert ("drift", 1) in kinds(alerts)
+    assert kinds(alerts) == {("no_heartbeat", 1)}  # silent, not "behind": no drift claim
+    for k in range(1, 40):
+        det.feed(beat(1, 20, t + k))  # beating again but stuck at step 20 while rank 0 is at 59
+    assert ("drift", 1) in kinds(det.check(t + 40))
 
 
 def test_crash_carries_exit_code_and_traceback() -> None:
@@ -193,3 +195,16 @@ def test_traceback_tail_picks_the_rank_traceback_not_torchruns() -> None:
     assert traceback_tail(["a", "b"]) == ["a", "b"]
     long = ["Traceback (most recent call last):"] + [f"  File {i}" for i in range(30)] + ["E: x"]
     assert traceback_tail(long, 10) == [long[0], "...", *long[-8:]]
+
+
+def test_partial_batches_of_one_rank_are_no_drift() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=1000))
+    det.feed(status())
+    for s in range(1, 11):  # rank 0's lines for 10 fast steps arrive before rank 1's
+        det.feed(beat(0, s, T0 + s * 0.01))
+    for s in range(1, 6):
+        det.feed(beat(1, s, T0 + s * 0.01))
+    assert det.check(T0 + 0.2) == []
+    for s in range(6, 11):
+        det.feed(beat(1, 5, T0 + s * 0.01))  # now rank 1 really stays behind at step 5
+    assert ("drift", 1) in kinds(det.check(T0 + 0.2))
