@@ -8,9 +8,12 @@ query's own block is a key mask ``s <= t``; ``-1`` slots are skipped.
 
 dK/dV: KV-block-major, no atomics. An inverted index (which query positions selected
 block j of group g) is built with torch ops (a stable sort of the flattened selection,
-``searchsorted`` for the segment offsets: no host sync, fixed shapes). One program per
-(block j, batch, group) loads its K/V block once and loops over those queries in chunks
-of QC positions x heads rows, accumulating dK/dV in registers: deterministic.
+``searchsorted`` for the segment offsets: no host sync, fixed shapes). Each block's query
+list is cut into chunks of at most CH queries; one program per chunk loads the block's
+K/V once and loops over its queries, QC positions x heads rows per tile, accumulating
+fp32 partial dK/dV in registers; a second kernel sums each block's partials in chunk
+order. Deterministic, and the blocks that every query selects (initial and local ones)
+are spread over many programs instead of one long serial loop.
 """
 
 from __future__ import annotations
@@ -110,18 +113,24 @@ def _sel_bwd_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
 
 
 @triton.jit
-def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, DK, DV,
+def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, KEY_OF_CHUNK, CHUNK_START, DKP, DVP,
                   sqb, sqt, sqh, skb, skt, skh,
-                  T, G, HPG, NS, scale,
+                  T, G, HPG, NS, NKEYS, CH, scale,
                   BS: tl.constexpr, LS: tl.constexpr, HPP: tl.constexpr, QC: tl.constexpr,
                   D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    j = tl.program_id(0)
-    pid_bg = tl.program_id(1)
+    """Chunk c of the query list of one (b, g, block j): partial dK/dV of that block."""
+    c = tl.program_id(0)
+    key_raw = tl.load(KEY_OF_CHUNK + c)
+    ok = key_raw < NKEYS  # the grid is a static upper bound on the number of chunks
+    key = tl.minimum(key_raw, NKEYS - 1)
+    seg_lo = tl.load(OFFS + key)
+    seg_hi = tl.load(OFFS + key + 1)
+    start = seg_lo + (c - tl.load(CHUNK_START + key)) * CH
+    end = tl.where(ok, tl.minimum(start + CH, seg_hi), start)
+    pid_bg = key // NS
+    j = key % NS
     b = pid_bg // G
     g = pid_bg % G
-    key = pid_bg * NS + j
-    start = tl.load(OFFS + key)
-    end = tl.load(OFFS + key + 1)
     offs_n = j * BS + tl.arange(0, LS)
     nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
     offs_d = tl.arange(0, BD)
@@ -152,7 +161,33 @@ def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, DK, DV,
         dpt = tl.dot(v, dot_, input_precision=PREC)
         dst = pt * (dpt - delta[None, :])
         dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=PREC)
-    tl.store(DK + kvoff, (dk * scale).to(DK.dtype.element_ty), mask=kvmask)
+    poff = c * LS * BD + tl.arange(0, LS)[:, None] * BD + offs_d[None, :]
+    # whole tile, real chunks only (a tensor compare: the interpreter rejects scalar-bool masks)
+    pmask = (tl.zeros([LS, BD], tl.int64) + key_raw) < NKEYS
+    tl.store(DKP + poff, dk * scale, mask=pmask)
+    tl.store(DVP + poff, dv, mask=pmask)
+
+
+@triton.jit
+def _sel_bwd_reduce(DKP, DVP, CHUNK_START, DK, DV, skb, skt, skh, T, G, NS,
+                    BS: tl.constexpr, LS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """dK/dV of block j = sum of its chunks' partials, in chunk order (deterministic)."""
+    key = tl.program_id(0)
+    pid_bg = key // NS
+    j = key % NS
+    b = pid_bg // G
+    g = pid_bg % G
+    offs_n = j * BS + tl.arange(0, LS)
+    offs_d = tl.arange(0, BD)
+    kvmask = ((tl.arange(0, LS) < BS) & (offs_n < T))[:, None] & (offs_d < D)[None, :]
+    tile = tl.arange(0, LS)[:, None] * BD + offs_d[None, :]
+    dk = tl.zeros([LS, BD], tl.float32)
+    dv = tl.zeros([LS, BD], tl.float32)
+    for c in range(tl.load(CHUNK_START + key), tl.load(CHUNK_START + key + 1)):
+        dk += tl.load(DKP + c * LS * BD + tile)
+        dv += tl.load(DVP + c * LS * BD + tile)
+    kvoff = b * skb + offs_n[:, None] * skt + g * skh + offs_d[None, :]
+    tl.store(DK + kvoff, dk.to(DK.dtype.element_ty), mask=kvmask)
     tl.store(DV + kvoff, dv.to(DV.dtype.element_ty), mask=kvmask)
 
 
@@ -197,8 +232,8 @@ def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
 
 
 def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
-                      lse: torch.Tensor, do: torch.Tensor, block: int,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      lse: torch.Tensor, do: torch.Tensor, block: int, scale: float,
+                      chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv (deterministic: dK/dV are KV-block-major over an inverted index)."""
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
@@ -215,8 +250,23 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
                             *idx.stride()[:3], T, G, H // G, n, scale,
                             BS=block, LS=ls, HP=hp, D=D, BD=bd, PREC=prec)
     ns = triton.cdiv(T, block)
+    nkeys = B * G * ns
     tlist, offsets = inverted_index(idx, ns)
-    _sel_bwd_dkdv[(ns, B * G)](q, k, v, do, lse, delta, tlist, offsets, dk, dv,
-                               *q.stride()[:3], *k.stride()[:3], T, G, H // G, ns, scale,
-                               BS=block, LS=ls, HPP=hpp, QC=qc, D=D, BD=bd, PREC=prec)
+    # Split every block's query list into chunks of at most `chunk` queries (one program
+    # each) so that the blocks every query selects (initial, local) are not one long
+    # serial loop; partials are summed per block in chunk order afterwards.
+    ch = chunk if chunk is not None else max(qc, 4 * n * block)
+    ch = triton.cdiv(ch, qc) * qc
+    n_chunks = (offsets[1:] - offsets[:-1] + ch - 1) // ch
+    chunk_start = torch.zeros(nkeys + 1, device=q.device, dtype=torch.int64)
+    chunk_start[1:] = torch.cumsum(n_chunks, 0)
+    max_chunks = nkeys + triton.cdiv(B * T * G * n, ch)  # static bound: no host sync
+    key_of_chunk = torch.searchsorted(chunk_start[1:], torch.arange(max_chunks, device=q.device), right=True)
+    dkp = torch.empty(max_chunks, ls, bd, device=q.device, dtype=torch.float32)
+    dvp = torch.empty_like(dkp)
+    _sel_bwd_dkdv[(max_chunks,)](q, k, v, do, lse, delta, tlist, offsets, key_of_chunk, chunk_start, dkp, dvp,
+                                 *q.stride()[:3], *k.stride()[:3], T, G, H // G, ns, nkeys, ch, scale,
+                                 BS=block, LS=ls, HPP=hpp, QC=qc, D=D, BD=bd, PREC=prec)
+    _sel_bwd_reduce[(nkeys,)](dkp, dvp, chunk_start, dk, dv, *k.stride()[:3], T, G, ns,
+                              BS=block, LS=ls, D=D, BD=bd)
     return dq, dk, dv
