@@ -104,6 +104,8 @@ class _Run:
     tps: deque[float] = field(default_factory=lambda: deque(maxlen=60))
     nan_step: int | None = None
     log: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    backfilling: bool = False  # a live subscription's backlog is still arriving
+    synced_once: bool = False
 
 
 def _finite(x: Any) -> bool:
@@ -182,6 +184,10 @@ class AlertDetector:
             run.log.append(str(data.get("line", "")))
         elif kind == "status":
             run.record = dict(data)
+            if received and not run.synced_once:
+                run.backfilling = True  # a real subscription: wait for its "synced"
+        elif kind == "synced":
+            run.backfilling, run.synced_once = False, True
 
     def _beat(self, run: _Run, d: dict[str, Any]) -> None:
         rank = d.get("rank")
@@ -269,8 +275,8 @@ class AlertDetector:
                                    message=f"loss is NaN/inf at step {run.nan_step}",
                                    suggested_actions=["kill", "resume"]))
         out += self._config_alerts(run_id, run)
-        if status not in ALIVE and rec:
-            return out
+        if (status not in ALIVE and rec) or run.backfilling:
+            return out  # old lines of a backlog would look like stalls until it is in
         stalled = self._stall_alerts(run_id, run, now)
         out += stalled
         out += self._nccl_alerts(run_id, run, stalled)

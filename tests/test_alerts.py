@@ -208,3 +208,15 @@ def test_partial_batches_of_one_rank_are_no_drift() -> None:
     for s in range(6, 11):
         det.feed(beat(1, 5, T0 + s * 0.01))  # now rank 1 really stays behind at step 5
     assert ("drift", 1) in kinds(det.check(T0 + 0.2))
+
+
+def test_no_liveness_alerts_while_a_backlog_arrives() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=1))
+    now = T0 + 3600  # an hour-old backlog of a run that is alive now
+    det.feed(Event("status", RUN, "status", 0, {"status": "running", "ts": now}, received=now))
+    for s in range(1, 10):
+        det.feed(beat(0, s, T0 + s, received=now))
+        det.feed(metric(s, T0 + s))
+    assert det.check(now) == []
+    det.feed(Event("synced", RUN, "synced", 0, {"ts": now}, received=now))
+    assert ("no_heartbeat", 0) in kinds(det.check(now))  # nothing newer came: now it counts
