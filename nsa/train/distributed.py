@@ -100,15 +100,19 @@ def init(cfg: TrainConfig, run_dir: Path, device: torch.device) -> DistInfo:
     return DistInfo(rank, local_rank, world, device, backend, launched)
 
 
-def wrap(model: nn.Module, strategy: str, info: DistInfo) -> nn.Module:
-    """DDP (replicated) or FSDP2 (each block sharded, then the root). fp32 parameters either
-    way; bf16 comes from autocast, so optimizer state and master weights stay fp32."""
+def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) -> nn.Module:
+    """DDP (replicated) or FSDP2 (each block sharded, then the root). Parameters, gradients
+    and optimizer state stay fp32 either way; bf16 compute comes from autocast, and under
+    FSDP2 also from its mixed-precision policy (bf16 all-gathers, fp32 gradient reduction)."""
     if strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        kwargs: dict[str, Any] = {}
+        if bf16:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -93,7 +93,7 @@ class Trainer:
             for block in model.blocks:
                 block.compile()
         self.raw = model
-        self.model = D.wrap(model, t.strategy, info)
+        self.model = D.wrap(model, t.strategy, info, bf16=self.use_bf16)
         self.optimizer = build_optimizer(self.model, cfg, info.device)
         self.grad_accum, self.n_streams, self.micro_per_stream = t.grad_accum, info.world_size, t.grad_accum
         positions: dict[int, StreamPos] = {}
@@ -126,6 +126,8 @@ class Trainer:
         rank_states = ckpt.load(path, self.model, self.optimizer)
         ckpt.set_rng_state(rank_states[min(info.rank, len(rank_states) - 1)], info.device)
         self.step, self.tokens = int(meta["step"]), int(meta["tokens"])
+        own = path.parent.resolve() == (self.run_dir / "checkpoints").resolve()
+        self.last_ckpt = path.name if own else str(path)  # the last good one until a new save
         positions = positions_from_json(meta["data_positions"])
         old_streams = int(meta["n_streams"])
         if own_streams(old_streams, w, info.rank) is None:
@@ -291,9 +293,7 @@ class Trainer:
         torch.distributed.all_reduce(flag)  # a stop during boot: leave before training at all
         if flag.item() > 0:
             self.stop.set(self.stop.reason or "SIGTERM on another rank")
-            self.last_ckpt = ckpt.find_latest(self.run_dir / "checkpoints")
-            self.last_ckpt = self.last_ckpt.name if self.last_ckpt else None
-            return "stopped"
+            return "stopped"  # nothing new to save; last_ckpt is what we resumed from, if anything
         self.hb.set_phase("compile" if t.compile else "train")
         if self.record:
             self.record.update(status="running", step=self.step, tokens=self.tokens)
