@@ -92,16 +92,24 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
-def _cmp_split(n_cmp: int) -> int:
-    """Split the compressed dK/dV pass over query tiles so a short Nc still fills the GPU."""
-    return 1 if n_cmp <= 256 else 4
+def _cmp_split(q: torch.Tensor, n_cmp: int, n_groups: int) -> int:
+    """How many programs share one compressed key tile's dK/dV (over query tiles).
+
+    Nc = T/d is short and there is one program per (key tile, batch, group), so without a
+    split a small batch leaves most SMs idle while each program walks all later queries.
+    Aim for ~2 programs per SM (partials are summed afterwards: still deterministic)."""
+    if q.device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    tiles = max(1, -(-n_cmp // 64)) * q.shape[0] * n_groups
+    return max(1, min(16, -(-2 * sms // tiles)))
 
 
 def _compressed(q, k_cmp, v_cmp, block, stride, scale):
     T = q.shape[1]
     q, k_cmp, v_cmp = _amp(q, k_cmp, v_cmp)
     return _BandAttention.apply(q, k_cmp, v_cmp, stride, block - 1, T + 1, _scale(q, scale),
-                                _cmp_split(k_cmp.shape[1]))
+                                _cmp_split(q, k_cmp.shape[1], k_cmp.shape[2]))
 
 
 def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, block: int, stride: int,
