@@ -147,6 +147,29 @@ def test_window_is_causal():
     assert not torch.equal(out[:, t + 1:], out2[:, t + 1:])
 
 
+@pytest.mark.parametrize("kind", ["window", "compressed"])
+def test_band_fp16_path_in_interpreter(kind):
+    """The 16-bit code path (tensor-core precision, casts of P/dS) on CPU: fp16 is right in
+    the interpreter (bf16 dots are not), so this checks it at the issue's 16-bit bar 1e-2."""
+    seed = _seed()
+    B, T, H, G, D, blk, d, w = 2, 120, 8, 2, 32, 16, 8, 40
+    nk = T if kind == "window" else R.num_compressed(T, blk, d)
+    q, do = torch.randn(B, T, H, D).half(), torch.randn(B, T, H, D).half()
+    k, v = torch.randn(B, nk, G, D).half(), torch.randn(B, nk, G, D).half()
+    if kind == "window":
+        fn, rfn = (lambda a, b, c: T_OPS.window_attention(a, b, c, w)), (
+            lambda a, b, c: R.window_attention(a, b, c, w))
+    else:
+        fn, rfn = (lambda a, b, c: T_OPS.compressed_attention(a, b, c, blk, d)[0]), (
+            lambda a, b, c: R.compressed_attention(a, b, c, blk, d)[0])
+    out, grads = _grads(fn, (q, k, v), do)
+    ref, ref_grads = _grads(rfn, (q.float(), k.float(), v.float()), do.float())
+    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 for g in grads)
+    assert _rel(out.float(), ref) <= 1e-2, f"seed={seed} out"
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert _rel(g.float(), r) <= 1e-2, f"seed={seed} d{name}"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["window", "compressed"])

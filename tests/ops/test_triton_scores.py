@@ -105,6 +105,19 @@ def test_scores_are_causal_and_rows_sum_to_block_over_stride():
     assert scores[:, : blk - 1].abs().max() == 0
 
 
+def test_fused_scores_fp16_path_in_interpreter():
+    seed = _seed()
+    B, T, H, G, D, blk, d, sblk = 2, 150, 8, 2, 32, 16, 8, 16
+    nc = R.num_compressed(T, blk, d)
+    q = torch.randn(B, T, H, D).half()
+    k, v = torch.randn(B, nc, G, D).half(), torch.randn(B, nc, G, D).half()
+    out, scores = T_OPS.compressed_attention_and_scores(q, k, v, blk, d, sblk, G)
+    ref, ref_scores = R.compressed_attention_and_scores(q.float(), k.float(), v.float(), blk, d, sblk, G)
+    assert out.dtype == torch.float16 and scores.dtype == torch.float32
+    assert _rel(out.float(), ref) <= 1e-2, f"seed={seed} out"
+    assert _rel(scores, ref_scores) <= 1e-2, f"seed={seed} scores"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("H,G,D", [(16, 1, 64), (64, 4, 128)])
