@@ -21,3 +21,13 @@ def make_model() -> Callable[..., torch.nn.Module]:
         return build_model(small_cfg(kind, vocab, **attn)).double()
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread is ~5x cheaper than two (no spinning workers on
+    a shared 2-core machine). Restored after each test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
