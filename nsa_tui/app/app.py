@@ -170,7 +170,8 @@ class NsaApp(App[str | None]):
 
         self.push_screen(LaunchScreen(list(self.state.hosts), dest, host.gpu_count if host else 0,
                                       self.configs if self.configs is not None else find_configs(),
-                                      self.submit_launch if self.live else None), done)
+                                      self.submit_launch if self.live else None,
+                                      host_gpus={d: h.gpu_count for d, h in self.state.hosts.items()}), done)
 
     def _selected_or_warn(self, verb: str) -> Any:
         run = self.state.selected_run()

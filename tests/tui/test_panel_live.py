@@ -226,3 +226,23 @@ async def test_keymap_file_remaps_and_help_lists_it(runs_root: Path, tmp_path: P
         commands = {c.title for c in app.get_system_commands(app.screen_stack[1])}
         for label in ("Launch", "Kill", "1-gpu", "Resume", "Stacks", "Follow", "Search", "Help", "Quit"):
             assert any(t.startswith(label) for t in commands), label
+
+
+async def test_unreachable_host_is_retried_and_the_ui_stays_responsive(runs_root: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused, retried
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dest = f"nobody@127.0.0.1:{port}"
+    app = NsaApp(["local", dest], offer_demo=False)
+    async with app.run_test(size=SIZE) as pilot:
+        host = app.state.hosts[dest]
+        await wait_for(pilot, lambda: host.conn == "reconnecting", 30, "the retry state")
+        await wait_for(pilot, lambda: "reconnecting in" in plain(app.screen.query_one(PanelHeader)), 5)
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "the local host")
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", 5, "help while retrying")
+        await pilot.press("escape")
+        await pilot.press("q")
+    assert app.return_value

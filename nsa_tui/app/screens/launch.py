@@ -48,9 +48,11 @@ class LaunchScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+s", "launch", "launch")]
 
     def __init__(self, hosts: list[str], host: str, gpus: int, configs: list[str],
-                 submit: Submit | None, config: str | None = None) -> None:
+                 submit: Submit | None, config: str | None = None,
+                 host_gpus: dict[str, int] | None = None) -> None:
         super().__init__()
         self._hosts, self._host, self._gpus = hosts, host, max(1, gpus)
+        self._host_gpus = host_gpus or {}
         self._configs, self._submit = configs, submit
         self._config = config if config in configs else (configs[0] if configs else None)
 
@@ -110,6 +112,11 @@ class LaunchScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         self.query_one("#launch-error").display = False
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        """Another host: its GPU count becomes the default number of processes."""
+        if event.select.id == "host" and event.value in self._host_gpus:
+            self.query_one("#nproc", Input).value = str(max(1, self._host_gpus[str(event.value)]))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "go":

@@ -57,14 +57,21 @@ class HostService:
             self.client = HostClient(self.dest, on_state=self._on_state)
         else:
             self.client.on_state = self._on_state
-        try:
-            await self.client.start()
-        except Exception as exc:
-            self.host.conn, self.host.detail = "lost", str(exc)
-            hint = getattr(exc, "hint", "")
-            self.app.notify(f"{exc}{chr(10) + hint if hint else ''}", title=f"cannot connect to {self.dest}",
-                            severity="error", timeout=30)
-            return
+        delay = 1.0
+        while True:  # an unreachable host is retried with backoff; the UI never waits on it
+            try:
+                await self.client.start()
+                break
+            except Exception as exc:
+                self.host.detail = str(exc)
+                if getattr(exc, "fatal", True) or self._stopped:
+                    self.host.conn = "lost"
+                    self.app.notify(str(exc), title=f"cannot connect to {self.dest}", severity="error",
+                                    timeout=30)
+                    return
+                self.host.conn, self.host.retry_at = "reconnecting", time.time() + delay
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
         self.host.hello = dict(self.client.hello)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._poll_runs()), loop.create_task(self._samples()),
