@@ -122,6 +122,9 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     beats = {r: {"step": s.step, "phase": s.phase, "age_s": round(time.time() - det.skew() - s.last_ts, 1)}
              for r, s in sorted(det.runs.get(args.run).ranks.items())} if args.run in det.runs else {}
     rec.pop("config", None)
+    steps = [b["step"] for b in beats.values() if isinstance(b["step"], int)]
+    if steps and max(steps) > (rec.get("step") or 0):
+        rec["step"] = max(steps)  # run.json is rewritten every ~10 s, heartbeats every step
     out = {"run": rec, "ranks": beats, "alerts": [a.to_dict() for a in alerts]}
     lines = [f"{rec.get('run_id')}  {rec.get('name')}  status={rec.get('status')}  "
              f"step={rec.get('step')}/{rec.get('total_steps')}  world={rec.get('world_size')}  "
