@@ -132,8 +132,7 @@ class NsaApp(App[str | None]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._launch_now("local", {"config": config, "nproc": 1, "strategy": "ddp",
-                                           "name": "demo"})
+                self._launch_now("local", {"config": config, "nproc": 1, "name": "demo"})
 
         self.push_screen(ConfirmScreen(
             "No runs on this host yet",

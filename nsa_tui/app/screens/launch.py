@@ -22,6 +22,7 @@ import nsa_tui
 
 Submit = Callable[[str, dict[str, Any]], Awaitable[str]]
 DEMO_CONFIG = "demo-cpu.yaml"
+DATA_SOURCES = ("stdlib", "synthetic", "fineweb-edu", "files")  # nsa.config DataConfig.source
 
 
 def find_configs(cwd: Path | None = None) -> list[str]:
@@ -51,7 +52,7 @@ class LaunchScreen(ModalScreen[str | None]):
                  submit: Submit | None, config: str | None = None,
                  host_gpus: dict[str, int] | None = None) -> None:
         super().__init__()
-        self._hosts, self._host, self._gpus = hosts, host, max(1, gpus)
+        self._hosts, self._host, self._gpus = hosts, host, max(0, gpus)
         self._host_gpus = host_gpus or {}
         self._configs, self._submit = configs, submit
         self._config = config if config in configs else (configs[0] if configs else None)
@@ -70,16 +71,18 @@ class LaunchScreen(ModalScreen[str | None]):
             yield Input(placeholder="…or type a path to a config file", id="config-path")
             with Horizontal(classes="-row"):
                 with Vertical():
-                    yield Label(f"processes (host has {self._gpus if self._gpus else 'no'} GPU)")
-                    yield Input(str(self._gpus), type="integer", id="nproc")
+                    gpus = f"{self._gpus} GPU{'s' if self._gpus != 1 else ''}" if self._gpus else "no GPU"
+                    yield Label(f"processes (host has {gpus})")
+                    yield Input(str(max(1, self._gpus)), type="integer", id="nproc")
                 with Vertical():
                     yield Label("strategy")
-                    yield Select([("DDP", "ddp"), ("FSDP", "fsdp")], value="ddp", allow_blank=False,
-                                 id="strategy")
+                    yield Select([("from the config", ""), ("DDP", "ddp"), ("FSDP", "fsdp")], value="",
+                                 allow_blank=False, id="strategy")
             with Horizontal(classes="-row"):
                 with Vertical():
                     yield Label("data source")
-                    yield Input(placeholder="from the config", id="data")
+                    yield Select([("from the config", "")] + [(d, d) for d in DATA_SOURCES], value="",
+                                 allow_blank=False, id="data")
                 with Vertical():
                     yield Label("run name")
                     yield Input(placeholder="from the config", id="name")
@@ -97,12 +100,14 @@ class LaunchScreen(ModalScreen[str | None]):
         opts: dict[str, Any] = {
             "config": config,
             "nproc": int(nproc_text) if nproc_text.lstrip("-").isdigit() else nproc_text,
-            "strategy": str(self.query_one("#strategy", Select).value),
         }
-        for key, wid in (("data_source", "#data"), ("name", "#name")):
-            value = self.query_one(wid, Input).value.strip()
-            if value:
+        for key, wid in (("strategy", "#strategy"), ("data_source", "#data")):
+            value = str(self.query_one(wid, Select).value or "")
+            if value:  # empty: keep what the config says (no silent override)
                 opts[key] = value
+        name = self.query_one("#name", Input).value.strip()
+        if name:
+            opts["name"] = name
         return str(host), opts
 
     def show_error(self, message: str) -> None:
