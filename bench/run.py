@@ -7,7 +7,8 @@ Rows (bench/report.py): attention forward (``attn_fwd``) and backward alone
 ``nsa_reference`` (until it runs out of memory) and ``dense_sdpa`` at seq 2k..64k with
 the nsa-125m head layout (16 q heads, 1 KV group, dim 64) and the paper's (64, 4, 128);
 then ``train_step`` (forward, loss, backward, clip, AdamW) of nsa-125m vs dense-125m at
-seq 2048 and 16k. Times are medians over CUDA-event timings after warm-up; memory is
+seq 2048 and 16k; and ``select_topn``, the top-n block selection alone (the triton
+module's topk vs the reference's sort). Times are medians over CUDA-event timings after warm-up; memory is
 ``torch.cuda.max_memory_allocated`` during the timed calls. Dense rows always come
 from the same run. bf16 throughout (train: bf16 autocast over fp32 weights).
 """
@@ -159,6 +160,18 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int) -> dict[st
                 note=f"{model.param_count() / 1e6:.1f}M params, bf16 autocast, fused AdamW")
 
 
+def bench_select(impl: str, layout: str, T: int, B: int, warmup: int, iters: int) -> list[dict[str, Any]]:
+    """``select_topn`` row: the top-n alone on random scores (topk on packed keys vs full sort)."""
+    G = LAYOUTS[layout][1]
+    ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
+    ns = -(-T // NSA["select_block"])
+    scores = torch.rand(B, T, G, ns, device="cuda")
+    args = (NSA["select_block"], NSA["num_selected"], NSA["num_initial"], NSA["num_local"])
+    ms, mem = time_cuda(lambda _: ops.select_blocks(scores, *args), None, warmup, iters)
+    return [dict(op="select_topn", impl=impl, layout=layout, seq_len=T, batch=B, ms=ms, tokens_per_s=None,
+                 peak_mem_bytes=mem, status="ok", note=f"scores [B,T,{G},{ns}] fp32")]
+
+
 def _failed(status: str, **kw: Any) -> dict[str, Any]:
     return dict(ms=None, tokens_per_s=None, peak_mem_bytes=None, status=status, **kw)
 
@@ -211,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                     got = _guard(functools.partial(bench_attention, impl, layout, T, B, w, n),
                                  ident, ("attn_fwd", "attn_bwd"))
                     gave_up = any(r["status"] == "oom" for r in got)
+                if impl != "dense_sdpa":
+                    got += _guard(functools.partial(bench_select, impl, layout, T, B, warmup, iters),
+                                  ident, ("select_topn",))
                 for r in got:
                     r.update(common)
                     print(_line(r), flush=True)

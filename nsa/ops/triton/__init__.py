@@ -6,8 +6,9 @@
   attention plus the selection scores [B,T,G,Ns] (Eq. 9 + 10) computed from the row LSE in
   a second pass (scores.py), never materialising the T x Nc probability matrix.
 - ``selected_attention``: group-centric, forward + backward (selected.py).
-- ``selection_scores`` / ``select_blocks``: no gradient and no kernel of their own; the
-  top-n runs in torch (the reference's implementation, one source of truth).
+- ``select_blocks``: no gradient; top-n with ``torch.topk`` over a packed (score, block)
+  key (select.py), exactly the reference's choice without a full sort of every row.
+- ``selection_scores`` (from a probability tensor): the reference's torch function.
 
 Every kernel is deterministic (no atomics). Under ``TRITON_INTERPRET=1`` they run on CPU
 in fp32 (bf16 ``tl.dot`` is wrong in the interpreter). Design notes: docs/kernels.md.
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from nsa.ops.reference import select_blocks, selection_scores
+from nsa.ops.reference import selection_scores
 
 from .band import band_backward, band_forward
 from .scores import selection_scores_from_lse
+from .select import select_blocks
 from .selected import selected_backward, selected_forward
 
 __all__ = [
