@@ -24,10 +24,15 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("NSA_RUNS_ROOT", str(root))
     monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "no-keymap.yaml"))
     yield root
+    kill_all(root)
+    kill_all(tmp_path / "ssh-runs")
+
+
+def kill_all(root: Path) -> None:
+    """SIGKILL the process group of every run under `root` that is still alive."""
     from nsa_tui.agent.runs import RunStore, run_processes
 
-    store = RunStore(root)
-    for run_id in store.ids():
+    for run_id in RunStore(root).ids():
         for p in run_processes(run_id):
             try:
                 os.killpg(p["pgid"], signal.SIGKILL)

@@ -1,5 +1,6 @@
-"""End to end through a real OpenSSH server: connect, launch (config uploaded), watch,
-survive a dropped connection without gaps, kill, quit."""
+"""End to end through a real OpenSSH server, side by side with the local host: connect,
+launch on the SSH host (config uploaded), watch, survive a dropped connection without
+gaps, kill, quit."""
 
 from __future__ import annotations
 
@@ -22,24 +23,29 @@ from tests.tui.helpers import plain, wait_for
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
-async def test_panel_over_ssh(sshd: SshServer, runs_root: Path, make_config) -> None:
+async def test_panel_over_ssh(sshd: SshServer, runs_root: Path, tmp_path: Path, make_config) -> None:
     config = make_config("overssh", train__steps=5000, train__save_every=5000)
-    transport = SshTransport(sshd.dest, runs_root=str(runs_root), remote_python=sys.executable,
+    remote_root = tmp_path / "ssh-runs"  # the SSH "host" keeps its runs apart from the local ones
+    transport = SshTransport(sshd.dest, runs_root=str(remote_root), remote_python=sys.executable,
                              **sshd.ssh_options)  # type: ignore[arg-type]
     client = HostClient(sshd.dest, transport=transport)
-    app = NsaApp([sshd.dest], offer_demo=False, clients={sshd.dest: client})
+    app = NsaApp(["local", sshd.dest], offer_demo=False, clients={sshd.dest: client})
     async with app.run_test(size=(100, 30)) as pilot:
         host = app.state.hosts[sshd.dest]
         await wait_for(pilot, lambda: host.conn == "connected" and host.runs_loaded, 60, "connection")
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "the local host")
         await pilot.press("l")
         dialog = await wait_for(pilot, lambda: isinstance(app.screen, LaunchScreen) and app.screen, 5)
+        dialog.query_one("#host").value = sshd.dest  # two hosts: the dialog asks which
         dialog.query_one("#config-path").value = config
         await pilot.press("ctrl+s")
         run = await wait_for(pilot, lambda: app.state.selected_run(), 60, "the launched run")
+        assert run.host == sshd.dest and (remote_root / run.run_id).is_dir()
         await wait_for(pilot, lambda: len(run.loss) >= 3, 120, "metrics over ssh")
         await wait_for(pilot, lambda: host.sample, 10, "a host sample")
         await pilot.pause(0.3)
-        assert "connected" in plain(app.screen.query_one(PanelHeader))
+        header = plain(app.screen.query_one(PanelHeader))
+        assert header.count("connected") == 2, header  # both hosts, side by side
         assert "N/A" in plain(app.screen.query_one(GpuTable))  # no GPU here, said so
         # the network drops: the header says so, the watch resumes from its offsets
         client.drop_connection()

@@ -23,6 +23,7 @@ RUNS_POLL_S = 2.0
 ALERT_CHECK_S = 1.0
 MAX_ALERTS = 200
 ANCESTORS = 3
+MAX_LINE_CHARS = 4_000  # with 20,000 lines kept, a log costs at most ~80 MB however wide
 
 
 def _detector(host: str, thresholds: Any) -> Any:
@@ -181,7 +182,7 @@ class HostService:
         """Fold one event into the run's state and feed the alert detector."""
         kind = ev.kind
         if kind == "log":
-            run.log.append_many([str(ev.data.get("line", ""))])
+            run.log.append_many([str(ev.data.get("line", ""))[:MAX_LINE_CHARS]])
         elif kind == "metric":
             run.add_metric(ev.data)
         elif kind == "heartbeat":

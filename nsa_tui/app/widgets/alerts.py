@@ -46,7 +46,7 @@ def alert_text(alert: Any, log_lines: int = 3) -> Text:
 class AlertsPane(Static):
     """Open alerts of every host; `a` acknowledges the newest one."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._signature: tuple = ()
 

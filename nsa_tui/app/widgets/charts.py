@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual_plotext import PlotextPlot
 
 from nsa_tui.app.state import thin
@@ -29,7 +31,7 @@ def short(v: float) -> str:
 class MetricChart(PlotextPlot):
     """A line chart of one or more series against step; redraws only on new data."""
 
-    def __init__(self, title: str, ylabel: str, **kwargs) -> None:
+    def __init__(self, title: str, ylabel: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._title = title
         self._ylabel = ylabel

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
@@ -44,7 +45,7 @@ class LogView(ScrollView, can_focus=True):
     LogView { background: $surface; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.buffer: LogBuffer | None = None
         self.follow = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from rich.text import Text
 from textual.message import Message
@@ -36,7 +37,7 @@ class RunList(DataTable):
             self.host = host
             self.run_id = run_id
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self._signature: tuple = ()
         self._multi_host = False
