@@ -105,7 +105,6 @@ class _Run:
     nan_step: int | None = None
     log: deque[str] = field(default_factory=lambda: deque(maxlen=40))
     backfilling: bool = False  # a live subscription's backlog is still arriving
-    synced_once: bool = False
 
 
 def _finite(x: Any) -> bool:
@@ -184,10 +183,10 @@ class AlertDetector:
             run.log.append(str(data.get("line", "")))
         elif kind == "status":
             run.record = dict(data)
-            if received and not run.synced_once:
-                run.backfilling = True  # a real subscription: wait for its "synced"
+            if data.get("initial"):
+                run.backfilling = True  # a (re)subscription: its backlog comes, then "synced"
         elif kind == "synced":
-            run.backfilling, run.synced_once = False, True
+            run.backfilling = False
 
     def _beat(self, run: _Run, d: dict[str, Any]) -> None:
         rank = d.get("rank")

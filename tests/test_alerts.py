@@ -213,7 +213,8 @@ def test_partial_batches_of_one_rank_are_no_drift() -> None:
 def test_no_liveness_alerts_while_a_backlog_arrives() -> None:
     det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=1))
     now = T0 + 3600  # an hour-old backlog of a run that is alive now
-    det.feed(Event("status", RUN, "status", 0, {"status": "running", "ts": now}, received=now))
+    first = {"status": "running", "ts": now, "initial": True}
+    det.feed(Event("status", RUN, "status", 0, first, received=now))
     for s in range(1, 10):
         det.feed(beat(0, s, T0 + s, received=now))
         det.feed(metric(s, T0 + s))

@@ -50,6 +50,15 @@ def _parse(stream: str, text: str) -> tuple[str, dict[str, Any]]:
     return ("metric" if stream == "metrics" else "heartbeat"), data
 
 
+def _status_key(rec: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(json.dumps(rec.get(k), sort_keys=True) for k in STATUS_KEYS)
+
+
+def _status_event(sub_id: Any, run_id: str, rec: dict[str, Any], initial: bool) -> dict[str, Any]:
+    return {"id": sub_id, "event": "status", "run": run_id, "stream": "status", "offset": 0,
+            "data": {**rec, "ts": time.time(), "initial": initial}}
+
+
 async def watch_run(
     store: RunStore, run_id: str, sub_id: Any, send: Send, offsets: dict[str, int],
     streams: list[str] | None = None, poll_s: float = POLL_S,
@@ -73,6 +82,9 @@ async def watch_run(
                 rec = await asyncio.to_thread(store.record, run_id)
             except (KeyError, OSError):
                 rec = {"run_id": run_id, "status": "missing"}
+            if last_status is None:  # the subscription's first status goes before its backlog
+                last_status = _status_key(rec)
+                send(_status_event(sub_id, run_id, rec, initial=True))
         for name, path in stream_files(run_dir).items():
             if wanted is not None and name not in wanted and not (
                 name.startswith("heartbeats/") and "heartbeats" in wanted
@@ -87,11 +99,10 @@ async def watch_run(
         if rec is not None and busy and rec.get("status") in FINAL:
             next_status = 0.0  # a final status goes out after the backlog, never before it
         elif rec is not None:
-            key = tuple(json.dumps(rec.get(k), sort_keys=True) for k in STATUS_KEYS)
+            key = _status_key(rec)
             if key != last_status:
                 last_status = key
-                send({"id": sub_id, "event": "status", "run": run_id, "stream": "status", "offset": 0,
-                      "data": {**rec, "ts": time.time()}})
+                send(_status_event(sub_id, run_id, rec, initial=not synced))
         if not synced and not busy:
             synced = True
             send({"id": sub_id, "event": "synced", "run": run_id, "stream": "synced", "offset": 0,
