@@ -44,8 +44,11 @@ class NSAAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
         # For ablations and tests: a fixed (compressed, selected, window) gate instead of the learned one.
         self.gate_override: tuple[float, float, float] | None = None
-        # Detached mean gate per branch over the last forward (read by gate_shares; no host sync).
-        self.last_gate_mean: torch.Tensor | None = None
+        # Mean gate per branch over the last forward, written in place (no host sync; a
+        # buffer so that it follows .to() and stays legal under torch.compile together
+        # with activation checkpointing, where rebinding an attribute is not). NaN until
+        # the first forward.
+        self.register_buffer("gate_mean", torch.full((3,), float("nan")), persistent=False)
         # Resolve (and cache) the ops now so that forward does no import (torch.compile),
         # and a bad backend fails at build time. Modules are not stored: the layer stays
         # picklable and deep-copyable.
@@ -91,7 +94,8 @@ class NSAAttention(nn.Module):
             g = torch.sigmoid(upcast(self.gate(x))).view(B, T, H, 3)
         else:
             g = torch.tensor(self.gate_override, device=x.device, dtype=adt).expand(B, T, H, 3)
-        self.last_gate_mean = g.detach().float().mean(dim=(0, 1, 2))
+        with torch.no_grad():
+            self.gate_mean.copy_(g.detach().mean(dim=(0, 1, 2)))
         g = g.to(q.dtype)
         o = g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
         return self.o_proj(o.reshape(B, T, H * D))

@@ -80,16 +80,13 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x))
 
     def gate_shares(self) -> torch.Tensor | None:
-        """Mean gate per branch (compressed, selected, window) over the last forward,
-        normalised to sum 1, detached and on device; None for a dense model."""
-        means = [
-            b.attn.last_gate_mean
-            for b in self.blocks
-            if isinstance(b.attn, NSAAttention) and b.attn.last_gate_mean is not None
-        ]
+        """Mean gate per branch (compressed, selected, window) over the last forward (all
+        layers, heads and tokens), normalised to sum 1, detached and on the model's device
+        (the caller syncs when it logs); NaN before the first forward; None for dense."""
+        means = [b.attn.gate_mean for b in self.blocks if isinstance(b.attn, NSAAttention)]
         if not means:
             return None
-        m = torch.stack(means).mean(dim=0)
+        m = torch.stack(means).float().mean(dim=0)
         return m / m.sum()
 
     def param_count(self, non_embedding: bool = False) -> int:

@@ -32,4 +32,26 @@ def test_nsa_attention_compiles_fullgraph(backend: str) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for n, p in layer.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-5, msg=n)
-    assert layer.last_gate_mean is not None and layer.last_gate_mean.shape == (3,)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_whole_model_compiles_fullgraph_with_checkpointing(make_model, checkpointing: bool) -> None:
+    """The trainer may compile the whole model with per-block checkpointing: the gate
+    statistics are written in place into a buffer, which the checkpoint HOP allows."""
+    torch._dynamo.reset()
+    model = make_model("nsa")
+    model.activation_checkpointing = checkpointing
+    tokens = torch.randint(0, 64, (2, 29))
+    want = model(tokens)
+    want.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    shares = model.gate_shares().clone()
+    model.zero_grad()
+    model.blocks[0].attn.gate_mean.zero_()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    got = compiled(tokens)
+    got.square().mean().backward()
+    torch.testing.assert_close(got, want)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], msg=n)
+    torch.testing.assert_close(compiled.gate_shares(), shares)
