@@ -256,6 +256,8 @@ class HostService:
 
     async def kill(self, run_id: str) -> str:
         res = await self.client.kill(run_id)
+        if not res.get("was_running", True):
+            return "was not running"
         forced = " (KILL after the grace period)" if res.get("forced") else ""
         left = res.get("remaining") or []
         return f"stopped{forced}" + (f"; {len(left)} process(es) remain!" if left else "")

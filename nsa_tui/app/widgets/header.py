@@ -37,12 +37,15 @@ def run_progress(run: RunState, now: float) -> Text:
     t.append(run.status, style=STATUS_STYLE.get(run.status, ""))
     phase, since = run.phase()
     t.append(" · ")
-    if phase:
+    if run.alive and phase:
         age = fmt_duration(now - since) if since else NA
         t.append(f"{phase}", style="bold magenta")
         t.append(f" {age}")
+    elif not run.alive and (rec.get("exit_reason") or rec.get("exit_code") is not None):
+        reason = rec.get("exit_reason") or f"exit code {rec.get('exit_code')}"
+        t.append(str(reason)[:40], style="red" if run.status in ("failed", "crashed") else "")
     else:
-        t.append(NA, style="dim")
+        t.append(phase or NA, style="dim")
     step, total = rec.get("step"), rec.get("total_steps")
     t.append(f" · step {step if step is not None else NA}/{total if total is not None else NA}")
     started = rec.get("started_at")
