@@ -39,7 +39,7 @@ async def test_launch_watch_drop_reconnect_no_gap_no_duplicate(sshd: SshServer, 
         rid = run["run_id"]
         agent = psutil.Process(c.hello["pid"])
         cpu0, w0 = sum(agent.cpu_times()[:2]), time.monotonic()
-        first_beat = dropped = None
+        first_beat = dropped = aborted = None
         async for ev in c.watch(rid):
             events.append(ev)
             if ev.kind == "heartbeat" and first_beat is None:
@@ -50,9 +50,13 @@ async def test_launch_watch_drop_reconnect_no_gap_no_duplicate(sshd: SshServer, 
                       f"agent CPU while watching {100 * cpu:.1f}% of one core")
                 await asyncio.to_thread(sshd.restart)  # every connection and session dies
                 dropped = time.monotonic()
+            if aborted is None and ev.kind == "metric" and ev.data.get("step", 0) >= 40:
+                c.drop_connection()  # and now the client side cuts the link
+                aborted = time.monotonic()
             if is_over(ev):
                 break
-        assert dropped is not None and "reconnecting" in states and states[-1] == "connected"
+        assert dropped is not None and aborted is not None and states[-1] == "connected"
+        assert states.count("reconnecting") >= 2
         assert events[-1].data["status"] == "finished"  # the run kept going without us
         run_dir = tmp_path / rid
         steps = [e.data["step"] for e in events if e.kind == "metric" and e.data.get("kind") == "train"]
