@@ -226,6 +226,16 @@ async def test_keymap_file_remaps_and_help_lists_it(runs_root: Path, tmp_path: P
         commands = {c.title for c in app.get_system_commands(app.screen_stack[1])}
         for label in ("Launch", "Kill", "1-gpu", "Resume", "Stacks", "Follow", "Search", "Help", "Quit"):
             assert any(t.startswith(label) for t in commands), label
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
+        # the command palette runs the same actions by name
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: app.screen.__class__.__name__ == "CommandPalette", 5, "palette")
+        for ch in "launch":
+            await pilot.press(ch)
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, LaunchScreen), 5, "launch from the palette")
 
 
 async def test_unreachable_host_is_retried_and_the_ui_stays_responsive(runs_root: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -33,6 +35,7 @@ KEYS: list[tuple[str, str, str, str, str]] = [
 ]
 
 SCREEN_ACTIONS = ("follow", "search")
+CHART_MIN_S = 0.25
 
 
 class MainScreen(Screen):
@@ -64,6 +67,7 @@ class MainScreen(Screen):
 
     ready = False
     _chart_sig: tuple = ()
+    _chart_at = 0.0
 
     def on_mount(self) -> None:
         self.ready = True
@@ -111,7 +115,10 @@ class MainScreen(Screen):
         sig = tuple((r.key, r.loss.count, r.val_loss.count, r.tokens_per_s.count) for r in lineage)
         if sig == self._chart_sig:  # series are only copied when a point arrived
             return
-        self._chart_sig = sig
+        mono = time.monotonic()
+        if self._chart_sig and sig[0][0] == self._chart_sig[0][0] and mono - self._chart_at < CHART_MIN_S:
+            return  # same run, drawn moments ago: plotting is the costly part, do it ≤ 4x/s
+        self._chart_sig, self._chart_at = sig, mono
         train = state.chart_series(run, "loss")
         val = state.chart_series(run, "val_loss")
         speed = state.chart_series(run, "tokens_per_s")
