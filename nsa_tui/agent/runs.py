@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,24 +70,44 @@ def environ_of(pid: int) -> dict[str, str]:
     return env
 
 
-def run_processes(run_id: str, pgid: int | None = None) -> list[dict[str, Any]]:
+_GROUPS: tuple[float, dict[int, list[int]]] = (0.0, {})
+GROUPS_MAX_AGE_S = 0.5
+
+
+def process_groups(max_age_s: float = GROUPS_MAX_AGE_S) -> dict[int, list[int]]:
+    """{process group id: pids}, one /proc scan shared by every caller for ``max_age_s``.
+
+    Why: the agent checks every watched run's liveness each second; one scan per second
+    instead of one per run keeps it cheap on hosts with thousands of processes.
+    """
+    global _GROUPS
+    now = time.monotonic()
+    if now - _GROUPS[0] > max_age_s:
+        groups: dict[int, list[int]] = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                grp = _pgrp(int(entry.name))
+                if grp is not None:
+                    groups.setdefault(grp, []).append(int(entry.name))
+        _GROUPS = (now, groups)
+    return _GROUPS[1]
+
+
+def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False) -> list[dict[str, Any]]:
     """Processes carrying ``NSA_RUN_ID=run_id`` (in group ``pgid`` when given).
 
     Each item: ``pid``, ``pgid``, ``rank`` (int or None: the launcher/supervisor).
+    ``fresh`` rescans /proc now (kill's confirmation must not trust a cached scan).
     """
+    groups = process_groups(0.0 if fresh or pgid is None else GROUPS_MAX_AGE_S)
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        grp = _pgrp(pid)
-        if grp is None or (pgid is not None and grp != pgid):
-            continue
-        env = environ_of(pid)
-        if env.get("NSA_RUN_ID") != run_id:
-            continue
-        rank = env.get("RANK")
-        found.append({"pid": pid, "pgid": grp, "rank": int(rank) if rank and rank.isdigit() else None})
+    for grp, pids in ([(pgid, groups.get(pgid, []))] if pgid is not None else groups.items()):
+        for pid in pids:
+            env = environ_of(pid)
+            if env.get("NSA_RUN_ID") != run_id:
+                continue
+            rank = env.get("RANK")
+            found.append({"pid": pid, "pgid": grp, "rank": int(rank) if rank and rank.isdigit() else None})
     return found
 
 
