@@ -355,20 +355,20 @@ class AlertDetector:
         return out
 
     def _config_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+        """The config's name and the run's name (LESSONS 1: a toy model under a big name)."""
         rec = run.record
-        cfg = rec.get("config") or {}
-        name = str(cfg.get("name") or rec.get("name") or "")
-        params, seq = expected_from_name(name)
+        names = [str(n) for n in ((rec.get("config") or {}).get("name"), rec.get("name")) if n]
         f = self.t.size_factor
-        out = []
         pc, sl = rec.get("param_count"), rec.get("seq_len")
-        if params and _finite(pc) and pc > 0 and not (params / f <= pc <= params * f):
-            out.append(self._alert("config_size", "warning", run_id, run,
-                                   message=f"config {name!r} has {pc / 1e6:.1f}M parameters, "
-                                           f"its name promises {params / 1e6:.0f}M",
-                                   suggested_actions=["kill"]))
-        if seq and _finite(sl) and sl > 0 and not (seq / f <= sl <= seq * f):
-            out.append(self._alert("config_seq", "warning", run_id, run,
-                                   message=f"config {name!r} trains at seq_len {sl}, its name promises {seq}",
-                                   suggested_actions=["kill"]))
-        return out
+        out: dict[str, Alert] = {}
+        for name in dict.fromkeys(names):
+            params, seq = expected_from_name(name)
+            if params and _finite(pc) and pc > 0 and not (params / f <= pc <= params * f):
+                out.setdefault("config_size", self._alert(
+                    "config_size", "warning", run_id, run, suggested_actions=["kill"],
+                    message=f"{name!r} promises {params / 1e6:.0f}M parameters, model: {pc / 1e6:.1f}M"))
+            if seq and _finite(sl) and sl > 0 and not (seq / f <= sl <= seq * f):
+                out.setdefault("config_seq", self._alert(
+                    "config_seq", "warning", run_id, run, suggested_actions=["kill"],
+                    message=f"{name!r} promises seq_len {seq}, the run trains at {sl}"))
+        return list(out.values())
