@@ -132,8 +132,12 @@ def test_block_view_is_the_blocks() -> None:
     assert reference.block_view(x[:, :5], 6, 3).shape[1] == 0
 
 
-def test_get_ops_dispatch() -> None:
+def test_get_ops_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nsa.ops
+
+    monkeypatch.setattr(nsa.ops, "_RESOLVED", {})  # fresh cache, restored afterwards
     assert get_ops("reference", "cpu") is reference
+    assert get_ops("reference", torch.device("cpu")) is reference
     assert get_ops("auto", "cpu") is reference
     with pytest.raises(ValueError):
         get_ops("bogus", "cpu")
@@ -143,6 +147,9 @@ def test_get_ops_dispatch() -> None:
         assert get_ops("auto", "cuda") is reference
     else:
         assert get_ops("auto", "cuda") is not reference
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        get_ops("triton", "cpu")  # no silent fallback when the kernels were asked for
 
 
 def test_scale_default_is_inverse_sqrt_head_dim() -> None:
