@@ -71,16 +71,44 @@ def nsa_attention(ops: Any, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates) 
     return gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
 
 
-def _dense(q, k, v) -> torch.Tensor:
-    """Causal SDPA in [B, H, T, D]; GQA via enable_gqa; the flash backend when it accepts."""
+def _dense_variants() -> list[tuple[str, Callable[..., torch.Tensor]]]:
+    """Causal SDPA in [B, H, T, D], best first: FlashAttention with native GQA, FlashAttention
+    over K/V repeated per query head (what DenseAttention does), then SDPA's own choice."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    gqa = q.shape[1] != k.shape[1]
-    try:
+    def flash_gqa(q, k, v):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            gqa = q.shape[1] != k.shape[1]
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    except RuntimeError:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+    def flash_repeat(q, k, v):
+        r = q.shape[1] // k.shape[1]
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1),
+                                                  is_causal=True)
+
+    def default(q, k, v):
+        r = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1),
+                                              is_causal=True)
+
+    return [("sdpa flash, enable_gqa", flash_gqa), ("sdpa flash, K/V repeated per head", flash_repeat),
+            ("sdpa default backend, K/V repeated", default)]
+
+
+def _pick_dense(xs: list[torch.Tensor]) -> tuple[str, Callable[..., torch.Tensor]]:
+    """The first dense variant that runs forward and backward on these inputs."""
+    errors = []
+    for name, fn in _dense_variants():
+        try:
+            leaves = [x.detach().requires_grad_() for x in xs]
+            fn(*leaves).sum().backward()
+            return name, fn
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except RuntimeError as exc:
+            errors.append(f"{name}: {str(exc).splitlines()[0][:80]}")
+    raise RuntimeError("no SDPA variant ran: " + "; ".join(errors))
 
 
 def attention_inputs(impl: str, B: int, T: int, H: int, G: int, D: int, dev: str = "cuda",
@@ -98,12 +126,14 @@ def attention_inputs(impl: str, B: int, T: int, H: int, G: int, D: int, dev: str
 def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: int) -> list[dict[str, Any]]:
     """attn_fwd and attn_bwd rows of one implementation at one shape."""
     H, G, D = LAYOUTS[layout]
+    xs = attention_inputs(impl, B, T, H, G, D)
+    note = f"H={H} G={G} D={D} bf16"
     if impl == "dense_sdpa":
-        fwd = _dense
+        variant, fwd = _pick_dense(xs)
+        note += f", causal {variant}"
     else:
         ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
         fwd = lambda *xs: nsa_attention(ops, *xs)  # noqa: E731
-    xs = attention_inputs(impl, B, T, H, G, D)
     rows = []
     with torch.no_grad():
         ms, mem = time_cuda(lambda _: fwd(*xs), None, warmup, iters)
@@ -123,8 +153,7 @@ def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: 
     ms, mem = time_cuda(lambda out: out.backward(grad_out), setup, warmup, iters)
     rows.append(dict(op="attn_bwd", ms=ms, peak_mem_bytes=mem))
     for r in rows:
-        r.update(impl=impl, layout=layout, seq_len=T, batch=B, tokens_per_s=None, status="ok",
-                 note=f"H={H} G={G} D={D} bf16" + (" causal sdpa" if impl == "dense_sdpa" else ""))
+        r.update(impl=impl, layout=layout, seq_len=T, batch=B, tokens_per_s=None, status="ok", note=note)
     return rows
 
 

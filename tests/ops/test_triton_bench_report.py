@@ -82,3 +82,26 @@ def test_benchmarked_nsa_attention_matches_reference_on_cpu():
     out = run.nsa_attention(t_ops, *xs)
     ref = run.nsa_attention(reference, *xs)
     assert ((out - ref).norm() / ref.norm()).item() <= 1e-5
+
+
+def test_dense_baseline_variants_are_causal_gqa_attention():
+    """Every dense variant the benchmark may pick computes causal GQA attention."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 33, 16), torch.randn(2, 2, 33, 16), torch.randn(2, 2, 33, 16)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = (q @ kk.transpose(-1, -2)) / 4.0
+    s = s.masked_fill(torch.ones(33, 33, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.softmax(s, -1) @ vv
+    name, picked = run._pick_dense([q, k, v])
+    ran = 0
+    for vname, fn in run._dense_variants():
+        try:
+            got = fn(q, k, v)
+        except RuntimeError:  # a backend this machine lacks
+            assert vname != name
+            continue
+        ran += 1
+        assert ((got - want).norm() / want.norm()).item() <= 1e-5, vname
+    assert ran >= 1
+    got = picked(q, k, v)
+    assert ((got - want).norm() / want.norm()).item() <= 1e-5, name
