@@ -58,11 +58,21 @@ def validate_config(path: str, overrides: list[str]) -> Any:
 class Launcher:
     """Operations that start or signal runs. ``python`` runs torchrun and the supervisor."""
 
-    def __init__(self, store: RunStore, python: str = sys.executable, gpu_count: int = 0) -> None:
+    def __init__(self, store: RunStore, python: str = sys.executable, gpu_count: int = 0,
+                 read_gpus: Any = None) -> None:
         self.store = store
         self.python = python
         self.gpu_count = gpu_count
+        self.read_gpus = read_gpus  # () -> (gpus or None, message), for the fallback's GPU choice
         self.children: list[subprocess.Popen[bytes]] = []
+
+    def freest_gpu(self) -> int | None:
+        """The GPU with the most free memory (the fallback's one GPU), None without NVML."""
+        gpus = self.read_gpus()[0] if self.read_gpus else None
+        ok = [g for g in gpus or [] if g.get("mem_total_bytes") and g.get("mem_used_bytes") is not None]
+        if not ok:
+            return None
+        return max(ok, key=lambda g: g["mem_total_bytes"] - g["mem_used_bytes"])["index"]
 
     def reap(self) -> None:
         """Collect exited supervisors so they do not linger as zombies."""
@@ -78,6 +88,7 @@ class Launcher:
         name: str | None = None,
         parent_run: str | None = None,
         resume_from: str | None = None,
+        gpu: int | None = None,
     ) -> dict[str, Any]:
         """Validate, create the run directory (0700), copy the config, start detached."""
         overrides = [str(o) for o in (overrides or [])]
@@ -125,12 +136,15 @@ class Launcher:
             "parent_run": parent_run,
             "resume_from": resume_from,
             "config_file": source,
+            "cuda_visible_devices": str(gpu) if gpu is not None else None,
         }
         write_json(run_dir / "launch.json", launch)
         import nsa
 
         env = env_with_package_path(dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1"), nsa.__file__)
         env = env_with_package_path(env, nsa_tui.__file__)  # the supervisor
+        if gpu is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         argv = [self.python, "-m", "nsa_tui.agent.supervise", str(run_dir), "--", *command]
         log = open(run_dir / "train.log", "ab", buffering=0)
         os.chmod(run_dir / "train.log", 0o600)
@@ -196,7 +210,7 @@ class Launcher:
         name = str(launch.get("name") or run.get("name") or run_id)
         res = self.launch(
             str(run_dir / "config.yaml"), nproc=nproc, overrides=overrides, name=f"{name}{suffix}",
-            parent_run=run_id, resume_from=ckpt,
+            parent_run=run_id, resume_from=ckpt, gpu=self.freest_gpu() if fallback else None,
         )
         res.update({"parent_run": run_id, "resume_from": ckpt})
         return res

@@ -44,7 +44,8 @@ class Agent:
         self.store = RunStore(runs_root)
         self.out = out if out is not None else sys.stdout.buffer
         self.sampler = sampler or HostSampler(str(self.store.root))
-        self.launcher = Launcher(self.store, gpu_count=self.sampler.gpu.count())
+        gpu = self.sampler.gpu
+        self.launcher = Launcher(self.store, gpu_count=gpu.count(), read_gpus=gpu.read)
         self.subs: dict[Any, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.gone = False

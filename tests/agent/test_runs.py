@@ -228,3 +228,11 @@ def test_lost_gpu_gives_na_values_and_a_message(tmp_path: Path) -> None:
     assert gpus[0]["power_w"] == 300.0 and gpus[0]["mem_total_bytes"] == 80 << 30
     assert gpus[0]["name"] == "Fake" and gpus[0]["temp_c"] == 55
     assert gpus[1]["util_pct"] is None and gpus[1]["mem_used_bytes"] is None and "GPU 1" in msg
+
+
+def test_fallback_picks_the_gpu_with_most_free_memory(tmp_path: Path) -> None:
+    gpus = [{"index": 0, "mem_used_bytes": 70 << 30, "mem_total_bytes": 80 << 30},
+            {"index": 1, "mem_used_bytes": 1 << 30, "mem_total_bytes": 80 << 30},
+            {"index": 2, "mem_used_bytes": None, "mem_total_bytes": None}]
+    assert Launcher(RunStore(tmp_path), read_gpus=lambda: (gpus, "")).freest_gpu() == 1
+    assert Launcher(RunStore(tmp_path), read_gpus=lambda: (None, "NVML unavailable")).freest_gpu() is None
