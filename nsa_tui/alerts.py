@@ -84,6 +84,7 @@ class _Rank:
     advanced_at: float = 0.0
     pid: int | None = None
     gpu: int | None = None
+    gpu_uuid: str | None = None
     history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))  # (ts, step)
 
     def step_at(self, ts: float) -> int | None:
@@ -207,6 +208,7 @@ class AlertDetector:
         r.pid = d.get("pid")
         dev = d.get("device") or {}
         r.gpu = dev.get("index") if dev.get("type") == "cuda" else None
+        r.gpu_uuid = dev.get("uuid") if dev.get("type") == "cuda" else None
 
     def _metric(self, run: _Run, d: dict[str, Any]) -> None:
         if d.get("kind", "train") == "train":
@@ -340,8 +342,10 @@ class AlertDetector:
         for a in stalled:
             r = run.ranks.get(a.rank) if a.rank is not None else None
             for g in self.gpus:
-                on_it = (r is not None and r.pid in (g.get("pids") or [])) or (
+                # by PID, else by UUID (CUDA_VISIBLE_DEVICES renumbers indexes), else by index
+                same = (g.get("uuid") == r.gpu_uuid) if r and r.gpu_uuid else (
                     a.gpu is not None and g.get("index") == a.gpu)
+                on_it = r is not None and (r.pid in (g.get("pids") or []) or same)
                 util, power, limit = g.get("util_pct"), g.get("power_w"), g.get("power_limit_w")
                 if not on_it or not (_finite(util) and _finite(power) and _finite(limit) and limit > 0):
                     continue

@@ -224,3 +224,18 @@ def test_no_liveness_alerts_while_a_backlog_arrives() -> None:
     assert det.check(now) == []
     det.feed(Event("synced", RUN, "synced", 0, {"ts": now}, received=now))
     assert ("no_heartbeat", 0) in kinds(det.check(now))  # nothing newer came: now it counts
+
+
+def test_nccl_signature_matches_gpu_by_uuid_when_indexes_are_renumbered() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=1))
+    det.feed(status())
+    det.feed(metric(1, T0, step_time=1.0))
+    for k in range(0, 20):  # CUDA_VISIBLE_DEVICES=1: the rank calls it cuda:0
+        b = beat(0, 1, T0 + k, gpu=0, pid=900)
+        b.data["device"]["uuid"] = "GPU-b"
+        det.feed(b)
+    busy = {"util_pct": 100, "power_w": 70.0, "power_limit_w": 700.0, "pids": []}
+    gpus = [{"index": 0, "uuid": "GPU-a", **busy}, {"index": 1, "uuid": "GPU-b", **busy}]
+    det.feed(Event("host", None, "host", 1, {"ts": T0 + 19, "gpus": gpus}))
+    hangs = [a for a in det.check(T0 + 19) if a.kind == "nccl_hang"]
+    assert [a.gpu for a in hangs] == [1]
