@@ -90,6 +90,14 @@ def _amp(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return xs
 
 
+def _check_size(*xs: torch.Tensor) -> None:
+    """The kernels index with 32-bit integers: refuse tensors they would overflow."""
+    for x in xs:
+        if x.numel() >= 2**31:
+            raise ValueError(f"tensor of shape {tuple(x.shape)} has >= 2**31 elements: the Triton kernels "
+                             "use 32-bit offsets; split the batch")
+
+
 def _scale(q: torch.Tensor, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
@@ -110,6 +118,7 @@ def _cmp_split(q: torch.Tensor, n_cmp: int, n_groups: int) -> int:
 def _compressed(q, k_cmp, v_cmp, block, stride, scale):
     T = q.shape[1]
     q, k_cmp, v_cmp = _amp(q, k_cmp, v_cmp)
+    _check_size(q, k_cmp)
     return _BandAttention.apply(q, k_cmp, v_cmp, stride, block - 1, T + 1, _scale(q, scale),
                                 _cmp_split(q, k_cmp.shape[1], k_cmp.shape[2]))
 
@@ -158,6 +167,7 @@ def selected_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
     """Group-centric selected attention over ``idx [B,T,G,n]`` (distinct blocks, -1 = unused)."""
     scale = _scale(q, scale)
     q, k, v = _amp(q, k, v)
+    _check_size(q, k, idx)
     return _SelectedAttention.apply(q, k, v, idx, select_block, scale)
 
 
@@ -166,5 +176,6 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     """Sliding-window attention: query t sees keys ``t - window < s <= t``."""
     scale = _scale(q, scale)
     q, k, v = _amp(q, k, v)
+    _check_size(q, k)
     out, _ = _BandAttention.apply(q, k, v, 1, 0, window, scale, 1)
     return out
