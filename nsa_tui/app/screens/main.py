@@ -35,7 +35,7 @@ KEYS: list[tuple[str, str, str, str, str]] = [
 ]
 
 SCREEN_ACTIONS = ("follow", "search")
-CHART_MIN_S = 0.25
+CHART_MIN_S = 0.5
 
 
 class MainScreen(Screen):
@@ -117,7 +117,7 @@ class MainScreen(Screen):
             return
         mono = time.monotonic()
         if self._chart_sig and sig[0][0] == self._chart_sig[0][0] and mono - self._chart_at < CHART_MIN_S:
-            return  # same run, drawn moments ago: plotting is the costly part, do it ≤ 4x/s
+            return  # same run, drawn moments ago: plotting is the costly part, do it ≤ 2x/s
         self._chart_sig, self._chart_at = sig, mono
         train = state.chart_series(run, "loss")
         val = state.chart_series(run, "val_loss")

@@ -78,6 +78,7 @@ class GpuTable(Static):
     """GPUs of the selected run's host, or 'no GPU' honestly."""
 
     _sig: tuple = ()
+    _lines: tuple = ()
 
     def update_from(self, state: PanelState, now: float) -> None:
         host = state.current_host()
@@ -98,4 +99,6 @@ class GpuTable(Static):
                 parts.append(gpu_line(g, i, ranks, wide))
         from rich.console import Group
 
-        self.update(Group(*parts))
+        lines = (sum(str(p).count("\n") + 1 if isinstance(p, Text) else 1 for p in parts), self.size.width)
+        self.update(Group(*parts), layout=lines != self._lines)  # re-layout only when the height changes
+        self._lines = lines

@@ -84,4 +84,4 @@ class PanelHeader(Static):
         text = Text("\n").join([line1, line2])
         if text.plain != self._last:  # redraw only on change: the timer runs 10x/s
             self._last = text.plain
-            self.update(text)
+            self.update(text, layout=False)  # fixed height: no re-layout

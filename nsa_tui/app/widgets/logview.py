@@ -83,7 +83,7 @@ class LogView(ScrollView, can_focus=True):
                     self._width = min(MAX_WIDTH, len(line))
         self._programmatic = True
         try:
-            self.virtual_size = Size(self._width, len(lines))
+            self._set_virtual_size(Size(self._width, len(lines)))
             if self.follow:
                 self.scroll_end(animate=False, immediate=True, x_axis=False)
                 self.call_after_refresh(self._stick_to_end)
@@ -98,6 +98,22 @@ class LogView(ScrollView, can_focus=True):
         return True
 
     _dropped_at_seen = 0
+
+    def _set_virtual_size(self, new: Size) -> None:
+        """Grow the scrollable area, re-laying out the screen only when the scrollbar appears,
+        disappears or the width changes. Textual re-lays out the whole screen on every
+        virtual-size change, which was most of the panel's CPU while a log grows; a growing
+        log otherwise only moves the scrollbar thumb, which `_scroll_update` handles."""
+        old = self.virtual_size
+        if new == old:
+            return
+        height = self.scrollable_content_region.height
+        if new.width != old.width or (old.height > height) != (new.height > height) or not height:
+            self.virtual_size = new
+        else:
+            self.set_reactive(ScrollView.virtual_size, new)
+            self._scroll_update(new)
+            self.refresh()
 
     def _stick_to_end(self) -> None:
         """Scroll to the end once the new virtual size is laid out (follow mode)."""

@@ -42,6 +42,9 @@ class RunList(DataTable):
         self._signature: tuple = ()
         self._multi_host = False
         self._suppress = False
+        self._keys: tuple = ()
+        self._rows: list = []
+        self._column_keys: list[str] = []
 
     def on_mount(self) -> None:
         self._columns(False)
@@ -49,8 +52,10 @@ class RunList(DataTable):
     def _columns(self, multi_host: bool) -> None:
         self.clear(columns=True)
         self._multi_host = multi_host
+        self._keys = ()
+        self._column_keys = (["host"] if multi_host else []) + [name for name, _ in COLUMNS]
         if multi_host:
-            self.add_column("host", key="host", width=12)
+            self.add_column("host", key="host", width=10)
         # fixed widths: the layout does not jump as runs come and go
         for name, width in COLUMNS:
             self.add_column(name, key=name, width=width)
@@ -60,11 +65,23 @@ class RunList(DataTable):
         runs = state.all_runs()
         multi = len(state.hosts) > 1
         rows = [self._row(r, now, multi) for r in runs]
-        signature = (multi, tuple(row_key(r) for r in runs), tuple(tuple(map(str, row)) for row in rows),
-                     state.selected)
+        signature = (multi, tuple(row_key(r) for r in runs), tuple(tuple(map(str, row)) for row in rows))
         if signature == self._signature:
+            self._follow_selection(state)
+            return
+        keys = tuple(row_key(r) for r in runs)
+        if multi == self._multi_host and keys == self._keys:
+            # same runs in the same order: change the cells that changed, no rebuild, no re-layout
+            for key, row, old in zip(keys, rows, self._rows):
+                for col, (value, before) in enumerate(zip(row, old)):
+                    if str(value) != str(before):
+                        self.update_cell(key, self._column_keys[col], value)
+            self._rows = rows
+            self._signature = signature
+            self._follow_selection(state)
             return
         self._signature = signature
+        self._keys, self._rows = keys, rows
         if multi != self._multi_host:
             self._columns(multi)
         self._suppress = True
@@ -79,6 +96,20 @@ class RunList(DataTable):
                 except Exception:
                     pass
         finally:
+            self.call_after_refresh(self._unsuppress)
+
+    def _follow_selection(self, state: PanelState) -> None:
+        """Put the cursor on the selected run when the app selected it (fallback, resume)."""
+        if state.selected is None or not self.row_count:
+            return
+        key = f"{state.selected[0]}\x1f{state.selected[1]}"
+        try:
+            index = self.get_row_index(key)
+        except Exception:
+            return
+        if index != self.cursor_row:
+            self._suppress = True
+            self.move_cursor(row=index, animate=False)
             self.call_after_refresh(self._unsuppress)
 
     def _unsuppress(self) -> None:

@@ -109,4 +109,4 @@ class RunSummary(Static):
         if run is None:
             self.update(Text("N/A — no run selected", style="dim"))
             return
-        self.update(summary_table(run, now))
+        self.update(summary_table(run, now), layout=False)  # fixed size pane: no re-layout
