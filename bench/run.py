@@ -21,6 +21,7 @@ import functools
 import importlib
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,20 @@ NSA = dict(block=32, stride=16, select_block=64, num_selected=16, num_initial=1,
 
 
 def time_cuda(fn: Callable[[Any], None], setup: Callable[[], Any] | None, warmup: int,
-              iters: int) -> tuple[float, int]:
-    """(median ms of ``fn(setup())`` measured with CUDA events, peak bytes allocated)."""
+              iters: int) -> tuple[float, int | None]:
+    """(median ms of ``fn(setup())`` measured with CUDA events, peak bytes allocated).
+
+    Without CUDA (only the CPU smoke test of this module's code paths) it times with
+    perf_counter and reports no memory; the CLI never writes such rows."""
+    if not torch.cuda.is_available():
+        times = []
+        for i in range(warmup + iters):
+            state = setup() if setup else None
+            t0 = time.perf_counter()
+            fn(state)
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times), None
     for _ in range(warmup):
         fn(setup() if setup else None)
     torch.cuda.synchronize()
@@ -123,11 +136,14 @@ def attention_inputs(impl: str, B: int, T: int, H: int, G: int, D: int, dev: str
     return xs + [torch.rand(B, T, H, 3, device=dev, dtype=dt)]
 
 
-def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: int) -> list[dict[str, Any]]:
-    """attn_fwd and attn_bwd rows of one implementation at one shape."""
-    H, G, D = LAYOUTS[layout]
-    xs = attention_inputs(impl, B, T, H, G, D)
-    note = f"H={H} G={G} D={D} bf16"
+def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: int, device: str = "cuda",
+                    dims: tuple[int, int, int] | None = None) -> list[dict[str, Any]]:
+    """attn_fwd and attn_bwd rows of one implementation at one shape (bf16 on CUDA; fp32 on
+    CPU, where only the smoke test runs it, with ``dims`` overriding the layout's H, G, D)."""
+    H, G, D = dims or LAYOUTS[layout]
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    xs = attention_inputs(impl, B, T, H, G, D, device, dt)
+    note = f"H={H} G={G} D={D} {str(dt).removeprefix('torch.')}"
     if impl == "dense_sdpa":
         variant, fwd = _pick_dense(xs)
         note += f", causal {variant}"
@@ -157,16 +173,19 @@ def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: 
     return rows
 
 
-def bench_train(config: str, T: int, B: int, warmup: int, iters: int) -> dict[str, Any]:
-    """One train_step row: bf16 autocast forward, cross-entropy, backward, clip, AdamW."""
+def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: str = "cuda") -> dict[str, Any]:
+    """One train_step row: bf16 autocast forward, cross-entropy, backward, clip, AdamW.
+
+    ``config``: a name under configs/ or a path to a config file."""
     from nsa.config import load_config
     from nsa.model import build_model
     from nsa.train.trainer import build_optimizer
 
-    cfg = load_config(ROOT / "configs" / f"{config}.yaml", [f"train.seq_len={T}", f"train.batch_size={B}"])
+    path = Path(config) if config.endswith(".yaml") else ROOT / "configs" / f"{config}.yaml"
+    cfg = load_config(path, [f"train.seq_len={T}", f"train.batch_size={B}"])
     if cfg.model.attention.kind == "nsa":
         cfg.model.attention.backend = "triton"
-    dev = torch.device("cuda")
+    dev = torch.device(device)
     torch.manual_seed(0)
     model = build_model(cfg.model).to(dev)
     opt = build_optimizer(model, cfg, dev)
@@ -174,7 +193,7 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int) -> dict[st
     tokens = torch.randint(0, 256, (B, T + 1), device=dev)
 
     def step(_):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = model(tokens[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, V), tokens[:, 1:].reshape(-1))
         loss.backward()
@@ -184,17 +203,18 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int) -> dict[st
 
     ms, mem = time_cuda(step, None, warmup, iters)
     impl = "nsa_triton" if cfg.model.attention.kind == "nsa" else "dense_sdpa"
-    return dict(op="train_step", impl=impl, layout=config, seq_len=T, batch=B, ms=ms,
+    return dict(op="train_step", impl=impl, layout=cfg.name, seq_len=T, batch=B, ms=ms,
                 tokens_per_s=B * T / (ms / 1000.0), peak_mem_bytes=mem, status="ok",
                 note=f"{model.param_count() / 1e6:.1f}M params, bf16 autocast, fused AdamW")
 
 
-def bench_select(impl: str, layout: str, T: int, B: int, warmup: int, iters: int) -> list[dict[str, Any]]:
+def bench_select(impl: str, layout: str, T: int, B: int, warmup: int, iters: int,
+                 device: str = "cuda") -> list[dict[str, Any]]:
     """``select_topn`` row: the top-n alone on random scores (topk on packed keys vs full sort)."""
     G = LAYOUTS[layout][1]
     ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
     ns = -(-T // NSA["select_block"])
-    scores = torch.rand(B, T, G, ns, device="cuda")
+    scores = torch.rand(B, T, G, ns, device=device)
     args = (NSA["select_block"], NSA["num_selected"], NSA["num_initial"], NSA["num_local"])
     ms, mem = time_cuda(lambda _: ops.select_blocks(scores, *args), None, warmup, iters)
     return [dict(op="select_topn", impl=impl, layout=layout, seq_len=T, batch=B, ms=ms, tokens_per_s=None,

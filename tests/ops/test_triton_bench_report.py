@@ -105,3 +105,25 @@ def test_dense_baseline_variants_are_causal_gqa_attention():
     assert ran >= 1
     got = picked(q, k, v)
     assert ((got - want).norm() / want.norm()).item() <= 1e-5, name
+
+
+def test_bench_code_paths_run_on_cpu():
+    """Smoke test of the benchmark's own code on CPU (interpreter, fp32, tiny): row shapes
+    and keys only; the CPU timings are thrown away (the CLI refuses to run without CUDA)."""
+    rows = run.bench_attention("nsa_triton", "nsa-125m", 140, 1, 0, 1, device="cpu", dims=(4, 1, 16))
+    rows += run.bench_attention("dense_sdpa", "paper", 140, 1, 0, 1, device="cpu", dims=(4, 2, 16))
+    rows += run.bench_select("nsa_triton", "paper", 140, 1, 0, 1, device="cpu")
+    assert [r["op"] for r in rows] == ["attn_fwd", "attn_bwd", "attn_fwd", "attn_bwd", "select_topn"]
+    for r in rows:
+        r.update(device="cpu", torch=torch.__version__, triton="-")
+        assert set(r) == set(COLUMNS) and r["ms"] > 0 and r["status"] == "ok"
+    assert "sdpa" in rows[2]["note"] and "float32" in rows[0]["note"]
+
+
+@pytest.mark.slow
+def test_bench_train_step_runs_on_cpu():
+    row = run.bench_train(str(run.ROOT / "configs" / "tiny-cpu.yaml"), 64, 1, 0, 1, device="cpu")
+    row.update(device="cpu", torch=torch.__version__, triton="-")
+    assert set(row) == set(COLUMNS)
+    assert row["op"] == "train_step" and row["impl"] == "nsa_triton" and row["layout"] == "tiny-cpu"
+    assert row["tokens_per_s"] == pytest.approx(64 / (row["ms"] / 1000.0))
