@@ -20,9 +20,10 @@ from nsa_tui.transport.ssh import SshTransport
 from tests.sshd import SshServer
 from tests.tui.helpers import plain, wait_for
 
-pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+pytestmark = pytest.mark.ssh
 
 
+@pytest.mark.slow
 async def test_panel_over_ssh(sshd: SshServer, runs_root: Path, tmp_path: Path, make_config) -> None:
     config = make_config("overssh", train__steps=5000, train__save_every=5000)
     remote_root = tmp_path / "ssh-runs"  # the SSH "host" keeps its runs apart from the local ones
@@ -62,3 +63,20 @@ async def test_panel_over_ssh(sshd: SshServer, runs_root: Path, tmp_path: Path, 
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) and not run.alive, 90, "the stop")
         await pilot.press("q")
     assert "no runs are running" in app.return_value
+
+
+async def test_unknown_host_key_is_asked_in_the_panel(sshd: SshServer, runs_root: Path,
+                                                      tmp_path: Path) -> None:
+    known = tmp_path / "empty_known_hosts"
+    known.write_text("")
+    transport = SshTransport(sshd.dest, runs_root=str(tmp_path / "ssh-runs"), remote_python=sys.executable,
+                             known_hosts=str(known), client_keys=[str(sshd.client_key)], config=[])
+    client = HostClient(sshd.dest, transport=transport)
+    app = NsaApp([sshd.dest], offer_demo=False, clients={sshd.dest: client})
+    async with app.run_test(size=(100, 30)) as pilot:
+        ask = await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, 30, "ask")
+        assert "SHA256:" in plain(ask.query_one("#confirm-body"))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.state.hosts[sshd.dest].conn == "connected", 30, "connection")
+        await pilot.press("q")
+    assert "127.0.0.1" in known.read_text(), "the accepted key is remembered"

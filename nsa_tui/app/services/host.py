@@ -55,9 +55,13 @@ class HostService:
 
     async def _main(self) -> None:
         if self.client is None:
-            self.client = HostClient(self.dest, on_state=self._on_state)
+            self.client = HostClient(self.dest, on_state=self._on_state,
+                                     confirm_host_key=self.confirm_host_key)
         else:
             self.client.on_state = self._on_state
+            transport = self.client.transport
+            if getattr(transport, "confirm_host_key", False) is None:
+                transport.confirm_host_key = self.confirm_host_key
         delay = 1.0
         while True:  # an unreachable host is retried with backoff; the UI never waits on it
             try:
@@ -78,6 +82,22 @@ class HostService:
         self._tasks = [loop.create_task(self._poll_runs()), loop.create_task(self._samples()),
                        loop.create_task(self._check_alerts())]
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def confirm_host_key(self, host: str, fingerprint: str) -> bool:
+        """An unknown host key: ask the user (never for a changed key: the transport refuses)."""
+        from nsa_tui.app.screens.dialogs import ConfirmScreen
+
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def answered(yes: bool | None) -> None:
+            if not answer.done():
+                answer.set_result(bool(yes))
+
+        self.app.push_screen(ConfirmScreen(
+            f"Unknown host key: {host}",
+            f"{fingerprint}\nCompare it with the host's key (ssh-keygen -lf on the host). Trust it and "
+            "remember it in known_hosts?", yes="Trust"), answered)
+        return await answer
 
     async def stop(self) -> None:
         """Close the connection; runs keep running on the host."""
