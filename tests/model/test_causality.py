@@ -39,3 +39,5 @@ def test_dense_model_is_causal(make_model) -> None:
             changed = tokens.clone()
             changed[:, t + 1 :] = (changed[:, t + 1 :] + 1) % 64
             torch.testing.assert_close(model(changed)[:, : t + 1], ref[:, : t + 1], rtol=0, atol=1e-12)
+            # a prefix (T = 1 included) sees the same: T_q == T_k always (LESSONS 17)
+            torch.testing.assert_close(model(tokens[:, : t + 1]), ref[:, : t + 1], rtol=0, atol=1e-12)
