@@ -113,3 +113,21 @@ async def test_log_flood_does_not_stall_the_ui(runs_root: Path) -> None:
     assert result["timer_late_p99_ms"] < 250, result
     assert result["redraws_per_s"] >= 5, result
     assert result["rss_growth_mib"] < 60, result
+
+
+async def test_a_huge_log_is_read_from_near_its_end(runs_root: Path) -> None:
+    run_dir = make_fake_run(runs_root, "20990101-000000-biglog-0000")
+    line = "x" * 90
+    with open(run_dir / "train.log", "w") as fh:  # ~16 MiB, 170,000 lines
+        for i in range(170_000):
+            fh.write(f"{i:07d} {line}\n")
+    app = NsaApp(["local"], offer_demo=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        run = await wait_for(pilot, lambda: app.state.selected_run(), 30, "the run to be selected")
+        await wait_for(pilot, lambda: run.log.lines and run.log.lines[-1].startswith("0169999"), 30, "end")
+        lines = list(run.log.lines)
+    body = [x for x in lines if not x.startswith("[nsa-tui]")]
+    assert all(len(x) == 98 for x in body), "no cut line at the start"
+    numbers = [int(x[:7]) for x in body]
+    assert numbers == list(range(numbers[0], 170_000)), "the tail, in order, complete"
+    assert run.log.total <= (2 << 20) // 98 + 2, "only the last 2 MiB were streamed"

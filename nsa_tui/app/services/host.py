@@ -23,6 +23,7 @@ RUNS_POLL_S = 2.0
 ALERT_CHECK_S = 1.0
 MAX_ALERTS = 200
 ANCESTORS = 3
+LOG_BACKFILL_BYTES = 2 << 20
 MAX_LINE_CHARS = 4_000  # with 20,000 lines kept, a log costs at most ~80 MB however wide
 
 
@@ -186,8 +187,13 @@ class HostService:
         run = self.host.run(run_id)
         streams = None if full else ["metrics"]
         n = 0
+        skip_partial = full and "log" not in run.offsets and await self._start_log_near_end(run)
         try:
             async for ev in self.client.watch(run_id, offsets=dict(run.offsets), streams=streams):
+                if skip_partial and ev.kind == "log":
+                    skip_partial = False  # the first line after a mid-file start is cut
+                    run.offsets["log"] = ev.offset
+                    continue
                 self.apply(run, ev)
                 n += 1
                 if n % 256 == 0:
@@ -197,6 +203,22 @@ class HostService:
         except AgentError as exc:
             if exc.code not in ("closed", "lost", "disconnected"):
                 run.log.append_many([f"[nsa-tui] watch of {run_id} ended: {exc}"])
+
+    async def _start_log_near_end(self, run: RunState) -> bool:
+        """A long log starts LOG_BACKFILL_BYTES from its end (the ring keeps no more anyway),
+        so selecting a week-old run does not stream gigabytes. True if started mid-file."""
+        try:
+            info = await self.client.read_log(run.run_id, offset=0, max_bytes=0)
+        except AgentError:
+            return False
+        size = int(info.get("size") or 0)
+        if size <= LOG_BACKFILL_BYTES:
+            return False
+        run.offsets["log"] = size - LOG_BACKFILL_BYTES
+        where = f"{run.record.get('dir') or 'the run directory'}/train.log"
+        run.log.append_many([f"[nsa-tui] train.log is {size / 2**20:.0f} MiB: showing its last "
+                             f"{LOG_BACKFILL_BYTES >> 20} MiB; the whole file is {where} on the host"])
+        return True
 
     def apply(self, run: RunState, ev: Event) -> None:
         """Fold one event into the run's state and feed the alert detector."""
