@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.sshd import sshd  # noqa: F401  (the real OpenSSH server fixture)
-
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # `tests` is not installed: make tests.* importable under any runner
+    sys.path.insert(0, str(REPO))
+
+from tests.sshd import sshd  # noqa: E402,F401  (the real OpenSSH server fixture)
+
 SMOKE = REPO / "configs" / "smoke-cpu.yaml"
 
 
