@@ -264,6 +264,10 @@ class NsaApp(App[str | None]):
         lines.append("Reconnect with `nsa-tui` (local) or `nsa-tui connect HOST`.")
         return "\n".join(lines)
 
+    async def action_quit(self) -> None:
+        """ctrl+q too: leave like `q`, saying which runs keep going."""
+        await self.action_quit_panel()
+
     async def action_quit_panel(self) -> None:
         message = self.quit_message()
         for svc in self.services.values():

@@ -249,7 +249,8 @@ class PanelState:
     def all_runs(self) -> list[RunState]:
         """Runs of every host, newest first."""
         runs = [r for h in self.hosts.values() for r in h.runs.values()]
-        return sorted(runs, key=lambda r: -(r.record.get("started_at") or r.record.get("created") or 0))
+        return sorted(runs, key=lambda r: -(r.record.get("started_at")
+                                            or (r.record.get("launch") or {}).get("created") or 0))
 
     def parent_of(self, run: RunState) -> RunState | None:
         parent = run.record.get("parent_run")
