@@ -75,3 +75,25 @@ def test_triton_model_matches_reference(n_heads, n_kv_heads, monkeypatch):
         assert p.grad is not None and torch.isfinite(p.grad).all(), f"seed={seed} {name}"
         err = ((p.grad - r).norm() / r.norm()).item()
         assert err <= TOL, f"seed={seed} grad {name}: {err:.2e}"
+
+
+@pytest.mark.slow
+def test_nsa_core_at_the_125m_head_layout_and_hyperparameters():
+    """The benchmark's NSA attention core with nsa-125m's exact head layout (16 q heads, 1 KV
+    group, dim 64) and NSA hyperparameters (l=32, d=16, l'=64, n=16, w=512): out and the
+    gradient of all eight inputs vs the reference, fp32, T = 300 (no block size divides it)."""
+    from bench import run
+
+    t_ops = pytest.importorskip("nsa.ops.triton")
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    xs = run.attention_inputs("nsa_triton", 1, 300, 16, 1, 64, dev="cpu", dt=torch.float32)
+    a = [x.clone().requires_grad_() for x in xs]
+    b = [x.clone().requires_grad_() for x in xs]
+    out, ref = run.nsa_attention(t_ops, *a), run.nsa_attention(R, *b)
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g)
+    assert ((out - ref).norm() / ref.norm()).item() <= TOL, f"seed={seed} out"
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert ((x.grad - y.grad).norm() / y.grad.norm()).item() <= TOL, f"seed={seed} input {i}"
