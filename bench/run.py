@@ -1,6 +1,7 @@
 """NSA vs dense attention on one CUDA GPU: every case issue 6 lists, in one command.
 
     python -m bench.run [--quick] [--out-dir bench/results] [--no-train] [--no-reference]
+                        [--seqs 2048 8192 ...] [--layouts nsa-125m paper] [--tag NAME]
 
 Rows (bench/report.py): attention forward (``attn_fwd``) and backward alone
 (``attn_bwd``: the forward runs untimed before each timed backward) for ``nsa_triton``,
@@ -245,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-train", action="store_true", help="skip the train_step rows")
     ap.add_argument("--no-reference", action="store_true", help="skip the nsa_reference rows")
     ap.add_argument("--tokens", type=int, default=65536, help="attention batch = max(1, tokens // seq_len)")
+    ap.add_argument("--seqs", type=int, nargs="+", help=f"attention sequence lengths (default {SEQS})")
+    ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), help="head layouts (default all)")
+    ap.add_argument("--tag", default="", help="suffix of the results file name (several partial runs a day)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.run: no CUDA device here; this benchmark measures GPU kernels and needs one "
@@ -253,12 +257,20 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     device = torch.cuda.get_device_name()
-    seqs = SEQS[:2] if args.quick else SEQS
-    layouts = ["nsa-125m"] if args.quick else list(LAYOUTS)
+    seqs = args.seqs or (SEQS[:2] if args.quick else SEQS)
+    layouts = args.layouts or (["nsa-125m"] if args.quick else list(LAYOUTS))
     warmup, iters = (1, 3) if args.quick else (3, 10)
     impls = ["nsa_triton", "dense_sdpa"] + ([] if args.no_reference else ["nsa_reference"])
     common = dict(device=device, torch=torch.__version__, triton=triton.__version__)
     rows: list[dict[str, Any]] = []
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    stem_date = date + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
+    meta = dict(common, argv=sys.argv[1:], quick=args.quick, nsa_hparams=NSA,
+                tokens_per_attn_batch=args.tokens)
+
+    def save() -> tuple[Path, Path]:  # after every case: a crash keeps what was measured
+        return write_results(rows, args.out_dir, device, stem_date, meta)
+
     for layout in layouts:
         for impl in impls:
             gave_up = False
@@ -280,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                     r.update(common)
                     print(_line(r), flush=True)
                 rows += got
+                save()
                 torch.cuda.empty_cache()
     if not args.no_train:
         cases = TRAIN_CASES[:1] if args.quick else TRAIN_CASES
@@ -293,11 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                     r.update(common)
                     print(_line(r), flush=True)
                 rows += got
+                save()
                 torch.cuda.empty_cache()
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-    meta = dict(common, argv=sys.argv[1:], quick=args.quick, nsa_hparams=NSA,
-                tokens_per_attn_batch=args.tokens)
-    jpath, mpath = write_results(rows, args.out_dir, device, date + ("-quick" if args.quick else ""), meta)
+    jpath, mpath = save()
     print(f"wrote {jpath} and {mpath}")
     return 0
 
