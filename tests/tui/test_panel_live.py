@@ -60,9 +60,9 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         run_id = await launch_through_dialog(app, pilot, config)
         run = app.state.selected_run()
         await wait_for(pilot, lambda: len(run.loss) >= 3 and run.log.total > 0, 90, "metrics to arrive")
-        await pilot.pause(0.3)
-        header = plain(app.screen.query_one(PanelHeader))
-        assert "watched" in header and "running" in header and "train" in header
+        header = await wait_for(pilot, lambda: (h := plain(app.screen.query_one(PanelHeader)))
+                                and "running" in h and h, 30, "the header to say running")
+        assert "watched" in header and "train" in header
         summary = app.screen.query_one(RunSummary)
         text = plain(summary)
         assert "watched.yaml" in str(run.record.get("config_path")) or "watched" in text

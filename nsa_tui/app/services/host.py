@@ -23,6 +23,8 @@ RUNS_POLL_S = 2.0
 ALERT_CHECK_S = 1.0
 MAX_ALERTS = 200
 ANCESTORS = 3
+WATCH_STREAMS: dict[str, list[str] | None] = {"full": None, "alerts": ["metrics", "heartbeats"],
+                                              "chart": ["metrics"]}
 LOG_BACKFILL_BYTES = 2 << 20
 MAX_LINE_CHARS = 4_000  # with 20,000 lines kept, a log costs at most ~80 MB however wide
 
@@ -44,7 +46,7 @@ class HostService:
         self.host: HostState = app.state.host(dest)
         self.client = client
         self.focused: str | None = None
-        self.watches: dict[str, tuple[asyncio.Task[None], bool]] = {}  # run -> (task, full)
+        self.watches: dict[str, tuple[asyncio.Task[None], str]] = {}  # run -> (task, mode)
         self.detector = _detector(dest, getattr(app, "alert_thresholds", None))
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
@@ -147,11 +149,12 @@ class HostService:
         if self.client is not None and self.host.conn == "connected":
             self._ensure_watches()
 
-    def _wanted(self) -> dict[str, bool]:
-        """run id -> full watch? Alive runs (for alerts) and the focused run in full."""
-        wanted: dict[str, bool] = {r.run_id: True for r in self.host.runs.values() if r.alive}
+    def _wanted(self) -> dict[str, str]:
+        """run id -> watch mode: the focused run in "full" (log too), other alive runs for
+        "alerts" (metrics and heartbeats), the focused run's ancestors for the "chart"."""
+        wanted: dict[str, str] = {r.run_id: "alerts" for r in self.host.runs.values() if r.alive}
         if self.focused:
-            wanted[self.focused] = True
+            wanted[self.focused] = "full"
             run = self.host.runs.get(self.focused)
             for _ in range(ANCESTORS):
                 parent = run.record.get("parent_run") if run else None
@@ -159,35 +162,36 @@ class HostService:
                     break
                 run = self.host.run(parent)
                 if not run.synced:
-                    wanted[parent] = False
+                    wanted[parent] = "chart"
         return wanted
 
     def _ensure_watches(self) -> None:
         wanted = self._wanted()
-        for run_id, (task, full) in list(self.watches.items()):
-            if task.done() or run_id not in wanted or (wanted[run_id] and not full):
+        for run_id, (task, mode) in list(self.watches.items()):
+            if task.done() or wanted.get(run_id) != mode:
                 task.cancel()
                 del self.watches[run_id]
-                if run_id not in wanted:
+                if mode == "full":
                     self._forget_log(run_id)
         loop = asyncio.get_running_loop()
-        for run_id, full in wanted.items():
+        for run_id, mode in wanted.items():
             if run_id not in self.watches:
-                self.watches[run_id] = (loop.create_task(self._watch(run_id, full)), full)
+                self.watches[run_id] = (loop.create_task(self._watch(run_id, mode)), mode)
 
     def _forget_log(self, run_id: str) -> None:
         """A run nobody looks at keeps its (bounded) series but not its log: memory stays flat
-        however many runs are browsed. Looking at it again re-reads the log from the host."""
+        however many runs are browsed, and looking at it again starts near the log's end
+        instead of replaying everything written meanwhile."""
         run = self.host.runs.get(run_id)
-        if run is not None and not run.alive:
+        if run is not None:
             run.log = LogBuffer()
             run.offsets.pop("log", None)
 
-    async def _watch(self, run_id: str, full: bool) -> None:
+    async def _watch(self, run_id: str, mode: str) -> None:
         run = self.host.run(run_id)
-        streams = None if full else ["metrics"]
+        streams = WATCH_STREAMS[mode]
         n = 0
-        skip_partial = full and "log" not in run.offsets and await self._start_log_near_end(run)
+        skip_partial = mode == "full" and "log" not in run.offsets and await self._start_log_near_end(run)
         try:
             async for ev in self.client.watch(run_id, offsets=dict(run.offsets), streams=streams):
                 if skip_partial and ev.kind == "log":
@@ -198,7 +202,7 @@ class HostService:
                 n += 1
                 if n % 256 == 0:
                     await asyncio.sleep(0)  # a backlog of lines must not starve the UI
-                if ev.kind == "synced" and not full:
+                if ev.kind == "synced" and mode == "chart":
                     return
         except AgentError as exc:
             if exc.code not in ("closed", "lost", "disconnected"):
