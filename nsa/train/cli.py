@@ -193,6 +193,10 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
         where = f"at step {step + 1}" if hb.phase in ("train", "compile", "data") and trainer and \
             getattr(trainer, "loader", None) else f"during {hb.phase} (after step {step})"
         reason = f"rank {rank} failed {where}: {type(exc).__name__}: {exc}\n{tail}"
+        if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+            reason = (f"rank {rank} failed {where}: a collective timed out after train.pg_timeout_s: a peer "
+                      f"rank stopped responding (see the ranks' heartbeats)\n"
+                      f"{type(exc).__name__}: {exc}\n{tail}")
     try:
         hb.stop("failed", error=reason[-2000:])
     except Exception:

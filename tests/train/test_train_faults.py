@@ -106,3 +106,22 @@ def test_hang_freezes_step_while_timer_beats_continue(tmp_path: Path) -> None:
             proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+
+
+def test_peer_of_a_hung_rank_fails_after_the_process_group_timeout(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    hang = ["debug.hang_at_step=2", "debug.hang_rank=1", "train.pg_timeout_s=4"]
+    proc = start_train(run_dir, LONG + hang)
+    try:
+        wait_for(lambda: (run_dir / "run.json").exists() and run_json(run_dir)["status"] == "failed",
+                 90, "rank 0 to give up on its hung peer")
+        reason = run_json(run_dir)["exit_reason"]
+        assert "rank 0 failed at step 3" in reason and "timed out" in reason, reason
+        assert beats(run_dir, 0)[-1]["phase"] == "failed"
+        assert last_step(run_dir, 1) == 2
+    finally:
+        kill_group(proc)  # the hung rank ignores SIGTERM, like a real deadlock
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass

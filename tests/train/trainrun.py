@@ -1,8 +1,10 @@
 """Run ``nsa-train`` for real (one process, or torchrun with gloo) in a run directory.
 
 Reusable by other tests (the host agent's) that need run directories a real trainer wrote.
-Every process is started in its own session and its whole group is killed on the way out,
-so no torchrun or worker ever outlives a test.
+Every run is started in its own session and tagged with a unique ``NSA_TRAINRUN_TAG`` in its
+environment. torchrun starts each worker in a session of its own (``start_new_session``), so
+killing torchrun's group does not reach the workers: ``kill_group`` also kills every process
+that carries the run's tag, and no torchrun or worker outlives a test.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "smoke-cpu.yaml"
@@ -68,16 +73,39 @@ def run_train(run_dir: Path, sets: Sequence[str] = (), nproc: int | None = 2, co
 def start_train(run_dir: Path, sets: Sequence[str] = (), nproc: int | None = 2, config: Path = SMOKE,
                 resume: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start in a new session (own process group), output to a pipe: stop with ``kill_group``."""
-    return subprocess.Popen(train_command(run_dir, sets, nproc, config, resume), cwd=REPO, env=train_env(env),
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(train_command(run_dir, sets, nproc, config, resume), cwd=REPO,
+                            env=train_env({**(env or {}), "NSA_TRAINRUN_TAG": tag}),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
+    proc.nsa_tag = tag  # type: ignore[attr-defined]
+    return proc
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``NSA_TRAINRUN_TAG=tag``."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("NSA_TRAINRUN_TAG") == tag:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal the launcher's group and every worker of the run (they left the group)."""
+    tag = getattr(proc, "nsa_tag", None)
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+    for p in tagged(tag) if tag else []:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
