@@ -111,9 +111,8 @@ class NsaApp(App[str | None]):
     def select(self, host: str, run_id: str) -> None:
         """Show `run_id` of `host` everywhere; its service streams it in full."""
         self.state.selected = (host, run_id)
-        svc = self.services.get(host)
-        if svc is not None:
-            svc.focus(run_id)
+        for dest, svc in self.services.items():  # other hosts stop streaming their last run's log
+            svc.focus(run_id if dest == host else None)
 
     def on_run_list_selected(self, message: RunList.Selected) -> None:
         self.select(message.host, message.run_id)

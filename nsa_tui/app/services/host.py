@@ -143,8 +143,9 @@ class HostService:
             run.record["step"], run.record["tokens"] = step, tokens
         run.version += 1
 
-    def focus(self, run_id: str) -> None:
-        """Stream `run_id` in full (log included) and its ancestors' metrics for the chart."""
+    def focus(self, run_id: str | None) -> None:
+        """Stream `run_id` in full (log included) and its ancestors' metrics for the chart;
+        None: this host has no selected run."""
         self.focused = run_id
         if self.client is not None and self.host.conn == "connected":
             self._ensure_watches()
