@@ -81,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     from nsa.train import distributed as D
-    from nsa.train.faults import StackDumper, StopFlag
+    from nsa.train.faults import StackDumper, StopFlag, stop_when_launcher_dies
     from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir, read_launch
 
     run_dir = ensure_run_dir(Path(args.run_dir).expanduser().resolve())
-    rank, local_rank, world, _ = D.env_ranks()
+    rank, local_rank, world, launched = D.env_ranks()
     run_id = run_id_for(cfg.name)
     stop = StopFlag()
     stop.install()
+    stop_when_launcher_dies(launched)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     dumper = StackDumper(run_dir / "stacks", rank)
     dumper.install()

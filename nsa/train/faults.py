@@ -12,6 +12,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,24 @@ class StopFlag:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+
+def stop_when_launcher_dies(launched: bool) -> None:
+    """Under torchrun, ask Linux for SIGTERM when the launcher dies: torchrun puts each worker
+    in a session of its own, so a SIGKILLed torchrun would otherwise leave its workers
+    running (LESSONS 12). SIGTERM means the usual clean stop: finish the step, save, exit."""
+    if not launched or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class StackDumper:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.train.trainrun import beats, kill_group, metrics, run_json, run_train, start_train, wait_for
@@ -125,3 +126,23 @@ def test_peer_of_a_hung_rank_fails_after_the_process_group_timeout(tmp_path: Pat
             proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+
+
+def test_workers_stop_cleanly_when_torchrun_is_killed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_train(run_dir, LONG)
+    try:
+        wait_for(lambda: min(last_step(run_dir, 0), last_step(run_dir, 1)) >= 2, 90, "2 steps on both ranks")
+        pids = {beats(run_dir, r)[-1]["pid"] for r in (0, 1)}
+        os.kill(proc.pid, signal.SIGKILL)  # torchrun only: its workers live in their own sessions
+        proc.wait(timeout=10)
+
+        def gone() -> bool:
+            return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                           for p in pids)
+        wait_for(gone, 60, "the orphaned workers to exit")
+    finally:
+        kill_group(proc)
+    run = run_json(run_dir)
+    assert run["status"] == "stopped" and "SIGTERM" in run["exit_reason"], run["exit_reason"]
+    assert (run_dir / "checkpoints" / f"step-{run['step']}" / "meta.json").is_file()
