@@ -82,3 +82,27 @@ def fixed_state(with_alert: bool = True) -> PanelState:
             suggested_actions=["dump", "fallback"]))
     state.selected = ("local", run.run_id)
     return state
+
+
+def two_hosts_state() -> PanelState:
+    """The fixed state plus a second host, reconnecting, whose selected run crashed."""
+    state = fixed_state(with_alert=False)
+    gpu2 = state.host("gpu2")
+    gpu2.conn, gpu2.retry_at = "reconnecting", NOW + 7
+    gpu2.hello = {"host": "gpu2", "gpus": 8}
+    gpu2.runs_loaded = True
+    run = gpu2.run("20261121T195000Z-dense-125m")
+    run.record = {"run_id": run.run_id, "name": "dense-125m", "status": "crashed", "alive": False,
+                  "config_path": "configs/dense-125m.yaml", "param_count": 124_400_000, "world_size": 8,
+                  "started_at": NOW - 900, "step": 311, "total_steps": 50000, "exit_code": 1,
+                  "launch": {"config_file": "configs/dense-125m.yaml", "created": NOW - 905}}
+    run.log.append_many(["step 311 | loss 3.912", "Traceback (most recent call last):",
+                         '  File "nsa/train/trainer.py", line 301, in step',
+                         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                         "nsa-tui supervise: command exited with 1"])
+    state.alerts.append(make_alert(
+        kind="crash", severity="critical", host="gpu2", run=run.run_id, phase="train", last_step=311,
+        log_tail=["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"],
+        message="processes exited with code 1 without a final status", suggested_actions=["logs", "resume"]))
+    state.selected = ("gpu2", run.run_id)
+    return state

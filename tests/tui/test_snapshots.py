@@ -6,7 +6,7 @@ Update after an intended change of the drawing: pytest tests/tui/test_snapshots.
 from __future__ import annotations
 
 from nsa_tui.app.app import NsaApp
-from tests.tui.fixed_data import NOW, fixed_state
+from tests.tui.fixed_data import NOW, fixed_state, two_hosts_state
 
 CONFIGS = ["configs/nsa-125m.yaml", "configs/smoke-cpu.yaml", "configs/tiny-cpu.yaml"]
 
@@ -33,3 +33,9 @@ def test_main_screen_160x45(snap_compare, monkeypatch, tmp_path) -> None:
 def test_launch_dialog(snap_compare, monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
     assert snap_compare(fixed_app(with_alert=False), press=["l"], terminal_size=(100, 30), run_before=settle)
+
+
+def test_two_hosts_and_a_crashed_run(snap_compare, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
+    app = NsaApp(["local", "gpu2"], state=two_hosts_state(), live=False, clock=lambda: NOW, configs=CONFIGS)
+    assert snap_compare(app, terminal_size=(120, 34), run_before=settle)

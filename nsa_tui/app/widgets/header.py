@@ -57,7 +57,8 @@ def run_progress(run: RunState, now: float) -> Text:
     if run.alive and isinstance(step, int) and isinstance(total, int) and isinstance(step_time, (int, float)):
         eta = step_time * max(0, total - step)
     t.append(f" · ETA {fmt_duration(eta)}")
-    t.append(f" · {fmt_count(rec.get('tokens'), 'tok')}")
+    tokens = rec.get("tokens")
+    t.append(f" · {fmt_count(tokens, 'tok')}" if tokens is not None else " · tokens N/A")
     return t
 
 
