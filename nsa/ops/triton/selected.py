@@ -26,89 +26,119 @@ from .band import NEG, _prec
 
 
 @triton.jit
+def _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL,
+          R: tl.constexpr, HPGP: tl.constexpr, P: tl.constexpr, NP: tl.constexpr):
+    """Tile rows = P positions x the group's heads (padded): their position, head, validity
+    and selection lists ``sel [R, NP]`` (-1 where empty)."""
+    r = tl.arange(0, R)
+    p_r = r // HPGP
+    h_r = r % HPGP
+    t_r = t0 + p_r
+    valid = (r < P * HPGP) & (h_r < HPG) & (t_r < T)
+    slots = tl.arange(0, NP)
+    sel = tl.load(IDX + b * sib + t_r[:, None] * sit + g * sig + slots[None, :],
+                  mask=valid[:, None] & (slots < NSEL)[None, :], other=-1)
+    return p_r, h_r, t_r, valid, sel
+
+
+@triton.jit
+def _next_block(IDX, sib, sit, sig, b, g, t0, p, slot, T, sel, p_r):
+    """Block of (position t0+p, slot), and whether this program handles it now: it exists
+    and no earlier position of the tile selected it (each block once per tile)."""
+    tp = t0 + p
+    j = tl.load(IDX + b * sib + tl.minimum(tp, T - 1) * sit + g * sig + slot)
+    j = tl.where(tp < T, j, -1)
+    earlier = tl.sum(((sel == j) & (p_r < p)[:, None]).to(tl.int32))
+    member = tl.sum((sel == j).to(tl.int32), 1) > 0  # rows whose position selected j
+    return j, (j >= 0) & (earlier == 0), member
+
+
+@triton.jit
 def _sel_fwd(Q, K, V, IDX, OUT, LSE,
              sqb, sqt, sqh, skb, skt, skh, sib, sit, sig,
              T, G, HPG, NSEL, scale,
-             BS: tl.constexpr, LS: tl.constexpr, HP: tl.constexpr,
-             D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    t = tl.program_id(0)
+             BS: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, HPGP: tl.constexpr, P: tl.constexpr,
+             NP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    t0 = tl.program_id(0) * P
     pid_bg = tl.program_id(1)
     b = pid_bg // G
     g = pid_bg % G
-    rows = tl.arange(0, HP)
-    rmask = rows < HPG
+    p_r, h_r, t_r, valid, sel = _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL, R, HPGP, P, NP)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
-    h = g * HPG + rows
-    qoff = b * sqb + t * sqt + h[:, None] * sqh + offs_d[None, :]
-    q = tl.load(Q + qoff, mask=rmask[:, None] & dmask[None, :], other=0.0)
-    m_i = tl.full([HP], NEG, tl.float32)
-    l_i = tl.zeros([HP], tl.float32)
-    acc = tl.zeros([HP, BD], tl.float32)
+    qoff = b * sqb + t_r[:, None] * sqt + (g * HPG + h_r)[:, None] * sqh + offs_d[None, :]
+    qmask = valid[:, None] & dmask[None, :]
+    q = tl.load(Q + qoff, mask=qmask, other=0.0)
+    m_i = tl.full([R], NEG, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BD], tl.float32)
     kbase = K + b * skb + g * skh
     vbase = V + b * skb + g * skh
-    for slot in range(0, NSEL):
-        j = tl.load(IDX + b * sib + t * sit + g * sig + slot)
-        if j >= 0:
-            offs_n = j * BS + tl.arange(0, LS)
-            nmask = (tl.arange(0, LS) < BS) & (offs_n <= t)
-            kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
-                         mask=nmask[None, :] & dmask[:, None], other=0.0)
-            s = tl.dot(q, kt, input_precision=PREC) * scale
-            s = tl.where(nmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :],
-                        mask=nmask[:, None] & dmask[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            m_i = m_new
+    for p in range(0, P):
+        for slot in range(0, NSEL):
+            j, todo, member = _next_block(IDX, sib, sit, sig, b, g, t0, p, slot, T, sel, p_r)
+            if todo:
+                offs_n = j * BS + tl.arange(0, LS)
+                nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
+                kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
+                             mask=nmask[None, :] & dmask[:, None], other=0.0)
+                s = tl.dot(q, kt, input_precision=PREC) * scale
+                vis = (member & valid)[:, None] & nmask[None, :] & (offs_n[None, :] <= t_r[:, None])
+                s = tl.where(vis, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                pr = tl.exp(s - m_new[:, None])
+                alpha = tl.exp(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(pr, 1)
+                v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :],
+                            mask=nmask[:, None] & dmask[None, :], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
+                m_i = m_new
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("inf"))
-    tl.store(OUT + qoff, out.to(OUT.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
-    tl.store(LSE + (b * T + t) * G * HPG + h, lse, mask=rmask)
+    tl.store(OUT + qoff, out.to(OUT.dtype.element_ty), mask=qmask)
+    tl.store(LSE + (b * T + t_r) * G * HPG + g * HPG + h_r, lse, mask=valid)
 
 
 @triton.jit
 def _sel_bwd_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
                 sqb, sqt, sqh, skb, skt, skh, sib, sit, sig,
                 T, G, HPG, NSEL, scale,
-                BS: tl.constexpr, LS: tl.constexpr, HP: tl.constexpr,
-                D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    t = tl.program_id(0)
+                BS: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, HPGP: tl.constexpr, P: tl.constexpr,
+                NP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    t0 = tl.program_id(0) * P
     pid_bg = tl.program_id(1)
     b = pid_bg // G
     g = pid_bg % G
-    rows = tl.arange(0, HP)
-    rmask = rows < HPG
+    p_r, h_r, t_r, valid, sel = _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL, R, HPGP, P, NP)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
-    h = g * HPG + rows
-    qoff = b * sqb + t * sqt + h[:, None] * sqh + offs_d[None, :]
-    qmask = rmask[:, None] & dmask[None, :]
+    qoff = b * sqb + t_r[:, None] * sqt + (g * HPG + h_r)[:, None] * sqh + offs_d[None, :]
+    qmask = valid[:, None] & dmask[None, :]
     q = tl.load(Q + qoff, mask=qmask, other=0.0)
     do = tl.load(DO + qoff, mask=qmask, other=0.0)
-    lse = tl.load(LSE + (b * T + t) * G * HPG + h, mask=rmask, other=float("inf"))
-    delta = tl.load(DELTA + (b * T + t) * G * HPG + h, mask=rmask, other=0.0)
-    dq = tl.zeros([HP, BD], tl.float32)
+    row = (b * T + t_r) * G * HPG + g * HPG + h_r
+    lse = tl.load(LSE + row, mask=valid, other=float("inf"))
+    delta = tl.load(DELTA + row, mask=valid, other=0.0)
+    dq = tl.zeros([R, BD], tl.float32)
     kbase = K + b * skb + g * skh
     vbase = V + b * skb + g * skh
-    for slot in range(0, NSEL):
-        j = tl.load(IDX + b * sib + t * sit + g * sig + slot)
-        if j >= 0:
-            offs_n = j * BS + tl.arange(0, LS)
-            nmask = (tl.arange(0, LS) < BS) & (offs_n <= t)
-            kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
-                         mask=nmask[None, :] & dmask[:, None], other=0.0)
-            vt = tl.load(vbase + offs_n[None, :] * skt + offs_d[:, None],
-                         mask=nmask[None, :] & dmask[:, None], other=0.0)
-            s = tl.dot(q, kt, input_precision=PREC) * scale
-            p = tl.exp(tl.where(nmask[None, :], s - lse[:, None], float("-inf")))
-            dp = tl.dot(do, vt, input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
+    for p in range(0, P):
+        for slot in range(0, NSEL):
+            j, todo, member = _next_block(IDX, sib, sit, sig, b, g, t0, p, slot, T, sel, p_r)
+            if todo:
+                offs_n = j * BS + tl.arange(0, LS)
+                nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
+                kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
+                             mask=nmask[None, :] & dmask[:, None], other=0.0)
+                vt = tl.load(vbase + offs_n[None, :] * skt + offs_d[:, None],
+                             mask=nmask[None, :] & dmask[:, None], other=0.0)
+                s = tl.dot(q, kt, input_precision=PREC) * scale
+                vis = (member & valid)[:, None] & nmask[None, :] & (offs_n[None, :] <= t_r[:, None])
+                pr = tl.exp(tl.where(vis, s - lse[:, None], float("-inf")))
+                dp = tl.dot(do, vt, input_precision=PREC)
+                ds = pr * (dp - delta[:, None])
+                dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
     tl.store(DQ + qoff, (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
 
 
@@ -191,11 +221,18 @@ def _sel_bwd_reduce(DKP, DVP, CHUNK_START, DK, DV, skb, skt, skh, T, G, NS,
     tl.store(DV + kvoff, dv.to(DV.dtype.element_ty), mask=kvmask)
 
 
-def _sizes(hpg: int, d: int, block: int) -> tuple[int, int, int, int, int]:
-    hp = max(16, triton.next_power_of_2(hpg))  # forward/dQ rows: heads padded to a 16-row tile
-    hpp = triton.next_power_of_2(hpg)  # dK/dV rows: QC positions x heads, no padding per position
-    qc = max(1, 64 // hpp) if hpp <= 64 else 1
-    return hp, hpp, qc, max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(block))
+# Query positions per forward/dQ program. None: enough positions to fill a 16-row tile
+# (1 when a group has >= 16 heads, as in nsa-125m and the paper); 1 forces pure padding.
+POSITIONS: int | None = None
+
+
+def _sizes(hpg: int, d: int, block: int, positions: int | None) -> tuple[int, int, int, int, int, int]:
+    """(forward/dQ rows R, positions P, padded heads HPGP, dK/dV positions per tile QC, BD, LS)."""
+    hpgp = triton.next_power_of_2(hpg)
+    pos = positions if positions is not None else (POSITIONS or max(1, 16 // hpgp))
+    rows = max(16, triton.next_power_of_2(pos * hpgp))  # rows beyond pos * hpgp are zero padding
+    qc = max(1, 64 // hpgp) if hpgp <= 64 else 1  # dK/dV rows: QC positions x heads
+    return rows, pos, hpgp, qc, max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(block))
 
 
 def inverted_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +254,7 @@ def inverted_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torc
 
 
 def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, block: int,
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float, positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Output [B,T,H,D] and LSE [B,T,H] (fp32)."""
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
@@ -225,15 +262,17 @@ def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     lse = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
     if T == 0:
         return o, lse
-    hp, _, _, bd, ls = _sizes(H // G, D, block)
-    _sel_fwd[(T, B * G)](q, k, v, idx, o, lse, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3],
-                         T, G, H // G, n, scale, BS=block, LS=ls, HP=hp, D=D, BD=bd, PREC=_prec(q))
+    rows, pos, hpgp, _, bd, ls = _sizes(H // G, D, block, positions)
+    _sel_fwd[(triton.cdiv(T, pos), B * G)](
+        q, k, v, idx, o, lse, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3], T, G, H // G, n, scale,
+        BS=block, LS=ls, R=rows, HPGP=hpgp, P=pos, NP=triton.next_power_of_2(max(n, 1)), D=D, BD=bd,
+        PREC=_prec(q))
     return o, lse
 
 
 def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
-                      lse: torch.Tensor, do: torch.Tensor, block: int, scale: float,
-                      chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      lse: torch.Tensor, do: torch.Tensor, block: int, scale: float, chunk: int | None = None,
+                      positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv (deterministic: dK/dV are KV-block-major over an inverted index)."""
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
@@ -244,11 +283,12 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     dv = torch.zeros_like(v)
     if T == 0:
         return dq, dk, dv
-    hp, hpp, qc, bd, ls = _sizes(H // G, D, block)
+    rows, pos, hpp, qc, bd, ls = _sizes(H // G, D, block, positions)
     prec = _prec(q)
-    _sel_bwd_dq[(T, B * G)](q, k, v, idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3],
-                            *idx.stride()[:3], T, G, H // G, n, scale,
-                            BS=block, LS=ls, HP=hp, D=D, BD=bd, PREC=prec)
+    _sel_bwd_dq[(triton.cdiv(T, pos), B * G)](
+        q, k, v, idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3],
+        T, G, H // G, n, scale, BS=block, LS=ls, R=rows, HPGP=hpp, P=pos,
+        NP=triton.next_power_of_2(max(n, 1)), D=D, BD=bd, PREC=prec)
     ns = triton.cdiv(T, block)
     nkeys = B * G * ns
     tlist, offsets = inverted_index(idx, ns)
