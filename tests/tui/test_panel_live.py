@@ -197,15 +197,35 @@ async def test_bad_config_error_stays_in_the_dialog(runs_root: Path, make_config
         assert not list(runs_root.iterdir()) if runs_root.exists() else True
 
 
-async def test_no_runs_offers_the_demo(runs_root: Path) -> None:
+async def test_no_runs_offers_the_packaged_demo(runs_root: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # not a checkout: the demo config comes from the package
     app = NsaApp(["local"])
     async with app.run_test(size=SIZE) as pilot:
         offer = await wait_for(pilot, on(app, ConfirmScreen), 30, "offer")
-        assert "demo" in plain(offer.query_one("#confirm-body")).lower()
+        assert "nsa_tui/configs/demo-cpu.yaml" in plain(offer.query_one("#confirm-body"))
         await pilot.press("n")
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
         await pilot.press("q")
     assert "no runs" in app.return_value
+
+
+@pytest.mark.slow
+async def test_accepting_the_demo_shows_a_real_run_training(runs_root: Path, tmp_path: Path, monkeypatch,
+                                                            make_config) -> None:
+    # a checkout whose configs/tiny-cpu.yaml is the smoke config, so the demo trains in seconds
+    (tmp_path / "configs").mkdir()
+    smoke = Path(make_config("tiny", train__steps=5000)).read_text()
+    (tmp_path / "configs" / "tiny-cpu.yaml").write_text(smoke)
+    monkeypatch.chdir(tmp_path)
+    app = NsaApp(["local"])
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, on(app, ConfirmScreen), 30, "offer")
+        await pilot.press("y")
+        run = await wait_for(pilot, lambda: app.state.selected_run(), 30, "the demo run")
+        assert run.name == "demo"
+        await wait_for(pilot, lambda: len(run.loss) >= 2, 90, "the demo's first steps")
+        await pilot.press("q")
+    assert run.run_id in app.return_value
 
 
 async def test_keymap_file_remaps_and_help_lists_it(runs_root: Path, tmp_path: Path, monkeypatch) -> None:
