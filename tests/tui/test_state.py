@@ -73,3 +73,14 @@ def test_keymap_file(tmp_path) -> None:
     assert keymap == {"kill": "x", "search": "ctrl+f,slash"}
     assert any("bogus" in p for p in problems) and any("help" in p for p in problems)
     assert load_keymap(tmp_path / "absent.yaml") == ({}, [])
+
+
+def test_packaged_demo_config_is_the_repository_demo() -> None:
+    """nsa_tui/configs/demo-cpu.yaml is the copy an installed package offers; keep it in step."""
+    from pathlib import Path
+
+    import nsa_tui
+
+    repo = Path(__file__).resolve().parents[2]
+    packaged = Path(nsa_tui.__file__).parent / "configs" / "demo-cpu.yaml"
+    assert packaged.read_text() == (repo / "configs" / "tiny-cpu.yaml").read_text()
