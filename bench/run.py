@@ -36,7 +36,10 @@ if str(ROOT) not in sys.path:
 
 from bench.report import write_results  # noqa: E402
 
-LAYOUTS = {"nsa-125m": (16, 1, 64), "paper": (64, 4, 128)}  # H, G, D
+LAYOUTS = {"nsa-125m": (16, 1, 64), "paper": (64, 4, 128)}  # H, G, D: run by default
+# Only with --layouts: 4 query heads per group, where the selected kernels tile several
+# positions (or pad, with --sel-positions 1): the measurement behind that choice.
+EXTRA_LAYOUTS = {"h16-g4": (16, 4, 64)}
 SEQS = (2048, 8192, 16384, 32768, 65536)
 TRAIN_CASES = ((2048, 8), (16384, 1))  # (seq_len, batch)
 NSA = dict(block=32, stride=16, select_block=64, num_selected=16, num_initial=1, num_local=2, window=512)
@@ -141,7 +144,7 @@ def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: 
                     dims: tuple[int, int, int] | None = None) -> list[dict[str, Any]]:
     """attn_fwd and attn_bwd rows of one implementation at one shape (bf16 on CUDA; fp32 on
     CPU, where only the smoke test runs it, with ``dims`` overriding the layout's H, G, D)."""
-    H, G, D = dims or LAYOUTS[layout]
+    H, G, D = dims or {**LAYOUTS, **EXTRA_LAYOUTS}[layout]
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     xs = attention_inputs(impl, B, T, H, G, D, device, dt)
     note = f"H={H} G={G} D={D} {str(dt).removeprefix('torch.')}"
@@ -151,6 +154,10 @@ def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: 
     else:
         ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
         fwd = lambda *xs: nsa_attention(ops, *xs)  # noqa: E731
+        if impl == "nsa_triton":
+            from nsa.ops.triton import selected
+
+            note += f", selected positions/program {selected.POSITIONS or 'auto'}"
     rows = []
     with torch.no_grad():
         ms, mem = time_cuda(lambda _: fwd(*xs), None, warmup, iters)
@@ -212,7 +219,7 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: st
 def bench_select(impl: str, layout: str, T: int, B: int, warmup: int, iters: int,
                  device: str = "cuda") -> list[dict[str, Any]]:
     """``select_topn`` row: the top-n alone on random scores (topk on packed keys vs full sort)."""
-    G = LAYOUTS[layout][1]
+    G = {**LAYOUTS, **EXTRA_LAYOUTS}[layout][1]
     ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
     ns = -(-T // NSA["select_block"])
     scores = torch.rand(B, T, G, ns, device=device)
@@ -247,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the nsa_reference rows")
     ap.add_argument("--tokens", type=int, default=65536, help="attention batch = max(1, tokens // seq_len)")
     ap.add_argument("--seqs", type=int, nargs="+", help=f"attention sequence lengths (default {SEQS})")
-    ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), help="head layouts (default all)")
+    ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS) + list(EXTRA_LAYOUTS),
+                    help=f"head layouts (default {list(LAYOUTS)})")
+    ap.add_argument("--sel-positions", type=int, help="query positions per selected-attention program "
+                    "(default: fill a 16-row tile; 1 = pad the heads)")
     ap.add_argument("--tag", default="", help="suffix of the results file name (several partial runs a day)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -256,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import triton
 
+    if args.sel_positions is not None:
+        from nsa.ops.triton import selected
+
+        selected.POSITIONS = args.sel_positions
     device = torch.cuda.get_device_name()
     seqs = args.seqs or (SEQS[:2] if args.quick else SEQS)
     layouts = args.layouts or (["nsa-125m"] if args.quick else list(LAYOUTS))
@@ -266,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     stem_date = date + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     meta = dict(common, argv=sys.argv[1:], quick=args.quick, nsa_hparams=NSA,
-                tokens_per_attn_batch=args.tokens)
+                tokens_per_attn_batch=args.tokens, sel_positions=args.sel_positions)
 
     def save() -> tuple[Path, Path]:  # after every case: a crash keeps what was measured
         return write_results(rows, args.out_dir, device, stem_date, meta)
