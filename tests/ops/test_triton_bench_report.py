@@ -107,6 +107,7 @@ def test_dense_baseline_variants_are_causal_gqa_attention():
     assert ((got - want).norm() / want.norm()).item() <= 1e-5, name
 
 
+@pytest.mark.slow
 def test_bench_code_paths_run_on_cpu():
     """Smoke test of the benchmark's own code on CPU (interpreter, fp32, tiny): row shapes
     and keys only; the CPU timings are thrown away (the CLI refuses to run without CUDA)."""
