@@ -1,10 +1,12 @@
 """Group-centric selected attention (NSA's selection branch), forward and backward.
 
-Forward and dQ: one program per (query position t, batch, KV group g). Its rows are the
-group's query heads (padded with zero rows up to a 16-row tensor-core tile when the group
-has fewer heads); it walks the group's selected blocks ``idx[b, t, g, :]`` and loads each
-K/V block once for all heads (the paper's group-centric scheme). Causality inside the
-query's own block is a key mask ``s <= t``; ``-1`` slots are skipped.
+Forward and dQ: one program per (P consecutive query positions, batch, KV group g). Its
+rows are those positions x the group's query heads (P = 1 when the group has >= 16
+heads; otherwise enough positions to fill a 16-row tensor-core tile, or zero-row padding
+with P = 1). It walks the positions' selected blocks ``idx[b, t, g, :]``, handles each
+distinct block once and loads its K/V once for all rows (the paper's group-centric
+scheme), with a per-row mask: the row's position selected the block, and keys ``s <= t``
+(causal inside the query's own block). ``-1`` slots are skipped.
 
 dK/dV: KV-block-major, no atomics. An inverted index (which query positions selected
 block j of group g) is built with torch ops (a stable sort of the flattened selection,
