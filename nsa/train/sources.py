@@ -5,7 +5,8 @@ lineage; see ``nsa/train/data.py`` for why streams outlive world-size changes). 
 yields the documents of one stream and one split, from a given document count on, so a
 resume re-opens the stream exactly where a checkpoint says.
 
-- ``stdlib``: the Python standard library's ``.py`` files, sorted: real text on every machine.
+- ``stdlib``: the Python standard library's ``.py`` files, sorted, then trained in a seeded
+  order per epoch: real text on every machine.
 - ``synthetic``: a seeded Markov chain over 64 byte values: learnable, not uniform noise.
 - ``files`` and ``fineweb-edu``: one code path through ``datasets`` streaming and
   ``split_dataset_by_node``; fineweb-edu passes the Hub id, files pass local data files.
@@ -49,11 +50,13 @@ def _is_val(index: int, every: int) -> bool:
 class IndexedSource:
     """A source whose documents have a global index: stdlib files, synthetic documents."""
 
-    def __init__(self, description: str, n_docs: int, val_every: int, load: Callable[[int], Doc]) -> None:
+    def __init__(self, description: str, n_docs: int, val_every: int, load: Callable[[int], Doc],
+                 shuffle_seed: int | None = None) -> None:
         self.description = description
         self.n_docs = n_docs
         self.val_every = val_every
         self._load = load
+        self.shuffle_seed = shuffle_seed  # None: file order; else a seeded order per epoch
 
     def split_size(self, split: str) -> int:
         n_val = self.n_docs // self.val_every
@@ -64,10 +67,18 @@ class IndexedSource:
         n = self.val_every
         return m * n + n - 1 if split == "val" else m + m // (n - 1)
 
+    def order(self, split: str, epoch: int) -> np.ndarray | range:
+        """The training split in a seeded order, fresh each epoch (sorted files would feed one
+        package after another); validation always in index order (the same batches each eval)."""
+        size = self.split_size(split)
+        if self.shuffle_seed is None or split == "val":
+            return range(size)
+        return np.random.default_rng([self.shuffle_seed, epoch]).permutation(size)
+
     def docs(self, stream: int, n_streams: int, split: str, start: int, epoch: int) -> Iterator[Doc]:
-        del epoch  # the same order every epoch: an epoch is one full pass, visible in metrics
-        for m in range(stream + start * n_streams, self.split_size(split), n_streams):
-            yield self._load(self.global_index(split, m))
+        order = self.order(split, epoch)
+        for j in range(stream + start * n_streams, len(order), n_streams):
+            yield self._load(self.global_index(split, int(order[j])))
 
 
 def stdlib_files() -> list[Path]:
@@ -81,7 +92,7 @@ def stdlib_files() -> list[Path]:
     return sorted(out, key=lambda p: str(p.relative_to(root)))
 
 
-def stdlib_source(val_every: int) -> IndexedSource:
+def stdlib_source(val_every: int, seed: int = 0) -> IndexedSource:
     files = stdlib_files()
     if not files:
         raise DataSourceError(f"no .py files under {sysconfig.get_paths()['stdlib']}")
@@ -90,7 +101,7 @@ def stdlib_source(val_every: int) -> IndexedSource:
         return files[i].read_text(encoding="utf-8", errors="replace")
 
     return IndexedSource(f"stdlib ({len(files)} files under {sysconfig.get_paths()['stdlib']})",
-                         len(files), val_every, load)
+                         len(files), val_every, load, shuffle_seed=seed)
 
 
 class MarkovChain:
@@ -200,7 +211,7 @@ class StreamingSource:
 def build_source(cfg: DataConfig) -> DocSource:
     """The source ``data.source`` names; never a silent substitute (LESSONS 7)."""
     if cfg.source == "stdlib":
-        return stdlib_source(cfg.val_every_n_docs)
+        return stdlib_source(cfg.val_every_n_docs, cfg.seed)
     if cfg.source == "synthetic":
         return synthetic_source(cfg.seed, cfg.val_every_n_docs)
     if cfg.source == "files":

@@ -222,3 +222,16 @@ def test_files_source_reads_txt_as_whole_documents_and_jsonl_rows(tmp_path: Path
     assert list(js.docs(0, 1, "train", 0, 0)) == ["j1", "j2"]
     with pytest.raises(DataSourceError, match="mixed file types"):
         build_source(DataConfig(source="files", paths=[str(tmp_path / "*")]))
+
+
+def test_seeded_train_order_covers_the_split_once_per_epoch() -> None:
+    docs = [f"d{i}" for i in range(53)]
+    src = IndexedSource("list", len(docs), 5, lambda i: docs[i], shuffle_seed=7)
+    epoch0 = [list(src.docs(s, 3, "train", 0, 0)) for s in range(3)]
+    flat = [d for part in epoch0 for d in part]
+    train = [d for i, d in enumerate(docs) if i % 5 != 4]
+    assert sorted(flat) == sorted(train) and len(flat) == len(set(flat))  # each once, none of val
+    assert sum(epoch0, []) != train  # not file order
+    assert list(src.docs(1, 3, "train", 4, 0)) == epoch0[1][4:]  # a resume skips exactly
+    assert list(src.docs(1, 3, "train", 0, 1)) != epoch0[1]  # a new order each epoch
+    assert list(src.docs(0, 1, "val", 0, 0)) == [d for i, d in enumerate(docs) if i % 5 == 4]
