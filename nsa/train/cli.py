@@ -65,6 +65,18 @@ def versions() -> dict[str, str | None]:
             "nsa": nsa.__version__}
 
 
+def other_run(run_dir: Path, run_id: str) -> str | None:
+    """The id and status of a different run that already wrote ``run_dir/run.json``, if any
+    (one directory, one run: LESSONS 4). Ranks of this run see their own id and go on."""
+    try:
+        data = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("run_id") == run_id:
+        return None
+    return f"{data.get('run_id')} (status {data.get('status')})"
+
+
 def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -80,13 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsa-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
+    run_id = run_id_for(cfg.name)
+    other = other_run(Path(args.run_dir).expanduser(), run_id)
+    if other and not args.resume:
+        print(f"nsa-train: error: {args.run_dir} already holds run {other}: use a new run directory "
+              "(or --resume auto to continue that run)", file=sys.stderr)
+        return EXIT_USAGE
+
     from nsa.train import distributed as D
     from nsa.train.faults import StackDumper, StopFlag, stop_when_launcher_dies
     from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir, read_launch
 
     run_dir = ensure_run_dir(Path(args.run_dir).expanduser().resolve())
     rank, local_rank, world, launched = D.env_ranks()
-    run_id = run_id_for(cfg.name)
     stop = StopFlag()
     stop.install()
     stop_when_launcher_dies(launched)

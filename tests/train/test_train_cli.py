@@ -40,6 +40,15 @@ def test_bad_config_names_the_key_and_starts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+def test_a_run_directory_holds_one_run(tmp_path: Path) -> None:
+    rd = tmp_path / "r"
+    rd.mkdir()
+    (rd / "run.json").write_text('{"run_id": "older-run", "status": "finished"}')
+    res = cli("--config", str(SMOKE), "--run-dir", str(rd))
+    assert res.returncode == 2 and "already holds run older-run" in res.stderr
+    assert sorted(p.name for p in rd.iterdir()) == ["run.json"]  # nothing written
+
+
 @pytest.mark.timeout(120)
 def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path: Path) -> None:
     data = tmp_path / "fw.parquet"
