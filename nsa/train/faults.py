@@ -42,6 +42,8 @@ class StopFlag:
 
     def install(self) -> None:
         def handler(signum: int, frame: Any) -> None:
+            if signum == signal.SIGINT and self.is_set():  # a second Ctrl-C: stop now, unsaved
+                raise KeyboardInterrupt("second SIGINT: stopped without a checkpoint")
             self.set(signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, handler)
