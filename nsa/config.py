@@ -13,7 +13,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -54,7 +54,7 @@ class ModelConfig:
     n_kv_heads: int
     head_dim: int
     attention: AttentionConfig
-    ffn_hidden: Optional[int] = None  # None: SwiGLU's 8/3 * dim rounded up to 64
+    ffn_hidden: int | None = None  # None: SwiGLU's 8/3 * dim rounded up to 64
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
@@ -93,8 +93,8 @@ class TrainConfig:
 class DataConfig:
     source: Literal["fineweb-edu", "files", "stdlib", "synthetic"]
     tokenizer: Literal["byte", "gpt2"] = "byte"
-    gpt2_vocab_bpe: Optional[str] = None  # offline GPT-2 BPE files
-    gpt2_encoder_json: Optional[str] = None
+    gpt2_vocab_bpe: str | None = None  # offline GPT-2 BPE files
+    gpt2_encoder_json: str | None = None
     paths: list[str] = field(default_factory=list)  # for source=files, globs allowed
     fineweb_name: str = "sample-10BT"
     text_field: str = "text"
@@ -108,14 +108,14 @@ class DataConfig:
 class DebugConfig:
     """Fault injection for tests of the panel's alerts. Off by default."""
 
-    hang_at_step: Optional[int] = None
-    hang_rank: Optional[int] = None
-    crash_at_step: Optional[int] = None
-    crash_rank: Optional[int] = None
-    nan_at_step: Optional[int] = None
-    nan_rank: Optional[int] = None  # None: every rank
+    hang_at_step: int | None = None
+    hang_rank: int | None = None
+    crash_at_step: int | None = None
+    crash_rank: int | None = None
+    nan_at_step: int | None = None
+    nan_rank: int | None = None  # None: every rank
     slow_data_s: float = 0.0
-    stop_at_step: Optional[int] = None  # behave as if SIGTERM arrived during this step
+    stop_at_step: int | None = None  # behave as if SIGTERM arrived during this step
     record_rank_state: bool = False  # debug/rank-R.jsonl: data digests and a final parameter digest
 
 
@@ -132,7 +132,7 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(path: Union[str, Path], overrides: typing.Sequence[str] = ()) -> Config:
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read ``path`` (YAML), apply ``"section.key=value"`` overrides, validate strictly."""
     if path is None or str(path) == "":
         raise ConfigError("no config given: pass a config file path (there is no default config)")
