@@ -4,20 +4,12 @@ block, T = 1. fp32 in the interpreter, against the reference."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+import nsa.ops.triton as T_OPS
 from nsa.ops import reference as R
-
-T_OPS = pytest.importorskip("nsa.ops.triton")
-
-TOL = 1e-5
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
 
 def _run(fn, xs, do):
@@ -29,8 +21,7 @@ def _run(fn, xs, do):
 
 @pytest.mark.parametrize("B,T,H,G,D", [(2, 5, 2, 2, 24), (1, 37, 3, 1, 24), (2, 70, 6, 2, 40)])
 def test_odd_shapes_match_reference(B, T, H, G, D):
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
+    seed = fresh_seed()
     q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     k, v = torch.randn(B, T, G, D), torch.randn(B, T, G, D)
     idx = T_OPS.select_blocks(torch.rand(B, T, G, R.num_select_blocks(T, 16)), 16, 3, 1, 1)
@@ -42,7 +33,7 @@ def test_odd_shapes_match_reference(B, T, H, G, D):
     }
     for name, (fn, rfn) in cases.items():
         for i, (x, y) in enumerate(zip(_run(fn, (q, k, v), do), _run(rfn, (q, k, v), do))):
-            assert _rel(x, y) <= TOL, f"seed={seed} {name} tensor {i}"
+            assert rel_err(x, y) <= TOL, f"seed={seed} {name} tensor {i}"
     nc = R.num_compressed(T, 8, 4)
     kc, vc = torch.randn(B, nc, G, D), torch.randn(B, nc, G, D)
     xs = [x.clone().requires_grad_() for x in (q, kc, vc)]
@@ -54,9 +45,9 @@ def test_odd_shapes_match_reference(B, T, H, G, D):
     if nc == 0:  # shorter than one compressed block: no compressed token, all zero
         assert out.abs().max() == 0 and scores.abs().max() == 0 and xs[0].grad.abs().max() == 0
         return
-    assert _rel(out, ref) <= TOL and _rel(scores, ref_scores) <= TOL, f"seed={seed} compressed"
+    assert rel_err(out, ref) <= TOL and rel_err(scores, ref_scores) <= TOL, f"seed={seed} compressed"
     for i, (x, y) in enumerate(zip(xs, rs)):
-        assert _rel(x.grad, y.grad) <= TOL, f"seed={seed} compressed grad {i}"
+        assert rel_err(x.grad, y.grad) <= TOL, f"seed={seed} compressed grad {i}"
 
 
 def test_single_token():
@@ -69,6 +60,6 @@ def test_single_token():
     for fn in (lambda a, b, c: T_OPS.window_attention(a, b, c, 5),
                lambda a, b, c: T_OPS.selected_attention(a, b, c, idx, 16)):
         out, dq, dk, dv = _run(fn, (q, k, v), do)
-        assert _rel(out, v.repeat_interleave(2, 2)) <= TOL
+        assert rel_err(out, v.repeat_interleave(2, 2)) <= TOL
         assert dq.abs().max() <= TOL and dk.abs().max() <= TOL
-        assert _rel(dv, do.view(2, 1, 2, 2, 24).sum(3)) <= TOL
+        assert rel_err(dv, do.view(2, 1, 2, 2, 24).sum(3)) <= TOL

@@ -6,26 +6,12 @@ The kernel path never builds the T x Nc probability matrix; it must equal
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+import nsa.ops.triton as T_OPS
 from nsa.ops import reference as R
-
-T_OPS = pytest.importorskip("nsa.ops.triton")
-
-TOL = 1e-5
-
-
-def _seed() -> int:
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    return seed
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
 
 def _naive_scores(q, k, blk, stride, sblk, n_groups):
@@ -59,7 +45,7 @@ CASES = [  # B, T, H, G, D, l, d, l'
 
 @pytest.mark.parametrize("B,T,H,G,D,blk,d,sblk", CASES)
 def test_fused_scores_match_reference(B, T, H, G, D, blk, d, sblk):
-    seed = _seed()
+    seed = fresh_seed()
     nc = R.num_compressed(T, blk, d)
     q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     k, v = torch.randn(B, nc, G, D), torch.randn(B, nc, G, D)
@@ -71,27 +57,27 @@ def test_fused_scores_match_reference(B, T, H, G, D, blk, d, sblk):
     ref.backward(do)
     assert scores.shape == (B, T, G, R.num_select_blocks(T, sblk))
     assert not scores.requires_grad
-    assert _rel(scores, ref_scores) <= TOL, f"seed={seed} scores"
-    assert _rel(out, ref) <= TOL, f"seed={seed} out"
+    assert rel_err(scores, ref_scores) <= TOL, f"seed={seed} scores"
+    assert rel_err(out, ref) <= TOL, f"seed={seed} out"
     for name, a, r in zip("qkv", xs, rs):
-        assert _rel(a.grad, r.grad) <= TOL, f"seed={seed} d{name}"
+        assert rel_err(a.grad, r.grad) <= TOL, f"seed={seed} d{name}"
 
 
 def test_fused_scores_match_naive_loop():
     """An independent per-query construction of Eq. 9 + 10 (LESSONS 17)."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, H, G, D, blk, d, sblk = 1, 75, 4, 2, 16, 8, 4, 16
     nc = R.num_compressed(T, blk, d)
     q, k, v = torch.randn(B, T, H, D), torch.randn(B, nc, G, D), torch.randn(B, nc, G, D)
     _, scores = T_OPS.compressed_attention_and_scores(q, k, v, blk, d, sblk, G)
-    assert _rel(scores, _naive_scores(q, k, blk, d, sblk, G)) <= TOL, f"seed={seed}"
+    assert rel_err(scores, _naive_scores(q, k, blk, d, sblk, G)) <= TOL, f"seed={seed}"
 
 
 def test_scores_are_causal_and_rows_sum_to_block_over_stride():
     """Scores of blocks after the query are 0; each head's probabilities sum to 1, and each
     compressed token spreads weight l/d over the blocks it overlaps, so a row of the group
     sums to (heads per group) * l / d once the query sees a compressed token."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, H, G, D, blk, d, sblk = 2, 120, 4, 2, 16, 8, 4, 16
     nc = R.num_compressed(T, blk, d)
     q, k, v = torch.randn(B, T, H, D), torch.randn(B, nc, G, D), torch.randn(B, nc, G, D)
@@ -101,12 +87,12 @@ def test_scores_are_causal_and_rows_sum_to_block_over_stride():
     assert scores[:, (j * sblk > t)[None, :, None, :].expand_as(scores)[0]].abs().max() == 0
     sums = scores.sum(-1)[:, blk - 1:]
     want = torch.full_like(sums, (H // G) * blk / d)
-    assert _rel(sums, want) <= TOL, f"seed={seed}"
+    assert rel_err(sums, want) <= TOL, f"seed={seed}"
     assert scores[:, : blk - 1].abs().max() == 0
 
 
 def test_fused_scores_fp16_path_in_interpreter():
-    seed = _seed()
+    seed = fresh_seed()
     B, T, H, G, D, blk, d, sblk = 2, 150, 8, 2, 32, 16, 8, 16
     nc = R.num_compressed(T, blk, d)
     q = torch.randn(B, T, H, D).half()
@@ -114,15 +100,15 @@ def test_fused_scores_fp16_path_in_interpreter():
     out, scores = T_OPS.compressed_attention_and_scores(q, k, v, blk, d, sblk, G)
     ref, ref_scores = R.compressed_attention_and_scores(q.float(), k.float(), v.float(), blk, d, sblk, G)
     assert out.dtype == torch.float16 and scores.dtype == torch.float32
-    assert _rel(out.float(), ref) <= 1e-2, f"seed={seed} out"
-    assert _rel(scores, ref_scores) <= 1e-2, f"seed={seed} scores"
+    assert rel_err(out.float(), ref) <= 1e-2, f"seed={seed} out"
+    assert rel_err(scores, ref_scores) <= 1e-2, f"seed={seed} scores"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("H,G,D", [(16, 1, 64), (64, 4, 128)])
 def test_fused_scores_bf16_on_gpu(H, G, D):
-    seed = _seed()
+    seed = fresh_seed()
     B, T, blk, d, sblk = 2, 2000, 32, 16, 64
     nc = R.num_compressed(T, blk, d)
     dev = "cuda"
@@ -131,5 +117,5 @@ def test_fused_scores_bf16_on_gpu(H, G, D):
     v = torch.randn(B, nc, G, D, device=dev).bfloat16()
     out, scores = T_OPS.compressed_attention_and_scores(q, k, v, blk, d, sblk, G)
     ref, ref_scores = R.compressed_attention_and_scores(q.float(), k.float(), v.float(), blk, d, sblk, G)
-    assert _rel(out.float(), ref) <= 1e-2, f"seed={seed} out"
-    assert _rel(scores, ref_scores) <= 1e-2, f"seed={seed} scores"
+    assert rel_err(out.float(), ref) <= 1e-2, f"seed={seed} out"
+    assert rel_err(scores, ref_scores) <= 1e-2, f"seed={seed} scores"

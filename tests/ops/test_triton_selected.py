@@ -6,27 +6,13 @@ forward is also checked against an independent per-query loop (LESSONS 17).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+import nsa.ops.triton as T_OPS
 from nsa.ops import reference as R
-
-T_OPS = pytest.importorskip("nsa.ops.triton")
 from nsa.ops.triton.selected import inverted_index, selected_backward, selected_forward  # noqa: E402
-
-TOL = 1e-5
-
-
-def _seed() -> int:
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    return seed
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
 
 def _naive_selected(q, k, v, idx, block, scale):
@@ -62,7 +48,7 @@ SEL_CASES = [  # B, T, H, G, D, l', n, initial, local
 
 @pytest.mark.parametrize("B,T,H,G,D,block,n,n_init,n_local", SEL_CASES)
 def test_selected_attention_matches_reference(B, T, H, G, D, block, n, n_init, n_local):
-    seed = _seed()
+    seed = fresh_seed()
     q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     k, v = torch.randn(B, T, G, D), torch.randn(B, T, G, D)
     idx = _random_idx(B, T, G, block, n, n_init, n_local)
@@ -74,29 +60,29 @@ def test_selected_attention_matches_reference(B, T, H, G, D, block, n, n_init, n
     rs = [x.clone().requires_grad_() for x in (q, k, v)]
     ref = R.selected_attention(*rs, idx, block)
     ref.backward(do)
-    assert _rel(out, ref) <= TOL, f"seed={seed} out"
+    assert rel_err(out, ref) <= TOL, f"seed={seed} out"
     for name, a, r in zip("qkv", xs, rs):
-        assert _rel(a.grad, r.grad) <= TOL, f"seed={seed} d{name}"
+        assert rel_err(a.grad, r.grad) <= TOL, f"seed={seed} d{name}"
     if B * T <= 210:
         naive = _naive_selected(q, k, v, idx, block, D**-0.5)
-        assert _rel(out, naive) <= TOL, f"seed={seed} naive"
+        assert rel_err(out, naive) <= TOL, f"seed={seed} naive"
 
 
 def test_selected_attention_unsorted_idx_and_scale():
     """The kernel does not rely on slot order; an explicit scale is honoured."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, H, G, D, block, n = 1, 80, 4, 2, 16, 16, 3
     q, k, v = torch.randn(B, T, H, D), torch.randn(B, T, G, D), torch.randn(B, T, G, D)
     idx = _random_idx(B, T, G, block, n, 1, 1)
     perm = idx.flip(-1)
     out = T_OPS.selected_attention(q, k, v, perm, block, scale=0.3)
     ref = R.selected_attention(q, k, v, idx, block, scale=0.3)
-    assert _rel(out, ref) <= TOL, f"seed={seed}"
+    assert rel_err(out, ref) <= TOL, f"seed={seed}"
 
 
 def test_inverted_index_lists_every_selection_once():
     """Segment k of the inverted index holds exactly the queries t that selected block j."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, G, block, n = 2, 97, 3, 8, 5
     idx = _random_idx(B, T, G, block, n, 1, 2)
     ns = R.num_select_blocks(T, block)
@@ -116,7 +102,7 @@ def test_inverted_index_lists_every_selection_once():
 def test_selected_positions_per_program(positions):
     """Forward/dQ tiles of several query positions (the union of their blocks under a
     per-row mask) equal pure padding (positions=1) and the reference."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, H, G, D, block, n = 2, 45, 4, 2, 16, 8, 3
     q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     k, v = torch.randn(B, T, G, D), torch.randn(B, T, G, D)
@@ -126,15 +112,15 @@ def test_selected_positions_per_program(positions):
     rs = [x.clone().requires_grad_() for x in (q, k, v)]
     ref = R.selected_attention(*rs, idx, block)
     ref.backward(do)
-    assert _rel(o, ref) <= TOL, f"seed={seed} out"
-    assert _rel(dq, rs[0].grad) <= TOL, f"seed={seed} dq"
+    assert rel_err(o, ref) <= TOL, f"seed={seed} out"
+    assert rel_err(dq, rs[0].grad) <= TOL, f"seed={seed} dq"
 
 
 @pytest.mark.parametrize("chunk", [1])
 def test_selected_backward_chunked_lists(chunk):
     """Block query lists cut into many chunks (partials summed per block) give the same
     gradients as the reference."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, H, G, D, block, n = 2, 75, 4, 2, 16, 16, 3
     q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     k, v = torch.randn(B, T, G, D), torch.randn(B, T, G, D)
@@ -144,11 +130,11 @@ def test_selected_backward_chunked_lists(chunk):
     rs = [x.clone().requires_grad_() for x in (q, k, v)]
     R.selected_attention(*rs, idx, block).backward(do)
     for name, g, r in zip("qkv", grads, rs):
-        assert _rel(g, r.grad) <= TOL, f"seed={seed} d{name}"
+        assert rel_err(g, r.grad) <= TOL, f"seed={seed} d{name}"
 
 
 def test_selected_backward_is_deterministic():
-    _seed()
+    fresh_seed()
     B, T, H, G, D, block, n = 1, 90, 16, 1, 16, 16, 3
     q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     k, v = torch.randn(B, T, G, D), torch.randn(B, T, G, D)
@@ -164,7 +150,7 @@ def test_selected_backward_is_deterministic():
 
 def test_selected_fp16_path_in_interpreter():
     """16-bit code path on CPU (fp16 dots are right in the interpreter): rel err <= 1e-2."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, H, G, D, block, n = 2, 60, 8, 2, 32, 16, 4
     q, do = torch.randn(B, T, H, D).half(), torch.randn(B, T, H, D).half()
     k, v = torch.randn(B, T, G, D).half(), torch.randn(B, T, G, D).half()
@@ -176,10 +162,10 @@ def test_selected_fp16_path_in_interpreter():
     ref = R.selected_attention(*rs, idx, block)
     ref.backward(do.float())
     assert out.dtype == torch.float16
-    assert _rel(out.float(), ref) <= 1e-2, f"seed={seed} out"
+    assert rel_err(out.float(), ref) <= 1e-2, f"seed={seed} out"
     for name, a, r in zip("qkv", xs, rs):
         assert a.grad.dtype == torch.float16
-        assert _rel(a.grad.float(), r.grad) <= 1e-2, f"seed={seed} d{name}"
+        assert rel_err(a.grad.float(), r.grad) <= 1e-2, f"seed={seed} d{name}"
 
 
 @pytest.mark.gpu
@@ -187,7 +173,7 @@ def test_selected_fp16_path_in_interpreter():
 @pytest.mark.parametrize("H,G,D", [(16, 1, 64), (64, 4, 128), (8, 2, 64)])
 def test_selected_bf16_on_gpu(H, G, D):
     """bf16 kernel vs the fp32 reference on the same bf16-rounded inputs: rel err <= 1e-2."""
-    seed = _seed()
+    seed = fresh_seed()
     B, T, block, n = 2, 1000, 64, 16
     dev = "cuda"
     q = torch.randn(B, T, H, D, device=dev).bfloat16()
@@ -201,6 +187,6 @@ def test_selected_bf16_on_gpu(H, G, D):
     rs = [x.float().requires_grad_() for x in (q, k, v)]
     ref = R.selected_attention(*rs, idx, block)
     ref.backward(do.float())
-    assert _rel(out.float(), ref) <= 1e-2, f"seed={seed} out"
+    assert rel_err(out.float(), ref) <= 1e-2, f"seed={seed} out"
     for name, a, r in zip("qkv", xs, rs):
-        assert _rel(a.grad.float(), r.grad) <= 1e-2, f"seed={seed} d{name}"
+        assert rel_err(a.grad.float(), r.grad) <= 1e-2, f"seed={seed} d{name}"
