@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from types import ModuleType
 
 import torch
@@ -38,7 +39,8 @@ def get_ops(backend: str, device: torch.device | str) -> ModuleType:
 
     ``"reference"``: PyTorch. ``"triton"``: the kernels (on CPU only under
     TRITON_INTERPRET=1), an error if they cannot be imported. ``"auto"``: the kernels
-    on CUDA when they import, else the reference.
+    on CUDA when they import (a RuntimeWarning names the import error when they do not),
+    else the reference.
     """
     dev_type = device if isinstance(device, str) else device.type
     key = (backend, dev_type)
@@ -65,7 +67,14 @@ def _resolve(backend: str, dev_type: str) -> ModuleType:
         if dev_type == "cuda":
             try:
                 return _import_triton()
-            except Exception:  # noqa: BLE001 - fall back to the reference, by contract
+            except Exception as exc:  # noqa: BLE001 - fall back to the reference, by contract, loudly
+                warnings.warn(
+                    f"attention backend 'auto': the Triton kernels fail to import on CUDA ({exc}); "
+                    "using the PyTorch reference ops, which are far slower. Set "
+                    "model.attention.backend=triton to make this an error.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 return reference
         return reference
     raise ValueError(f"unknown attention backend {backend!r} (expected auto, reference or triton)")

@@ -174,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
 def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: Path, world: int, device: Any,
            boot: dict[str, Any], trainer: Any, resume: Path | None) -> None:
     from nsa.config import to_dict
+    from nsa.ops import get_ops
 
     t = cfg.train
     log(f"nsa-train run {run_id} in {run_dir}")
     log(f"config {cfg.source_path} (overrides: {' '.join(args.set) or 'none'})")
     log("resolved config " + json.dumps(to_dict(cfg), sort_keys=True))
-    log(f"model {cfg.model.attention.kind}: {boot['param_count']:,} parameters "
-        f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size})")
+    attn = cfg.model.attention
+    ops = "sdpa" if attn.kind == "dense" else get_ops(attn.backend, device).__name__.rsplit(".", 1)[-1]
+    log(f"model {attn.kind}: {boot['param_count']:,} parameters "
+        f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
+        f"attention ops: {ops}")
     log(f"world size {world} ({t.strategy}), device {device}, dtype {boot['dtype']}")
     log(f"batch: {t.batch_size} sequences per rank x {world} ranks x {boot['grad_accum']} accumulation "
         f"= global batch {boot['global_batch']} sequences = {boot['global_batch'] * t.seq_len:,} tokens "
