@@ -138,5 +138,10 @@ def broadcast_object(obj: Any) -> Any:
 
 
 def close() -> None:
+    """Orderly teardown on the success path: every rank reaches the barrier before any
+    rank destroys the group (gloo can abort a rank that tears down while a peer still
+    talks to it). Failure paths skip this and exit without handshakes."""
     if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from nsa import build_model
@@ -44,7 +43,7 @@ def main() -> None:
     missing = [n for n, g in plain.items() if g.abs().sum().item() == 0]
     (out / f"rank-{info.rank}.json").write_text(json.dumps(
         {"max_abs_diff": worst, "max_grad": scale, "n_params": len(plain), "zero_grads": missing}))
-    dist.destroy_process_group()
+    D.close()
 
 
 if __name__ == "__main__":
