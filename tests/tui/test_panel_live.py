@@ -110,7 +110,9 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         child = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != parent_id and r, 90, "fallback")
         assert child.record.get("parent_run") == parent_id
-        await wait_for(pilot, lambda: len(child.loss) >= 1 and child.record.get("world_size") == 1, 120,
+        # run.json gains global_batch after boot; its update may reach the panel after the first metric
+        await wait_for(pilot, lambda: len(child.loss) >= 1 and child.record.get("world_size") == 1
+                       and child.record.get("global_batch") is not None, 120,
                        "the fallback run's first steps")
         assert child.record.get("global_batch") == parent.record.get("global_batch")  # accumulation keeps it
         steps, _ = app.state.chart_series(child, "loss")
