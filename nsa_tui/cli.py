@@ -158,7 +158,7 @@ async def _logs(c: Any, args: argparse.Namespace) -> int:
         if ev.kind == "log":
             offset = ev.offset
             print(json.dumps({"line": ev.data["line"]}) if args.json else ev.data["line"], flush=True)
-        elif ev.kind == "status" and ev.data.get("status") in TERMINAL:
+        elif ev.kind == "status" and not ev.data.get("initial") and ev.data.get("status") in TERMINAL:
             rest = await c.read_log(args.run, offset)  # lines written after the last poll
             for line in rest["text"].splitlines():
                 print(json.dumps({"line": line}) if args.json else line)

@@ -107,6 +107,9 @@ async def watch_run(
             synced = True
             send({"id": sub_id, "event": "synced", "run": run_id, "stream": "synced", "offset": 0,
                   "data": {"ts": time.time(), "offsets": dict(offsets)}})
+            if rec is not None and rec.get("status") in FINAL:
+                # subscribed to a run that had already ended: its end, again, after the backlog
+                send(_status_event(sub_id, run_id, rec, initial=False))
         if not busy:
             await asyncio.sleep(poll_s)
         else:

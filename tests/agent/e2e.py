@@ -35,7 +35,7 @@ def is_step(n: int) -> Any:
 
 
 def is_over(ev: Event) -> bool:
-    return ev.kind == "status" and ev.data.get("status") in TERMINAL
+    return ev.kind == "status" and not ev.data.get("initial") and ev.data.get("status") in TERMINAL
 
 
 async def stop_all(c: HostClient, run_ids: list[str]) -> None:

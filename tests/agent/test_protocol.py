@@ -100,6 +100,32 @@ async def test_watch_backfills_then_streams_and_resumes_without_gaps(tmp_path: P
         await c.close()
 
 
+async def test_watch_of_an_ended_run_ends_with_a_final_status_after_its_backlog(tmp_path: Path) -> None:
+    """The initial status already says finished; the non-initial one comes after every line."""
+    d = tmp_path / RID
+    d.mkdir(mode=0o700)
+    write_json(d / "run.json", {"run_id": RID, "status": "finished", "step": 50})
+    for s in range(1, 51):
+        _append(d / "metrics.jsonl", {"kind": "train", "step": s, "loss": 1.0})
+        _append(d / "heartbeats" / "rank-0.jsonl", {"rank": 0, "step": s, "ts": float(s)})
+    c = HostClient("local", runs_root=str(tmp_path))
+    await c.start()
+    seen: list[Event] = []
+    try:
+        async def until_final() -> None:
+            async for ev in c.watch(RID):
+                seen.append(ev)
+                if ev.kind == "status" and not ev.data["initial"] and ev.data["status"] == "finished":
+                    return
+        await asyncio.wait_for(until_final(), 20)
+    finally:
+        await c.close()
+    assert seen[0].kind == "status" and seen[0].data["initial"] and seen[0].data["status"] == "finished"
+    assert [e.data["step"] for e in seen if e.kind == "metric"] == list(range(1, 51))
+    assert [e.data["step"] for e in seen if e.kind == "heartbeat"] == list(range(1, 51))
+    assert [e.kind for e in seen[-2:]] == ["synced", "status"]
+
+
 async def test_reconnect_after_agent_dies_has_no_gap_and_no_duplicate(tmp_path: Path) -> None:
     d = tmp_path / RID
     d.mkdir(mode=0o700)
