@@ -23,6 +23,9 @@ import nsa_tui
 from nsa_tui.agent.runs import RunStore, boot_id, read_json, run_processes, write_json
 from nsa_tui.transport.base import env_with_package_path
 
+# How long torchrun and the supervisor get to exit on their own once every rank is gone.
+LAUNCHER_EXIT_S = 5.0
+
 
 class OpError(Exception):
     """A request that cannot be done; ``code`` is machine-readable (see docs/agent-protocol.md)."""
@@ -163,7 +166,13 @@ class Launcher:
                 "launcher_pid": proc.pid, "launcher_pgid": proc.pid}
 
     async def kill(self, run_id: str, grace_s: float = 60.0) -> dict[str, Any]:
-        """TERM to the group (the trainer checkpoints and exits), KILL after the grace, confirm."""
+        """TERM (the trainer checkpoints and exits), KILL after the grace, confirm.
+
+        The ranks get TERM first: they save and exit 0, and torchrun, seeing every worker
+        succeed, exits 0 by itself instead of logging a SignalException traceback. Whatever
+        of the run is still there a few seconds after the ranks are gone (or when no rank
+        is up yet) gets TERM through the whole group.
+        """
         run_dir = self.store.run_dir(run_id)
         launch = read_json(run_dir / "launch.json") or {}
         pgid = launch.get("launcher_pgid")
@@ -171,12 +180,27 @@ class Launcher:
         if not procs:
             return {"run_id": run_id, "was_running": False, "forced": False, "remaining": []}
         write_json(run_dir / "stop.json", {"ts": time.time(), "by": "nsa-tui agent"})
-        _signal_all(pgid, procs, signal.SIGTERM)
+        ranks = [p for p in procs if p["rank"] is not None]
+        if ranks:
+            _signal_all(None, ranks, signal.SIGTERM)
+        else:
+            _signal_all(pgid, procs, signal.SIGTERM)
+        group_termed = not ranks
+        ranks_gone_at: float | None = None
         deadline = time.monotonic() + grace_s
         while procs and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             self.reap()
             procs = await asyncio.to_thread(run_processes, run_id)
+            if group_termed or not procs:
+                continue
+            if any(p["rank"] is not None for p in procs):
+                ranks_gone_at = None
+                continue
+            ranks_gone_at = ranks_gone_at or time.monotonic()
+            if time.monotonic() - ranks_gone_at > LAUNCHER_EXIT_S:
+                _signal_all(pgid, procs, signal.SIGTERM)
+                group_termed = True
         forced = bool(procs)
         if procs:
             _signal_all(pgid, procs, signal.SIGKILL)
