@@ -285,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> tuple[Path, Path]:  # after every case: a crash keeps what was measured
         return write_results(rows, args.out_dir, device, stem_date, meta)
 
+    def record(got: list[dict[str, Any]]) -> None:
+        for r in got:
+            r.update(common)
+            print(_line(r), flush=True)
+        rows.extend(got)
+        save()
+        torch.cuda.empty_cache()
+
     for layout in layouts:
         for impl in impls:
             gave_up = False
@@ -302,12 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 if impl != "dense_sdpa":
                     got += _guard(functools.partial(bench_select, impl, layout, T, B, warmup, iters),
                                   ident, ("select_topn",))
-                for r in got:
-                    r.update(common)
-                    print(_line(r), flush=True)
-                rows += got
-                save()
-                torch.cuda.empty_cache()
+                record(got)
     if not args.no_train:
         cases = TRAIN_CASES[:1] if args.quick else TRAIN_CASES
         for T, B in cases:
@@ -316,12 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 ident = dict(impl=impl, layout=config, seq_len=T, batch=B)
                 got = _guard(lambda c=config, t=T, b=B: [bench_train(c, t, b, warmup, iters)],
                              ident, ("train_step",))
-                for r in got:
-                    r.update(common)
-                    print(_line(r), flush=True)
-                rows += got
-                save()
-                torch.cuda.empty_cache()
+                record(got)
     jpath, mpath = save()
     print(f"wrote {jpath} and {mpath}")
     return 0
