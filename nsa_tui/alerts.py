@@ -136,6 +136,7 @@ def traceback_tail(lines: list[str], n: int = 15) -> list[str]:
     return block if len(block) <= n else [block[0], "...", *block[-(n - 2):]]
 
 
+_NAN_RE = re.compile(r"non-finite loss|\bnan\b", re.I)
 _SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([mb])(?![a-z])", re.I)
 _SEQ_RE = re.compile(r"(?:seq|ctx)[-_]?(\d+)(k?)(?![a-z0-9])", re.I)
 
@@ -259,7 +260,9 @@ class AlertDetector:
                 suggested_actions=["logs", "resume"]))
         elif status == "failed":
             reason = str(rec.get("exit_reason") or "")
-            kind = "nan" if "nan" in reason.lower() else "crash"
+            # the trainer says "non-finite loss at step N ..." (docs/run-directory.md); a bare
+            # substring test would miss it and call "maintenance" or "/home/fernando" a NaN
+            kind = "nan" if _NAN_RE.search(reason) else "crash"
             first = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
             code = rec.get("exit_code")
             out.append(self._alert(

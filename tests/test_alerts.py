@@ -133,6 +133,13 @@ def test_nan_loss_and_failed_and_lost() -> None:
     assert ("crash", None) in kinds(det2.check(T0))
     det2.feed(status("failed", exit_reason="loss is NaN at step 7"))
     assert ("nan", None) in kinds(det2.check(T0))
+    # the trainer's own words for a NaN failure (nsa/train/cli.py, tests/train/test_train_faults.py)
+    det2.feed(status("failed", exit_reason="non-finite loss at step 3 on rank(s) [1]; every rank stopped; "
+                                           "the last good checkpoint step-2 is kept"))
+    assert ("nan", None) in kinds(det2.check(T0))
+    det2.feed(status("failed", exit_reason='rank 0 failed at step 4: OSError: disk full\n'
+                                           '  File "/home/fernando/nsa/train/cli.py", line 9'))
+    assert kinds(det2.check(T0)) == {("crash", None)}
     det2.feed(status("lost"))
     assert ("lost", None) in kinds(det2.check(T0))
 
