@@ -84,3 +84,36 @@ def test_packaged_demo_config_is_the_repository_demo() -> None:
     repo = Path(__file__).resolve().parents[2]
     packaged = Path(nsa_tui.__file__).parent / "configs" / "demo-cpu.yaml"
     assert packaged.read_text() == (repo / "configs" / "tiny-cpu.yaml").read_text()
+
+
+def test_a_run_that_ends_between_its_watch_and_the_runs_poll_still_reaches_the_detector() -> None:
+    """The runs poll can see a watched (not selected) run end before its watch delivers the final
+    status; the watch is then stopped. The detector must still learn the end: a crash alert,
+    and no endless no_heartbeat alert for a dead run."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from nsa_tui.alerts import Thresholds
+    from nsa_tui.app.services.host import HostService
+    from nsa_tui.client import Event
+
+    async def scenario() -> list[str]:
+        app = SimpleNamespace(state=PanelState(), alert_thresholds=Thresholds())
+        svc = HostService(app, "h")  # type: ignore[arg-type]
+        svc.host.conn = "connected"
+        run = svc.host.run("r1")
+        t0 = time.time()
+        rec = {"status": "running", "alive": True, "initial": True, "ts": t0}
+        svc.apply(run, Event("status", "r1", "status", 0, rec, t0))
+        svc.apply(run, Event("heartbeat", "r1", "heartbeats/rank-0", 10,
+                             {"rank": 0, "ts": t0, "step": 5, "phase": "train", "phase_since": t0}, t0))
+        svc.apply(run, Event("synced", "r1", "synced", 0, {"ts": t0}, t0))
+        svc._ensure_watches()  # alive and not selected: watched for alerts
+        assert "r1" in svc.watches
+        svc.watches["r1"][0].cancel()
+        svc.merge_record(run, {"run_id": "r1", "status": "crashed", "alive": False, "exit_code": 1})
+        svc._ensure_watches()  # the poll's record: no longer alive, the watch goes
+        assert "r1" not in svc.watches
+        return sorted(a.kind for a in svc.detector.check(t0 + 120))
+
+    assert asyncio.run(scenario()) == ["crash"]

@@ -13,7 +13,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from nsa_tui.app.state import HostState, LogBuffer, RunState, alert_key
+from nsa_tui.app.state import ALIVE_STATUSES, HostState, LogBuffer, RunState, alert_key
 from nsa_tui.client import AgentError, ConnectionState, Event, HostClient
 
 if TYPE_CHECKING:
@@ -172,12 +172,26 @@ class HostService:
             if task.done() or wanted.get(run_id) != mode:
                 task.cancel()
                 del self.watches[run_id]
+                self._final_to_detector(run_id)
                 if mode == "full":
                     self._forget_log(run_id)
         loop = asyncio.get_running_loop()
         for run_id, mode in wanted.items():
             if run_id not in self.watches:
                 self.watches[run_id] = (loop.create_task(self._watch(run_id, mode)), mode)
+
+    def _final_to_detector(self, run_id: str) -> None:
+        """A watch stopped because the runs poll saw the run end: if its own final status had
+        not arrived yet (the poll and the watch race), the detector gets the poll's, or it
+        would keep a dead run as running forever (no_heartbeat alerts, never its crash)."""
+        run = self.host.runs.get(run_id)
+        known = self.detector.runs.get(run_id) if self.detector is not None else None
+        if run is None or known is None or run.alive or not run.record.get("status"):
+            return
+        if known.record.get("status") not in ALIVE_STATUSES:
+            return  # the watch delivered the end itself (with its log tail): keep that
+        with contextlib.suppress(Exception):
+            self.detector.feed(Event("status", run_id, "status", 0, {**run.record, "initial": False}))
 
     def _forget_log(self, run_id: str) -> None:
         """A run nobody looks at keeps its (bounded) series but not its log: memory stays flat
