@@ -144,7 +144,13 @@ class Launcher:
         write_json(run_dir / "launch.json", launch)
         import nsa
 
-        env = env_with_package_path(dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1"), nsa.__file__)
+        env = dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1")
+        # RANK in a process's environment is what marks a rank (kill TERMs ranks first, dump
+        # sends them SIGUSR1, fatal to torchrun): an agent started where RANK is set (a
+        # PyTorchJob pod) must not hand it to the supervisor and torchrun. torchrun sets it
+        # for its workers.
+        env.pop("RANK", None)
+        env = env_with_package_path(env, nsa.__file__)
         env = env_with_package_path(env, nsa_tui.__file__)  # the supervisor
         if gpu is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)

@@ -236,3 +236,28 @@ def test_fallback_picks_the_gpu_with_most_free_memory(tmp_path: Path) -> None:
             {"index": 2, "mem_used_bytes": None, "mem_total_bytes": None}]
     assert Launcher(RunStore(tmp_path), read_gpus=lambda: (gpus, "")).freest_gpu() == 1
     assert Launcher(RunStore(tmp_path), read_gpus=lambda: (None, "NVML unavailable")).freest_gpu() is None
+
+
+async def test_launcher_processes_never_count_as_ranks(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent whose own environment has RANK (a PyTorchJob pod) must not pass it to the supervisor
+    and torchrun: RANK marks the ranks, which dump sends SIGUSR1 (fatal to torchrun)."""
+    monkeypatch.setenv("RANK", "3")
+    shim = tmp_path / "python"  # the supervisor runs for real; "torchrun" is a sleep
+    shim.write_text(f'#!/bin/sh\nif [ "$2" = nsa_tui.agent.supervise ]; then exec {sys.executable} "$@"; fi\n'
+                    "exec sleep 300\n")
+    shim.chmod(0o755)
+    store = RunStore(tmp_path / "runs")
+    config = Path(__file__).resolve().parents[2] / "configs" / "smoke-cpu.yaml"
+    launcher = Launcher(store, python=str(shim))
+    res = await asyncio.to_thread(launcher.launch, str(config), nproc=1)
+    rid = res["run_id"]
+    try:
+        wait_children(2, rid, res["launcher_pgid"])
+        procs = run_processes(rid)
+        assert len(procs) == 2 and [p["rank"] for p in procs] == [None, None], procs
+        with pytest.raises(Exception, match="no live rank"):
+            await launcher.dump(rid)
+    finally:
+        await launcher.kill(rid, grace_s=1.0)
+    assert run_processes(rid) == []
