@@ -117,3 +117,25 @@ def test_a_run_that_ends_between_its_watch_and_the_runs_poll_still_reaches_the_d
         return sorted(a.kind for a in svc.detector.check(t0 + 120))
 
     assert asyncio.run(scenario()) == ["crash"]
+
+
+def test_an_acknowledged_alert_that_resolves_and_comes_back_is_shown_again() -> None:
+    """Acknowledging a stall must not hide a later, new stall of the same rank (LESSONS 10)."""
+    from types import SimpleNamespace
+
+    from nsa_tui.alerts import Alert
+    from nsa_tui.app.services.host import HostService
+
+    app = SimpleNamespace(state=PanelState(), alert_thresholds=None, _seen_alerts=set())
+    svc = HostService(app, "h")  # type: ignore[arg-type]
+    stall = Alert("stall", "critical", "h", "r1", rank=1, message="rank 1 stalled")
+    svc.merge_alerts([stall])
+    app._seen_alerts.add(stall.key)  # the app toasted it
+    app.state.acked.add(stall.key)  # and the user acknowledged it
+    assert app.state.open_alerts() == []
+    svc.merge_alerts([stall])  # still the same stall: stays acknowledged
+    assert app.state.open_alerts() == []
+    svc.merge_alerts([])  # the rank advanced again
+    svc.merge_alerts([stall])  # and hangs later
+    assert [a.key for a in app.state.open_alerts()] == [stall.key]
+    assert stall.key not in app._seen_alerts  # so the app toasts it again

@@ -285,6 +285,13 @@ class HostService:
         keys = {alert_key(a) for a in current}
         mine = lambda a: getattr(a, "host", None) == self.dest  # noqa: E731
         kept = [a for a in state.alerts if not mine(a) or alert_key(a) in keys]
+        # an alert that resolved forgets its acknowledgement and its toast: the same condition
+        # coming back later (a second hang of the same rank) is new and must be seen
+        resolved = {alert_key(a) for a in state.alerts if mine(a) and alert_key(a) not in keys}
+        state.acked -= resolved
+        seen = getattr(self.app, "_seen_alerts", None)
+        if isinstance(seen, set):
+            seen -= resolved
         known = {alert_key(a) for a in kept}
         fresh = [a for a in current if alert_key(a) not in known]
         # refresh evidence (heartbeat age, log tail) of alerts that still hold
