@@ -31,6 +31,9 @@ from nsa.train.sources import build_source
 from nsa.train.telemetry import Heartbeat, JsonlWriter, RunRecord
 from nsa.train.tokenizer import build_tokenizer
 
+# Sources read through ``datasets`` streaming: no global document index (see _load_checkpoint).
+STREAMED_SOURCES = ("files", "fineweb-edu")
+
 
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN/inf on some rank: every rank stops, the run is failed."""
@@ -119,6 +122,16 @@ class Trainer:
                 f"{path}: global batch {g} is not a multiple of batch_size {b} x world {w}: "
                 "cannot keep the global batch on this world size")
         self.grad_accum = g // (b * w)
+        old_streams = int(meta["n_streams"])
+        if own_streams(old_streams, w, info.rank) is None and cfg.data.source in STREAMED_SOURCES:
+            # A streamed source has no global document index (split_dataset_by_node shards by
+            # file or interleaves, and validation counts each stream's own documents), so
+            # re-sharding would replay documents already trained on, skip others and move the
+            # validation split onto trained documents (LESSONS 7): refuse instead.
+            raise ckpt.CheckpointError(
+                f"{path}: {old_streams} data stream(s) of data.source {cfg.data.source} cannot be re-sharded "
+                f"over {w} ranks without replaying documents or mixing validation into training: resume "
+                f"on a world size that divides {old_streams}")
         if meta["world_size"] != w or self.grad_accum != cfg.train.grad_accum:
             self.resume_note = (f"resuming a {meta['world_size']}-rank checkpoint on {w} rank(s): "
                                 f"grad_accum {meta['grad_accum']} -> {self.grad_accum} keeps the global "
@@ -129,7 +142,6 @@ class Trainer:
         own = path.parent.resolve() == (self.run_dir / "checkpoints").resolve()
         self.last_ckpt = path.name if own else str(path)  # the last good one until a new save
         positions = positions_from_json(meta["data_positions"])
-        old_streams = int(meta["n_streams"])
         if own_streams(old_streams, w, info.rank) is None:
             new = reshard_positions(positions, old_streams, w)
             self.log(f"data: {old_streams} streams cannot be split over {w} ranks; re-sharding into {w} "

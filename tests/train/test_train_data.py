@@ -235,3 +235,31 @@ def test_seeded_train_order_covers_the_split_once_per_epoch() -> None:
     assert list(src.docs(1, 3, "train", 4, 0)) == epoch0[1][4:]  # a resume skips exactly
     assert list(src.docs(1, 3, "train", 0, 1)) != epoch0[1]  # a new order each epoch
     assert list(src.docs(0, 1, "val", 0, 0)) == [d for i, d in enumerate(docs) if i % 5 == 4]
+
+
+def test_streamed_source_refuses_a_reshard_that_would_replay(tmp_path: Path) -> None:
+    """1 -> 2 ranks on a streamed source: split_dataset_by_node has no global document index
+    (here 2 files = 2 shards: new stream 0 would restart inside the file the old stream was
+    reading, replaying documents 6..10), so the resume is refused, before any state loads."""
+    import json
+
+    import torch
+
+    from nsa.config import load_config
+    from nsa.train.checkpoint import CheckpointError
+    from nsa.train.distributed import DistInfo
+    from nsa.train.faults import StopFlag
+    from nsa.train.trainer import Trainer
+    from tests.train.trainrun import SMOKE
+
+    ckpt = tmp_path / "checkpoints" / "step-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text(json.dumps({
+        "step": 2, "tokens": 256, "world_size": 1, "grad_accum": 2, "batch_size": 2, "global_batch": 4,
+        "seq_len": 64, "n_streams": 1, "data_positions": {"0": {"epoch": 0, "doc": 10, "offset": 3}}}))
+    info = DistInfo(0, 0, 2, torch.device("cpu"), "gloo", True)
+    for source in ("files", "fineweb-edu"):
+        cfg = load_config(SMOKE, [f"data.source={source}", f"data.paths=[{tmp_path}/*.parquet]"])
+        trainer = Trainer(cfg, tmp_path, info, None, StopFlag(), None, ckpt, lambda msg: None)
+        with pytest.raises(CheckpointError, match="cannot be re-sharded over 2 ranks"):
+            trainer._load_checkpoint(ckpt)
