@@ -111,6 +111,13 @@ def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False) -> 
     return found
 
 
+def _younger_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return False
+
+
 class RunStore:
     """The runs root: one directory per run id, private to its user."""
 
@@ -160,6 +167,10 @@ class RunStore:
         pgid = launch.get("launcher_pgid")
         same_boot = not launch.get("boot_id") or launch.get("boot_id") == boot_id()
         procs = run_processes(run_id, pgid) if (same_boot and (pgid or launch)) else []
+        if not procs and same_boot and pgid and _younger_than(d / "launch.json", 2 * GROUPS_MAX_AGE_S + 1.0):
+            # the shared /proc scan may predate this launch: a run started a moment ago
+            # would read as crashed (a false crash alert, `logs -f` ending at once)
+            procs = run_processes(run_id, pgid, fresh=True)
         alive = bool(procs)
         rec["alive"] = alive
         rec["pids"] = [p["pid"] for p in procs]

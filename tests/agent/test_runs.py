@@ -261,3 +261,25 @@ async def test_launcher_processes_never_count_as_ranks(tmp_path: Path,
     finally:
         await launcher.kill(rid, grace_s=1.0)
     assert run_processes(rid) == []
+
+
+async def test_a_run_launched_a_moment_ago_is_not_crashed(tmp_path: Path) -> None:
+    """The agent shares one /proc scan for half a second; one taken just before a launch must not
+    make the new run look dead (crashed: a false crash alert, `logs -f` ending at once)."""
+    from nsa_tui.agent.runs import process_groups
+
+    shim = tmp_path / "python"  # the supervisor runs for real; "torchrun" is a sleep
+    shim.write_text(f'#!/bin/sh\nif [ "$2" = nsa_tui.agent.supervise ]; then exec {sys.executable} "$@"; fi\n'
+                    "exec sleep 300\n")
+    shim.chmod(0o755)
+    store = RunStore(tmp_path / "runs")
+    config = Path(__file__).resolve().parents[2] / "configs" / "smoke-cpu.yaml"
+    launcher = Launcher(store, python=str(shim))
+    process_groups(0.0)  # a watch of another run just scanned /proc
+    res = launcher.launch(str(config), nproc=1)
+    try:
+        rec = store.record(res["run_id"])
+        assert rec["alive"] and rec["status"] == "starting", rec["status"]
+    finally:
+        await launcher.kill(res["run_id"], grace_s=1.0)
+    assert run_processes(res["run_id"]) == []
