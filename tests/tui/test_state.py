@@ -139,3 +139,20 @@ def test_an_acknowledged_alert_that_resolves_and_comes_back_is_shown_again() -> 
     svc.merge_alerts([stall])  # and hangs later
     assert [a.key for a in app.state.open_alerts()] == [stall.key]
     assert stall.key not in app._seen_alerts  # so the app toasts it again
+
+
+def test_gpu_table_puts_a_renumbered_rank_on_its_own_gpu_only() -> None:
+    """A fallback run on the host's GPU 1 (CUDA_VISIBLE_DEVICES=1) calls it cuda:0: the uuid decides."""
+    from nsa_tui.app.widgets.gpus import gpu_line, ranks_by_gpu
+
+    state = PanelState.for_destinations(["h"])
+    run = state.host("h").run("r1")
+    run.add_heartbeat({"rank": 0, "device": {"type": "cuda", "index": 0, "uuid": "GPU-bbb"}})
+    state.selected = ("h", "r1")
+    ranks = ranks_by_gpu(state)
+    g0 = {"index": 0, "uuid": "GPU-aaa"}
+    g1 = {"index": 1, "uuid": "GPU-bbb"}
+    assert "no rank" in str(gpu_line(g0, 0, ranks, True))
+    assert "rank 0" in str(gpu_line(g1, 1, ranks, True))
+    run.add_heartbeat({"rank": 0, "device": {"type": "cuda", "index": 1, "uuid": None}})  # no uuid: by index
+    assert "rank 0" in str(gpu_line(g1, 1, ranks_by_gpu(state), True))

@@ -29,9 +29,10 @@ def ranks_by_gpu(state: PanelState) -> dict[str, list[int]]:
         dev = beat.get("device") or {}
         if dev.get("type") != "cuda":
             continue
-        for key in (dev.get("uuid"), f"#{dev.get('index')}"):
-            if key:
-                out.setdefault(str(key), []).append(rank)
+        # the uuid when known: under CUDA_VISIBLE_DEVICES (a fallback run) a rank's index is
+        # its own numbering, so index 0 would also name the host's GPU 0
+        key = dev.get("uuid") or f"#{dev.get('index')}"
+        out.setdefault(str(key), []).append(rank)
     return out
 
 
