@@ -30,6 +30,10 @@ from nsa.train.sources import DataSourceError, Doc, DocSource
 from nsa.train.tokenizer import Tokenizer
 
 
+class EmptySplit(DataSourceError):
+    """A stream has no document at all in its split (e.g. no validation document)."""
+
+
 @dataclass
 class StreamPos:
     epoch: int = 0
@@ -52,7 +56,7 @@ class Packer:
         self._loaded: list[tuple[int, int, np.ndarray]] = []  # (epoch, doc, tokens+eot), from pos.doc on
         first = self._load()
         if first is None:
-            raise DataSourceError(
+            raise EmptySplit(
                 f"{source.description}: stream {stream}/{n_streams} has no {split} documents")
         if self.pos.offset >= len(first[2]):
             raise DataSourceError(

@@ -17,6 +17,7 @@ from nsa.config import Config, to_dict
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
 from nsa.train.data import (
+    EmptySplit,
     Packer,
     PrefetchLoader,
     StreamPos,
@@ -260,8 +261,13 @@ class Trainer:
             return None
         self.hb.set_phase("eval")
         if self._val is None:
-            packers = [Packer(self.source, self.tokenizer, s, self.n_streams, "val", t.seq_len + 1,
-                              wrap=False) for s in self.my_streams]
+            packers = []
+            for s in self.my_streams:
+                try:
+                    packers.append(Packer(self.source, self.tokenizer, s, self.n_streams, "val",
+                                          t.seq_len + 1, wrap=False))
+                except EmptySplit as exc:  # a small corpus: no batches here, every rank agrees below
+                    self.log(f"[rank {self.info.rank}] eval: {exc}")
             self._val = val_batches(packers, t.eval_batches, t.batch_size)
         count = torch.tensor([len(self._val)], device=self.info.device)
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MIN)

@@ -263,3 +263,37 @@ def test_streamed_source_refuses_a_reshard_that_would_replay(tmp_path: Path) -> 
         trainer = Trainer(cfg, tmp_path, info, None, StopFlag(), None, ckpt, lambda msg: None)
         with pytest.raises(CheckpointError, match="cannot be re-sharded over 2 ranks"):
             trainer._load_checkpoint(ckpt)
+
+
+def test_eval_without_validation_documents_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    """A small corpus (5 documents, validation every 100th) has no validation split: the eval
+    is skipped with a log line; it must not fail the run when it comes (after training)."""
+    import datasets
+    import torch
+    import torch.distributed as dist
+
+    from nsa.config import load_config
+    from nsa.train import distributed as D
+    from nsa.train.faults import StopFlag
+    from nsa.train.telemetry import Heartbeat, ensure_run_dir
+    from nsa.train.trainer import Trainer
+    from tests.train.trainrun import SMOKE
+
+    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
+    (tmp_path / "small.jsonl").write_text("".join(f'{{"text": "document {i} " }}\n' for i in range(5)))
+    cfg = load_config(SMOKE, ["data.source=files", f"data.paths=[{tmp_path}/small.jsonl]",
+                              "data.val_every_n_docs=100", "train.device=cpu"])
+    run_dir = ensure_run_dir(tmp_path / "run")
+    hb = Heartbeat(run_dir, "rid", 0, 0, 1, D.device_record(torch.device("cpu")), 10.0)
+    logs: list[str] = []
+    info = D.init(cfg.train, run_dir, torch.device("cpu"))
+    try:
+        trainer = Trainer(cfg, run_dir, info, hb, StopFlag(), None, None, logs.append)
+        trainer.setup()
+        try:
+            assert trainer.evaluate() is None
+        finally:
+            trainer.finish()
+    finally:
+        dist.destroy_process_group()
+    assert any("eval:" in m and "skipped" in m for m in logs), logs
