@@ -111,6 +111,33 @@ def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False) -> 
     return found
 
 
+def _orphan_ranks(run_dir: Path, run_id: str) -> list[dict[str, Any]]:
+    """Ranks that outlived the recorded group, found by the pid in their last heartbeat.
+
+    Why: torchrun starts each rank in a session of its own, so when the launcher and
+    torchrun die (KILL) a rank can live on outside the group, checkpointing after its
+    PDEATHSIG or hung for good; the run is not dead (crashed) while it holds its GPU.
+    """
+    found: list[dict[str, Any]] = []
+    try:
+        entries = list(os.scandir(run_dir / "heartbeats"))
+    except OSError:
+        return found
+    for e in entries:
+        if not (e.name.startswith("rank-") and e.name.endswith(".jsonl")):
+            continue
+        try:
+            pid = int(json.loads(tail_text(e.path, 1, 4096)[-1])["pid"])
+        except (IndexError, KeyError, TypeError, ValueError):
+            continue
+        env = environ_of(pid)
+        if env.get("NSA_RUN_ID") == run_id:  # the id, not the pid alone: PID reuse cannot fake it
+            rank = env.get("RANK")
+            found.append({"pid": pid, "pgid": _pgrp(pid),
+                          "rank": int(rank) if rank and rank.isdigit() else None})
+    return found
+
+
 def _younger_than(path: Path, seconds: float) -> bool:
     try:
         return time.time() - path.stat().st_mtime < seconds
@@ -171,6 +198,8 @@ class RunStore:
             # the shared /proc scan may predate this launch: a run started a moment ago
             # would read as crashed (a false crash alert, `logs -f` ending at once)
             procs = run_processes(run_id, pgid, fresh=True)
+        if not procs and same_boot and launch and run.get("status") not in TERMINAL:
+            procs = _orphan_ranks(d, run_id)  # launcher and torchrun gone, ranks still up
         alive = bool(procs)
         rec["alive"] = alive
         rec["pids"] = [p["pid"] for p in procs]

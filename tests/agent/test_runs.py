@@ -101,6 +101,33 @@ def test_liveness_needs_group_and_run_id(tmp_path: Path) -> None:
         store.run_dir("../etc")
 
 
+def test_a_rank_that_outlived_its_launcher_keeps_the_run_alive(tmp_path: Path) -> None:
+    """torchrun runs each rank in a session of its own: with the launcher group gone (KILL), a
+    rank still up (checkpointing after its PDEATHSIG, or hung) means the run is not crashed."""
+    store = RunStore(tmp_path)
+    rid = "20260101-000000-o-0006"
+    d, launcher = fake_run(store, rid, env_id=rid)
+    reap(launcher)  # the recorded group is gone
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                            env=dict(os.environ, NSA_RUN_ID=rid, RANK="0"), start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                             start_new_session=True)  # a pid that is not the run's: never counts
+    try:
+        (d / "heartbeats").mkdir()
+        (d / "heartbeats" / "rank-0.jsonl").write_text(json.dumps({"rank": 0, "pid": rank.pid}) + "\n")
+        (d / "heartbeats" / "rank-1.jsonl").write_text(json.dumps({"rank": 1, "pid": other.pid}) + "\n")
+        rec = store.record(rid)
+        assert rec["alive"] and rec["status"] == "running" and rec["pids"] == [rank.pid]
+        rank.kill()
+        rank.wait(5)
+        rec = store.record(rid)
+        assert not rec["alive"] and rec["status"] == "crashed"
+    finally:
+        for p in (rank, other):
+            p.kill()
+            p.wait(5)
+
+
 def test_crashed_record_has_exit_code_and_tail(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     d, p = fake_run(store, "20260101-000000-x-0004", env_id="20260101-000000-x-0004")
