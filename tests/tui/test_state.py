@@ -156,3 +156,36 @@ def test_gpu_table_puts_a_renumbered_rank_on_its_own_gpu_only() -> None:
     assert "rank 0" in str(gpu_line(g1, 1, ranks, True))
     run.add_heartbeat({"rank": 0, "device": {"type": "cuda", "index": 1, "uuid": None}})  # no uuid: by index
     assert "rank 0" in str(gpu_line(g1, 1, ranks_by_gpu(state), True))
+
+
+def test_a_dropped_link_raises_no_liveness_alerts() -> None:
+    """While a host is unreachable no heartbeat arrives: that is no reason to call its ranks gone,
+    neither during the outage nor between the reconnect and the watch's new backlog."""
+    from types import SimpleNamespace
+
+    from nsa_tui.alerts import Thresholds
+    from nsa_tui.app.services.host import HostService
+    from nsa_tui.client import ConnectionState, Event
+
+    app = SimpleNamespace(state=PanelState(), alert_thresholds=Thresholds())
+    svc = HostService(app, "h")  # type: ignore[arg-type]
+    run = svc.host.run("r1")
+    t0 = time.time()
+
+    def beat(t: float) -> None:
+        data = {"rank": 0, "ts": t, "step": int(t - t0), "phase": "train", "phase_since": t0}
+        svc.apply(run, Event("heartbeat", "r1", "heartbeats/rank-0", int(t), data, t))
+
+    running = {"status": "running", "alive": True, "initial": True}
+    svc.apply(run, Event("status", "r1", "status", 0, running, t0))
+    beat(t0)
+    svc.apply(run, Event("synced", "r1", "synced", 0, {}, t0))
+    svc._on_state(ConnectionState("reconnecting", 30.0, "dropped"))
+    assert svc.detector.check(t0 + 60) == []
+    svc._on_state(ConnectionState("connected", None, ""))
+    assert svc.detector.check(t0 + 61) == []  # the resubscription's backlog has not come yet
+    svc.apply(run, Event("status", "r1", "status", 0, running, t0 + 62))
+    beat(t0 + 62)
+    svc.apply(run, Event("synced", "r1", "synced", 0, {}, t0 + 62))
+    assert svc.detector.check(t0 + 63) == []
+    assert [a.kind for a in svc.detector.check(t0 + 100)] == ["no_heartbeat"]  # real silence still counts

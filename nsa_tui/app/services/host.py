@@ -119,6 +119,11 @@ class HostService:
         self.host.retry_at = time.time() + st.retry_in_s if st.retry_in_s is not None else None
         if st.status == "connected" and self.client is not None:
             self.host.hello = dict(self.client.hello)
+        elif st.status != "connected" and self.detector is not None:
+            # no heartbeat arrives while the link is down: that silence is the network's, not the
+            # ranks'. Liveness rules wait until each watch's resubscription has synced again.
+            for known in self.detector.runs.values():
+                known.backfilling = True
 
     # -- streams --------------------------------------------------------------------------------------
     async def _poll_runs(self) -> None:
