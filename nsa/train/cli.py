@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             record.update(status=status, exit_reason=reason, ended_at=time.time(), step=trainer.step,
                           tokens=trainer.tokens, telemetry_overhead=overhead)
         hb.stop("done")
+        D.close()  # the final barrier can wait on a slow peer: stack dumps still work there
         dumper.close()
-        D.close()
         return 0
     except BaseException as exc:  # every failure is recorded, then the process exits non-zero
         return fail(exc, rank, run_dir, hb, record, trainer, dumper)

@@ -106,6 +106,9 @@ class StackDumper:
         self._stop.set()
         try:
             faulthandler.unregister(signal.SIGUSR1)
+            # unregister restores SIGUSR1's default action, which kills the process: a dump
+            # request during teardown must not turn a clean exit into a death by signal
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
             if self._file is not None:
                 self._file.close()
             if self.pending.exists() and self.pending.stat().st_size == 0:

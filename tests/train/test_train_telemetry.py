@@ -75,3 +75,25 @@ def test_latest_checkpoint_ignores_incomplete_and_temporary(tmp_path: Path) -> N
     prune(root, 2, "step-10")
     kept = sorted(p.name for p in root.iterdir() if p.name.startswith("step-"))
     assert kept == ["step-10", "step-4", "step-6"]  # the 2 newest complete ones (+ the incomplete one)
+
+
+def test_sigusr1_after_the_stack_dumper_closes_does_not_kill(tmp_path: Path) -> None:
+    """Teardown: a dump request that arrives after the dumper closed is ignored, not the
+    default action of SIGUSR1 (terminate), which would turn a clean exit into a signal death."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys, time\n"
+            "from pathlib import Path\n"
+            "from nsa.train.faults import StackDumper\n"
+            "d = StackDumper(Path(sys.argv[1]), 0)\n"
+            "d.install()\n"
+            "d.close()\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "time.sleep(0.2)\n"
+            "print('alive')\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "stacks")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "alive" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+    assert proc.returncode != -signal.SIGUSR1
