@@ -141,27 +141,44 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
 
 async def _logs(c: Any, args: argparse.Namespace) -> int:
     offset = 0
+    carry = ""  # --json: the start of a line that a read cut (1 MiB reads; a line still being written)
+
+    def json_lines(text: str, final: bool) -> None:
+        nonlocal carry
+        lines = (carry + text).split("\n")
+        carry = lines.pop()
+        if final and carry:
+            lines.append(carry)
+            carry = ""
+        for line in lines:
+            print(json.dumps({"line": line}))
+
     while True:
         chunk = await c.read_log(args.run, offset)
         if chunk["text"]:
             if args.json:
-                for line in chunk["text"].splitlines():
-                    print(json.dumps({"line": line}))
+                json_lines(chunk["text"], final=False)
             else:
                 sys.stdout.write(chunk["text"])
         offset = chunk["offset"]
         if offset >= chunk["size"]:
             break
     if not args.follow:
+        if args.json:
+            json_lines("", final=True)
         return EXIT_OK
     async for ev in c.watch(args.run, offsets={"log": offset}, streams=["log"]):
         if ev.kind == "log":
             offset = ev.offset
-            print(json.dumps({"line": ev.data["line"]}) if args.json else ev.data["line"], flush=True)
+            line, carry = carry + ev.data["line"], ""  # the watch completes a cut line
+            print(json.dumps({"line": line}) if args.json else ev.data["line"], flush=True)
         elif ev.kind == "status" and not ev.data.get("initial") and ev.data.get("status") in TERMINAL:
             rest = await c.read_log(args.run, offset)  # lines written after the last poll
-            for line in rest["text"].splitlines():
-                print(json.dumps({"line": line}) if args.json else line)
+            if args.json:
+                json_lines(rest["text"], final=True)
+            else:
+                for line in rest["text"].splitlines():
+                    print(line)
             return EXIT_OK
     return EXIT_OK
 

@@ -92,3 +92,18 @@ def test_crash_is_reported_by_status_logs_and_resume(tmp_path: Path) -> None:
     assert any("InjectedCrash" in ln for ln in lines)
     rec = json.loads((tmp_path / child["run_id"] / "run.json").read_text())
     assert rec["parent_run"] == rid and rec["resumed_from"].endswith("step-3") and rec["world_size"] == 2
+
+
+def test_logs_json_never_cuts_a_line(tmp_path: Path) -> None:
+    """`logs --json` reads train.log in 1 MiB pieces: a line across a piece's end is still one record,
+    with and without -f (a finished run, its last line still without its newline)."""
+    rid = "20260101-000000-log-0001"
+    d = tmp_path / rid
+    d.mkdir(mode=0o700)
+    (d / "run.json").write_text(json.dumps({"run_id": rid, "status": "finished"}))
+    lines = [f"line {i:06d} " + "x" * 90 for i in range(12_000)]  # ~1.2 MB: the first read ends mid-line
+    (d / "train.log").write_text("\n".join(lines) + "\nno newline yet")
+    for follow in ([], ["-f"]):
+        r = nsa_tui("logs", "local", rid, "--runs-root", str(tmp_path), "--json", *follow)
+        assert r.returncode == 0, r.stderr
+        assert [json.loads(x)["line"] for x in r.stdout.splitlines()] == [*lines, "no newline yet"], follow
