@@ -224,17 +224,27 @@ class Trainer:
             loss_sum += loss.detach()
             self.positions = batch.positions
         w = self.info.world_size
-        flags = torch.zeros(2 + w, device=self.info.device)
+        grad_norm = None
+        if self.cfg.train.grad_clip > 0:  # before the agreement: a non-finite norm stops the step too
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; resolve it on every rank
+                grad_norm = grad_norm.full_tensor()
+        flags = torch.zeros(3 + w, device=self.info.device)
         local = loss_sum / self.grad_accum
         finite = torch.isfinite(local)  # stays on the device: one host sync per step, below
         flags[0] = torch.where(finite, local, torch.zeros_like(local))
         flags[1] = 1.0 if self.stop.is_set() else 0.0
         flags[2 + self.info.rank] = (~finite).float()
+        if grad_norm is not None:  # a finite loss with a non-finite gradient would poison the weights
+            flags[2 + w] = (~torch.isfinite(grad_norm)).float()
         torch.distributed.all_reduce(flags)
         vals = flags.tolist()
         bad = [r for r in range(w) if vals[2 + r] > 0]
         if bad:
             raise NonFiniteLoss(f"non-finite loss at step {step_idx + 1} on rank(s) {bad}")
+        if vals[2 + w] > 0:
+            raise NonFiniteLoss(f"non-finite gradient norm (nan/inf) at step {step_idx + 1} "
+                                "with a finite loss")
         self.stop_agreed = vals[1] > 0  # every rank saw the same sum: they stop together
         if self.stop_agreed:
             self.stop.set(self.stop.reason or "SIGTERM on another rank")
@@ -242,11 +252,6 @@ class Trainer:
                    warmup_steps=self.cfg.train.warmup_steps, total_steps=self.cfg.train.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        grad_norm = None
-        if self.cfg.train.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; resolve it on every rank
-                grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
