@@ -56,6 +56,7 @@ def stop_when_launcher_dies(launched: bool) -> None:
     running (LESSONS 12). SIGTERM means the usual clean stop: finish the step, save, exit."""
     if not launched or not sys.platform.startswith("linux"):
         return
+    launcher = os.getppid()  # may legitimately be 1: torchrun as a container's PID 1
     try:
         import ctypes
 
@@ -64,7 +65,7 @@ def stop_when_launcher_dies(launched: bool) -> None:
         libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the launcher died before we asked
+    if os.getppid() != launcher:  # the launcher died before we asked (we were re-parented)
         os.kill(os.getpid(), signal.SIGTERM)
 
 

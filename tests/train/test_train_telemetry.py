@@ -97,3 +97,28 @@ def test_sigusr1_after_the_stack_dumper_closes_does_not_kill(tmp_path: Path) -> 
                           text=True, timeout=60)
     assert proc.returncode == 0 and "alive" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
     assert proc.returncode != -signal.SIGUSR1
+
+
+def test_launcher_as_pid_one_is_not_mistaken_for_a_dead_launcher(monkeypatch) -> None:
+    """torchrun as a container's PID 1 (docker run IMAGE torchrun ..., a Kubernetes pod): the
+    workers' parent IS pid 1 and alive, so they must not stop themselves at boot; a worker
+    re-parented between start and prctl (its launcher died) still stops."""
+    import ctypes
+    import signal
+
+    from nsa.train import faults
+
+    class FakeLibc:
+        def prctl(self, *args: int) -> int:
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: FakeLibc())
+    sent: list[int] = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append(sig))
+    monkeypatch.setattr(faults.os, "getppid", lambda: 1)
+    faults.stop_when_launcher_dies(True)
+    assert sent == []
+    parents = iter([4242, 1])  # alive at start, then re-parented to init
+    monkeypatch.setattr(faults.os, "getppid", lambda: next(parents))
+    faults.stop_when_launcher_dies(True)
+    assert sent == [signal.SIGTERM]
