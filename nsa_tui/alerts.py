@@ -136,7 +136,7 @@ def traceback_tail(lines: list[str], n: int = 15) -> list[str]:
     return block if len(block) <= n else [block[0], "...", *block[-(n - 2):]]
 
 
-_NAN_RE = re.compile(r"non-finite loss|\bnan\b", re.I)
+_NAN_RE = re.compile(r"non-finite|\bnan\b", re.I)
 _SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([mb])(?![a-z])", re.I)
 _SEQ_RE = re.compile(r"(?:seq|ctx)[-_]?(\d+)(k?)(?![a-z0-9])", re.I)
 

@@ -137,6 +137,8 @@ def test_nan_loss_and_failed_and_lost() -> None:
     det2.feed(status("failed", exit_reason="non-finite loss at step 3 on rank(s) [1]; every rank stopped; "
                                            "the last good checkpoint step-2 is kept"))
     assert ("nan", None) in kinds(det2.check(T0))
+    det2.feed(status("failed", exit_reason="non-finite gradient norm at step 4 with a finite loss"))
+    assert ("nan", None) in kinds(det2.check(T0))
     det2.feed(status("failed", exit_reason='rank 0 failed at step 4: OSError: disk full\n'
                                            '  File "/home/fernando/nsa/train/cli.py", line 9'))
     assert kinds(det2.check(T0)) == {("crash", None)}
