@@ -139,7 +139,9 @@ class Launcher:
             "parent_run": parent_run,
             "resume_from": resume_from,
             "config_file": source,
-            "cuda_visible_devices": str(gpu) if gpu is not None else None,
+            # applied only when the agent's own environment does not already pin GPUs
+            "cuda_visible_devices": str(gpu) if gpu is not None and "CUDA_VISIBLE_DEVICES" not in os.environ
+            else os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
         write_json(run_dir / "launch.json", launch)
         import nsa
@@ -153,6 +155,8 @@ class Launcher:
         env = env_with_package_path(env, nsa.__file__)
         env = env_with_package_path(env, nsa_tui.__file__)  # the supervisor
         if gpu is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            # NVML numbers GPUs in PCI bus order; CUDA's default order may differ on mixed hosts
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         argv = [self.python, "-m", "nsa_tui.agent.supervise", str(run_dir), "--", *command]
         log = open(run_dir / "train.log", "ab", buffering=0)
