@@ -329,6 +329,12 @@ def validate(cfg: Config, where: str) -> None:
     _require(t.lr > 0, where, "train.lr", "a positive number", t.lr)
     _require(0 <= t.min_lr <= t.lr, where, "train.min_lr", f"between 0 and train.lr ({t.lr})", t.min_lr)
     _require(t.eval_batches >= 0, where, "train.eval_batches", "a non-negative integer", t.eval_batches)
+    _require(t.grad_clip >= 0, where, "train.grad_clip", "a non-negative number (0 disables clipping)",
+             t.grad_clip)
+    _require(t.weight_decay >= 0, where, "train.weight_decay", "a non-negative number", t.weight_decay)
+    for key, beta in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
+        _require(0 <= beta < 1, where, key, "a number in [0, 1)", beta)
+    _require(t.pg_timeout_s > 0, where, "train.pg_timeout_s", "a positive number of seconds", t.pg_timeout_s)
     _require(t.heartbeat_interval_s > 0, where, "train.heartbeat_interval_s", "a positive number",
              t.heartbeat_interval_s)
     if d.tokenizer == "byte":

@@ -67,6 +67,15 @@ def test_bad_values(tmp_path: Path) -> None:
     assert "model.n_kv_heads" in _error(path)
 
 
+
+@pytest.mark.parametrize("key,value", [("grad_clip", -1.0), ("weight_decay", -0.1), ("beta1", 1.0),
+                                       ("beta2", -0.5), ("pg_timeout_s", 0)])
+def test_bad_optimizer_values(tmp_path: Path, key: str, value: float) -> None:
+    """A negative clip used to disable clipping silently; these are errors, by name."""
+    path = _write(tmp_path, lambda r: r["train"].update({key: value}))
+    msg = _error(path)
+    assert f"train.{key}" in msg and str(path) in msg
+
 def test_bad_overrides() -> None:
     path = CONFIGS / "tiny-cpu.yaml"
     for override, key in [
