@@ -116,9 +116,11 @@ def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) ->
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    # The model's only buffers are per-rank gate statistics: broadcasting them from rank 0
+    # before every forward would cost a collective per micro-batch for nothing.
     if info.device.type == "cuda":
-        return DDP(model, device_ids=[info.device.index])
-    return DDP(model)
+        return DDP(model, device_ids=[info.device.index], broadcast_buffers=False)
+    return DDP(model, broadcast_buffers=False)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
