@@ -224,19 +224,19 @@ class Trainer:
             loss_sum += loss.detach()
             self.positions = batch.positions
         w = self.info.world_size
-        grad_norm = None
-        if self.cfg.train.grad_clip > 0:  # before the agreement: a non-finite norm stops the step too
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; resolve it on every rank
-                grad_norm = grad_norm.full_tensor()
+        # The norm, always (grad_clip 0 = no clipping, max_norm inf): logged, and computed before
+        # the agreement so that a non-finite norm stops the step too.
+        max_norm = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; resolve it on every rank
+            grad_norm = grad_norm.full_tensor()
         flags = torch.zeros(3 + w, device=self.info.device)
         local = loss_sum / self.grad_accum
         finite = torch.isfinite(local)  # stays on the device: one host sync per step, below
         flags[0] = torch.where(finite, local, torch.zeros_like(local))
         flags[1] = 1.0 if self.stop.is_set() else 0.0
         flags[2 + self.info.rank] = (~finite).float()
-        if grad_norm is not None:  # a finite loss with a non-finite gradient would poison the weights
-            flags[2 + w] = (~torch.isfinite(grad_norm)).float()
+        flags[2 + w] = (~torch.isfinite(grad_norm)).float()  # a finite loss, non-finite gradient: poison
         torch.distributed.all_reduce(flags)
         vals = flags.tolist()
         bad = [r for r in range(w) if vals[2 + r] > 0]

@@ -16,11 +16,12 @@ from nsa.train.trainer import NonFiniteLoss, Trainer
 from tests.train.trainrun import SMOKE
 
 
-def test_non_finite_gradient_with_finite_loss_stops_before_the_update(tmp_path: Path) -> None:
+@pytest.mark.parametrize("clip", ["1.0", "0.0"])  # 0 = no clipping: the norm is still checked
+def test_non_finite_gradient_with_finite_loss_stops_before_the_update(tmp_path: Path, clip: str) -> None:
     """LESSONS 15: an inf gradient (finite loss) must not reach the weights: clipping by a
     non-finite norm would turn every parameter into NaN, and the next save would keep it
     as the 'last good' checkpoint. The step stops before the update, like a NaN loss."""
-    cfg = load_config(SMOKE, ["train.device=cpu", "train.grad_clip=1.0"])
+    cfg = load_config(SMOKE, ["train.device=cpu", f"train.grad_clip={clip}"])
     run_dir = ensure_run_dir(tmp_path / "run")
     hb = Heartbeat(run_dir, "rid", 0, 0, 1, D.device_record(torch.device("cpu")), 10.0)
     info = D.init(cfg.train, run_dir, torch.device("cpu"))
