@@ -265,18 +265,22 @@ def test_fallback_picks_the_gpu_with_most_free_memory(tmp_path: Path) -> None:
     assert Launcher(RunStore(tmp_path), read_gpus=lambda: (None, "NVML unavailable")).freest_gpu() is None
 
 
+def _sleeping_launcher(tmp_path: Path) -> tuple[Launcher, Path]:
+    """A Launcher whose supervisor runs for real while "torchrun" is a long sleep."""
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/bin/sh\nif [ "$2" = nsa_tui.agent.supervise ]; then exec {sys.executable} "$@"; fi\n'
+                    "exec sleep 300\n")
+    shim.chmod(0o755)
+    config = Path(__file__).resolve().parents[2] / "configs" / "smoke-cpu.yaml"
+    return Launcher(RunStore(tmp_path / "runs"), python=str(shim)), config
+
+
 async def test_launcher_processes_never_count_as_ranks(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """An agent whose own environment has RANK (a PyTorchJob pod) must not pass it to the supervisor
     and torchrun: RANK marks the ranks, which dump sends SIGUSR1 (fatal to torchrun)."""
     monkeypatch.setenv("RANK", "3")
-    shim = tmp_path / "python"  # the supervisor runs for real; "torchrun" is a sleep
-    shim.write_text(f'#!/bin/sh\nif [ "$2" = nsa_tui.agent.supervise ]; then exec {sys.executable} "$@"; fi\n'
-                    "exec sleep 300\n")
-    shim.chmod(0o755)
-    store = RunStore(tmp_path / "runs")
-    config = Path(__file__).resolve().parents[2] / "configs" / "smoke-cpu.yaml"
-    launcher = Launcher(store, python=str(shim))
+    launcher, config = _sleeping_launcher(tmp_path)
     res = await asyncio.to_thread(launcher.launch, str(config), nproc=1)
     rid = res["run_id"]
     try:
@@ -295,17 +299,11 @@ async def test_a_run_launched_a_moment_ago_is_not_crashed(tmp_path: Path) -> Non
     make the new run look dead (crashed: a false crash alert, `logs -f` ending at once)."""
     from nsa_tui.agent.runs import process_groups
 
-    shim = tmp_path / "python"  # the supervisor runs for real; "torchrun" is a sleep
-    shim.write_text(f'#!/bin/sh\nif [ "$2" = nsa_tui.agent.supervise ]; then exec {sys.executable} "$@"; fi\n'
-                    "exec sleep 300\n")
-    shim.chmod(0o755)
-    store = RunStore(tmp_path / "runs")
-    config = Path(__file__).resolve().parents[2] / "configs" / "smoke-cpu.yaml"
-    launcher = Launcher(store, python=str(shim))
+    launcher, config = _sleeping_launcher(tmp_path)
     process_groups(0.0)  # a watch of another run just scanned /proc
     res = launcher.launch(str(config), nproc=1)
     try:
-        rec = store.record(res["run_id"])
+        rec = launcher.store.record(res["run_id"])
         assert rec["alive"] and rec["status"] == "starting", rec["status"]
     finally:
         await launcher.kill(res["run_id"], grace_s=1.0)
