@@ -1,0 +1,272 @@
+"""The agent protocol's messages (docs/agent-protocol.md states the same).
+
+Newline-delimited JSON: the agent's first line is ``{"hello": Hello}``; then the client
+sends :class:`Request` lines and the agent answers with :class:`Reply` lines and, for
+subscriptions, :class:`EventMsg` lines whose ``data`` type is given by ``event``
+(:data:`EVENT_DATA`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from nsa.contract.records import (
+    Alert,
+    Beat,
+    ExitInfo,
+    HostSample,
+    LaunchInfo,
+    Metric,
+    Record,
+    RunInfo,
+)
+from nsa.contract.series import MetricsSummary
+from nsa.contract.status import RunStatus
+
+PROTOCOL = 2  # the agent's protocol version: client and agent must agree
+
+
+class Hello(Record, kw_only=True):
+    """What a client needs first: versions, host, GPUs, where runs live, what is missing."""
+
+    agent: int
+    nsa_tui: str
+    nsa_version: str | None = None
+    host: str = ""
+    python: str = ""
+    python_exe: str = ""
+    torch: str | None = None
+    runs_root: str = ""
+    gpus: int = 0
+    gpu_names: list[str | None] = []
+    gpu_message: str = ""
+    boot_id: str = ""
+    pid: int = 0
+    time: float = 0.0
+    problems: list[str] = []
+
+
+class Request(Record, kw_only=True):
+    id: int | str | None = None
+    op: str
+    args: dict[str, Any] = {}
+
+
+class ErrorInfo(Record, kw_only=True):
+    code: str
+    message: str
+
+
+class Reply(Record, kw_only=True):
+    id: int | str | None = None
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+class RunView(Record, kw_only=True):
+    """What the agent knows of one run: run.json (``info``; synthesised from launch.json before
+    the trainer writes it) combined with launch.json, exit.json and process liveness into the
+    status a user sees (``status``; the trainer's own is ``info.status``)."""
+
+    run_id: str
+    dir: str
+    name: str  # the launch name, else the trainer's, else the run id
+    status: RunStatus
+    info: RunInfo
+    launch: LaunchInfo | None = None
+    exit: ExitInfo | None = None
+    alive: bool = False
+    pids: list[int] = []
+    stop_requested: bool = False
+    parent_run: str | None = None
+    created: float = 0.0  # when it was launched (or started, for a run started by hand)
+    log_tail: list[str] = []  # the end of train.log, for crashed and failed runs
+
+
+class RunStatusReport(Record, kw_only=True):
+    """The ``status`` op: a run's view, the latest beat of each rank, the last metric lines (the
+    recent step times that stall thresholds need), its open alerts. O(ranks), not O(age)."""
+
+    run: RunView
+    beats: list[Beat] = []
+    recent_metrics: list[Metric] = []
+    alerts: list[Alert] = []
+
+
+class LogLines(Record, kw_only=True):
+    lines: list[str]
+
+
+class Gap(Record, kw_only=True):
+    """Part of a stream was not sent (too old to be worth sending): ``skipped_bytes`` of it
+    before this point. The stream continues after it."""
+
+    stream: str
+    skipped_bytes: int
+    size: int
+
+
+class Synced(Record, kw_only=True):
+    """The subscription's bounded backlog has been sent; ``bad_lines``: malformed lines skipped
+    so far, per stream (never fatal)."""
+
+    ts: float
+    offsets: dict[str, int] = {}
+    bad_lines: dict[str, int] = {}
+
+
+class RunsList(Record, kw_only=True):
+    runs: list[RunView]
+
+
+class RunRemoved(Record, kw_only=True):
+    run_id: str
+
+
+# event name -> the type of its ``data``
+EVENT_DATA: dict[str, Any] = {
+    "status": RunView,
+    "beats": list[Beat],
+    "metrics": list[Metric],
+    "summary": MetricsSummary,
+    "log": LogLines,
+    "gap": Gap,
+    "synced": Synced,
+    "host": HostSample,
+    "runs": RunsList,
+    "run": RunView,
+    "run_removed": RunRemoved,
+    "error": ErrorInfo,
+}
+EventKind = Literal["status", "beats", "metrics", "summary", "log", "gap", "synced", "host", "runs", "run",
+                    "run_removed", "error"]
+
+
+class EventMsg(Record, kw_only=True):
+    """One event of a subscription: ``id`` is the subscribing request's id; ``offset`` the
+    byte offset after the data in its stream (file streams), else a sequence number."""
+
+    id: int | str | None = None
+    event: str
+    run: str | None = None
+    stream: str = ""
+    offset: int = 0
+    initial: bool = False  # a status sent while the subscription's backlog is still coming
+    data: Any = None
+
+
+class EventEnvelope(Record, kw_only=True):
+    """An incoming line, before its data is validated by its event kind."""
+
+    id: int | str | None = None
+    event: str | None = None
+    run: str | None = None
+    stream: str = ""
+    offset: int = 0
+    initial: bool = False
+    data: msgspec.Raw = msgspec.Raw(b"null")
+    ok: bool | None = None
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    error: ErrorInfo | None = None
+    hello: msgspec.Raw = msgspec.Raw(b"null")
+
+
+# -- request arguments --------------------------------------------------------------------------
+class WatchArgs(Record, kw_only=True, forbid_unknown_fields=True):
+    """``watch``: what of a run to stream. Bounded: the latest beat of each rank, the metrics as
+    a summary plus the ``recent_metrics`` last lines, the log's last ``log_tail_bytes``; then
+    live lines. ``offsets`` resumes streams (after a reconnect) when little was missed."""
+
+    run: str
+    streams: list[Literal["status", "heartbeats", "metrics", "log"]] | None = None
+    offsets: dict[str, int] = {}
+    summary_points: int = 512
+    recent_metrics: int = 512
+    log_tail_bytes: int = 256 * 1024
+
+
+class Args(Record, kw_only=True, forbid_unknown_fields=True):
+    """Base of request arguments: an unknown argument is a bad request."""
+
+
+class NoArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RunArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+
+
+class KillArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    grace_s: float = 60.0
+
+
+class ResumeArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    nproc: int | None = None
+
+
+class ReadLogArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    offset: int = 0
+    max_bytes: int = 1 << 20
+
+
+class WatchHostArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    interval_s: float = 1.0
+
+
+class UnwatchArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    sub: int | str
+
+
+class LaunchArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    config_path: str | None = None
+    config_text: str | None = None
+    nproc: int | None = None
+    overrides: list[str] = []
+    name: str | None = None
+
+
+class LaunchResult(Record, kw_only=True):
+    """``launch``, ``fallback`` and ``resume``: the new run (``view``: as the agent sees it now)."""
+
+    run_id: str
+    dir: str
+    nproc: int
+    command: list[str]
+    launcher_pid: int | None = None
+    view: RunView | None = None
+    parent_run: str | None = None
+    resume_from: str | None = None
+    killed: KillResult | None = None
+    again: bool = False  # this relaunch had already been done: the same run, nothing new started
+
+
+class KillResult(Record, kw_only=True):
+    run_id: str
+    was_running: bool
+    forced: bool = False
+    remaining: list[int] = []
+
+
+class LogChunk(Record, kw_only=True):
+    text: str
+    offset: int
+    size: int
+
+
+class DumpFile(Record, kw_only=True):
+    name: str
+    text: str
+
+
+class DumpResult(Record, kw_only=True):
+    run_id: str
+    ranks: list[int]
+    notes: list[str] = []
+    files: list[DumpFile] = []
