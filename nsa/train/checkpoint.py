@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from nsa.train.telemetry import write_json_atomic
+from nsa.contract import write_json_atomic
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 

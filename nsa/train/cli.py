@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, help="this run's own directory (created, mode 0700)")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="SECTION.KEY=VALUE",
                    help="override config values, e.g. --set train.steps=100 data.source=synthetic")
+    p.add_argument("--parent-run", default=None, metavar="RUN_ID",
+                   help="the run this one continues (fallback/resume): recorded in run.json")
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="auto: newest complete checkpoint of this run directory (none: start fresh); "
                         "PATH: a checkpoint directory, or a run directory to take its newest from")
@@ -68,13 +70,13 @@ def versions() -> dict[str, str | None]:
 def other_run(run_dir: Path, run_id: str) -> str | None:
     """The id and status of a different run that already wrote ``run_dir/run.json``, if any
     (one directory, one run: LESSONS 4). Ranks of this run see their own id and go on."""
-    try:
-        data = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+    from nsa.contract import read_json
+
+    data = read_json(run_dir / "run.json", dict[str, Any])  # any version's run.json names its run
+    other = data.get("run_id") if data else None
+    if not other or other == run_id:
         return None
-    if not isinstance(data, dict) or data.get("run_id") == run_id:
-        return None
-    return f"{data.get('run_id')} (status {data.get('status')})"
+    return f"{other} (status {data.get('status') if data else None})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
               "(or --resume auto to continue that run)", file=sys.stderr)
         return EXIT_USAGE
 
+    from nsa.contract import RunInfo
     from nsa.train import distributed as D
     from nsa.train.faults import StackDumper, StopFlag, stop_when_launcher_dies
-    from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir, read_launch
+    from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir
 
     run_dir = ensure_run_dir(Path(args.run_dir).expanduser().resolve())
     rank, local_rank, world, launched = D.env_ranks()
@@ -130,16 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         from nsa.train import checkpoint as ckpt
         from nsa.train.trainer import Trainer
 
-        launch = read_launch(run_dir)
         if rank == 0:  # before anything can fail, so a failure always has a run.json to land in
-            record = RunRecord(run_dir, {
-                "run_id": run_id, "name": cfg.name, "config_path": cfg.source_path, "config": to_dict(cfg),
-                "param_count": None, "world_size": world, "batch_size": cfg.train.batch_size,
-                "grad_accum": None, "global_batch": None, "seq_len": cfg.train.seq_len, "dtype": None,
-                "device": str(device), "data_source": cfg.data.source, "command": sys.argv,
-                "versions": versions(), "host": socket.gethostname(), "total_steps": cfg.train.steps,
-                "resumed_from": None, "parent_run": launch.get("parent_run"),
-                "strategy": cfg.train.strategy, "pid": os.getpid()})
+            record = RunRecord(run_dir, RunInfo(
+                run_id=run_id, name=cfg.name, config_path=cfg.source_path, config=to_dict(cfg),
+                world_size=world, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
+                device=str(device), data_source=cfg.data.source, command=list(sys.argv), versions=versions(),
+                host=socket.gethostname(), total_steps=cfg.train.steps, parent_run=args.parent_run,
+                strategy=cfg.train.strategy, pid=os.getpid()))
         resume = ckpt.resolve(args.resume, run_dir)
         if record and resume:
             record.update(resumed_from=str(resume))
@@ -242,16 +242,14 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
 
 def first_peer_failure(run_dir: Path, me: int) -> str | None:
     """The earliest ``failed`` heartbeat of another rank on this host, if any."""
-    best: tuple[float, str] | None = None
+    from nsa.contract import Beat, Phase, last_record
+
+    best: Beat | None = None
     for path in (run_dir / "heartbeats").glob("rank-*.jsonl"):
         if path.name == f"rank-{me}.jsonl":
             continue
-        try:
-            last = path.read_text().strip().splitlines()[-1]
-            rec = json.loads(last)
-        except (OSError, ValueError, IndexError):
-            continue
-        if rec.get("phase") == "failed" and rec.get("error"):
-            if best is None or rec["ts"] < best[0]:
-                best = (rec["ts"], rec["error"])
-    return best[1] if best else None
+        beat = last_record(path, Beat)
+        if beat is not None and beat.phase == Phase.FAILED and beat.error:
+            if best is None or beat.ts < best.ts:
+                best = beat
+    return best.error if best else None

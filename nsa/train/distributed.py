@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nsa.config import TrainConfig
+from nsa.contract import DeviceInfo
 
 
 @dataclass
@@ -58,7 +59,7 @@ def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def device_record(device: torch.device) -> dict[str, Any]:
+def device_record(device: torch.device) -> DeviceInfo:
     """The heartbeat's ``device`` field: type, index and (CUDA) UUID."""
     if device.type == "cuda":
         uuid: str | None = None
@@ -67,8 +68,8 @@ def device_record(device: torch.device) -> dict[str, Any]:
             uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
         except Exception:
             uuid = None
-        return {"type": "cuda", "index": device.index, "uuid": uuid}
-    return {"type": "cpu", "index": None, "uuid": None}
+        return DeviceInfo(type="cuda", index=device.index, uuid=uuid)
+    return DeviceInfo(type="cpu")
 
 
 def enable_flight_recorder(run_dir: Path) -> None:
