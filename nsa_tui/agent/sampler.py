@@ -13,13 +13,15 @@ from typing import Any, Protocol
 
 import psutil
 
-from nsa_tui.agent.runs import environ_of
+from nsa.contract import GpuReading, HostSample
+from nsa.contract.records import GpuRank, Usage
+from nsa_tui.agent.procs import environ_of, rank_of
 
 
 class GpuSource(Protocol):
     """Where GPU readings come from. ``read`` returns (gpus or None, message)."""
 
-    def read(self) -> tuple[list[dict[str, Any]] | None, str]: ...
+    def read(self) -> tuple[list[GpuReading] | None, str]: ...
 
     def count(self) -> int: ...
 
@@ -52,7 +54,7 @@ class NvmlSource:
             return 0
         return _na(self.nv.nvmlDeviceGetCount) or 0
 
-    def read(self) -> tuple[list[dict[str, Any]] | None, str]:
+    def read(self) -> tuple[list[GpuReading] | None, str]:
         if not self.ok:
             return None, self.message
         nv = self.nv
@@ -64,7 +66,7 @@ class NvmlSource:
         for i in range(n):
             h = _na(nv.nvmlDeviceGetHandleByIndex, i)
             if h is None:
-                gpus.append(_empty_gpu(i))
+                gpus.append(GpuReading(index=i))
                 notes.append(f"GPU {i} not reachable")
                 continue
             mem = _na(nv.nvmlDeviceGetMemoryInfo, h)
@@ -74,31 +76,17 @@ class NvmlSource:
             temp = _na(nv.nvmlDeviceGetTemperature, h, 0)  # 0: NVML_TEMPERATURE_GPU
             procs = _na(nv.nvmlDeviceGetComputeRunningProcesses, h) or []
             name = _na(nv.nvmlDeviceGetName, h)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": name.decode() if isinstance(name, bytes) else name,
-                    "uuid": _str(_na(nv.nvmlDeviceGetUUID, h)),
-                    "mem_used_bytes": mem.used if mem else None,
-                    "mem_total_bytes": mem.total if mem else None,
-                    "util_pct": util.gpu if util else None,
-                    "power_w": power / 1000.0 if power is not None else None,
-                    "power_limit_w": limit / 1000.0 if limit is not None else None,
-                    "temp_c": temp,
-                    "pids": [p.pid for p in procs],
-                }
-            )
+            gpus.append(GpuReading(
+                index=i, name=_str(name), uuid=_str(_na(nv.nvmlDeviceGetUUID, h)),
+                mem_used_bytes=mem.used if mem else None, mem_total_bytes=mem.total if mem else None,
+                util_pct=util.gpu if util else None, power_w=power / 1000.0 if power is not None else None,
+                power_limit_w=limit / 1000.0 if limit is not None else None, temp_c=temp,
+                pids=[p.pid for p in procs]))
         return gpus, "; ".join(notes)
 
 
 def _str(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
-
-
-def _empty_gpu(i: int) -> dict[str, Any]:
-    keys = ("name", "uuid", "mem_used_bytes", "mem_total_bytes", "util_pct", "power_w", "power_limit_w",
-            "temp_c")
-    return {"index": i, **dict.fromkeys(keys), "pids": []}
 
 
 class HostSampler:
@@ -109,30 +97,21 @@ class HostSampler:
         self.gpu = gpu_source if gpu_source is not None else NvmlSource()
         psutil.cpu_percent(None)  # prime: the first call has no interval to measure
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self) -> HostSample:
         """Each GPU also lists ``ranks``: the run id and rank of the processes on it."""
         gpus, message = self.gpu.read()
         for g in gpus or []:
-            g["ranks"] = []
-            for pid in g.get("pids") or []:
+            g.ranks = []
+            for pid in g.pids:
                 env = environ_of(pid)
                 if env.get("NSA_RUN_ID"):
-                    rank = env.get("RANK", "")
-                    g["ranks"].append({"pid": pid, "run": env["NSA_RUN_ID"],
-                                       "rank": int(rank) if rank.isdigit() else None})
+                    g.ranks.append(GpuRank(pid=pid, run=env["NSA_RUN_ID"], rank=rank_of(env)))
         vm = psutil.virtual_memory()
         try:
             du = psutil.disk_usage(self.runs_root if os.path.exists(self.runs_root) else "/")
-            disk = {"used_bytes": du.used, "total_bytes": du.total, "free_bytes": du.free}
+            disk = Usage(used_bytes=du.used, total_bytes=du.total, free_bytes=du.free)
         except OSError:
-            disk = {"used_bytes": None, "total_bytes": None, "free_bytes": None}
-        return {
-            "ts": time.time(),
-            "gpus": gpus,
-            "gpu_message": message,
-            "cpu_pct": psutil.cpu_percent(None),
-            "cpu_count": psutil.cpu_count(),
-            "load_avg": list(os.getloadavg()),
-            "ram": {"used_bytes": vm.total - vm.available, "total_bytes": vm.total},
-            "disk": disk,
-        }
+            disk = Usage()
+        return HostSample(ts=time.time(), gpus=gpus, gpu_message=message, cpu_pct=psutil.cpu_percent(None),
+                          cpu_count=psutil.cpu_count(), load_avg=list(os.getloadavg()),
+                          ram=Usage(used_bytes=vm.total - vm.available, total_bytes=vm.total), disk=disk)

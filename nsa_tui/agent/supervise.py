@@ -9,12 +9,13 @@ It survives the group's TERM (it must outlive torchrun to record the code) but n
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from nsa.contract import ExitInfo, write_json_atomic
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -35,17 +36,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"nsa-tui supervise: cannot start {cmd[0]!r}: {exc}", file=sys.stderr, flush=True)
         code = 127
-    record = {
-        "exit_code": code if code >= 0 else None,
-        "signal": -code if code < 0 else None,
-        "started_at": started,
-        "ended_at": time.time(),
-    }
-    tmp = os.path.join(run_dir, f".exit.json.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(record, fh)
-        fh.write("\n")
-    os.replace(tmp, os.path.join(run_dir, "exit.json"))
+    record = ExitInfo(exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                      started_at=started, ended_at=time.time())
+    write_json_atomic(Path(run_dir) / "exit.json", record)
     print(f"nsa-tui supervise: command exited with {code}", flush=True)
     return 0
 
