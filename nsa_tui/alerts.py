@@ -1,8 +1,9 @@
 """Stall and failure detection: a pure function of the event stream and a clock.
 
-Feed every ``Event`` of a host (``feed``), then ask ``check(now)`` for the alerts that
-hold at ``now``. Nothing here reads files, the network or the wall clock, so every rule
-is unit-tested on synthetic event sequences (tests/test_alerts.py).
+Feed every ``Event`` of a host (``feed``; or the typed ``feed_*`` methods), then ask
+``check(now)`` for the alerts that hold at ``now``. Inputs are the contract's records
+(nsa.contract). Nothing here reads files, the network or the wall clock, so every rule is
+unit-tested on synthetic event sequences (tests/test_alerts.py).
 
 Clocks: heartbeats carry the host's clock; ``now`` is the caller's. The detector
 estimates the offset from events that carry both (``Event.received`` set by the client
@@ -27,7 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-ALIVE = ("starting", "running", "stopping")
+from nsa.contract import Alert, Beat, EvalMetric, HostSample, Metric, RunStatus, RunView, TrainMetric, on_gpu
+from nsa.contract.protocol import LogLines
 
 
 @dataclass
@@ -49,42 +51,14 @@ class Thresholds:
 
 
 @dataclass
-class Alert:
-    """One alert with its evidence; ``key`` is stable while the condition lasts."""
-
-    kind: str
-    severity: str  # "critical" | "warning"
-    host: str
-    run: str | None
-    rank: int | None = None
-    gpu: int | None = None
-    phase: str | None = None
-    last_step: int | None = None
-    heartbeat_age_s: float | None = None
-    log_tail: list[str] = field(default_factory=list)
-    message: str = ""
-    suggested_actions: list[str] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return f"{self.host}|{self.run}|{self.kind}|{self.rank}"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["key"] = self.key
-        return d
-
-
-@dataclass
 class _Rank:
     step: int | None = None
     phase: str | None = None
     phase_since: float = 0.0
     last_ts: float = 0.0
     advanced_at: float = 0.0
-    pid: int | None = None
-    gpu: int | None = None
-    gpu_uuid: str | None = None
+    gpu: int | None = None  # the CUDA index the rank reported (shown; placement uses on_gpu)
+    beat: Beat | None = None  # the newest beat
     history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))  # (ts, step)
 
     def step_at(self, ts: float) -> int | None:
@@ -99,7 +73,7 @@ class _Rank:
 
 @dataclass
 class _Run:
-    record: dict[str, Any] = field(default_factory=dict)
+    view: RunView | None = None
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
     tps: deque[float] = field(default_factory=lambda: deque(maxlen=60))
@@ -165,61 +139,79 @@ class AlertDetector:
 
     # -- input ----------------------------------------------------------------------
     def feed(self, event: Any) -> None:
-        """Take one Event (kind, run, stream, offset, data, received)."""
-        kind, data = event.kind, event.data or {}
-        ts = data.get("ts")
+        """Take one client Event (kind, run, data, received, initial)."""
+        kind, data, run_id = event.kind, event.data, event.run
         received = getattr(event, "received", 0.0) or 0.0
+        if kind == "host":
+            self.feed_host(data, received)
+        elif run_id is None:
+            return
+        elif kind == "beats":
+            for b in data:
+                self.feed_beat(run_id, b, received)
+        elif kind == "metrics":
+            for m in data:
+                self.feed_metric(run_id, m)
+        elif kind == "log":
+            self.feed_log(run_id, data.lines if isinstance(data, LogLines) else list(data))
+        elif kind == "status":
+            self.feed_view(run_id, data, getattr(event, "initial", False))
+        elif kind == "synced":
+            self._skew(received, getattr(data, "ts", None))  # the agent's clock when it sent it
+            self.run(run_id).backfilling = False
+
+    def run(self, run_id: str) -> _Run:
+        return self.runs.setdefault(run_id, _Run())
+
+    def _skew(self, received: float, ts: float | None) -> None:
         if received and _finite(ts):
             self._skews.append(received - ts)
-        if kind == "host":
-            self.gpus = list(data.get("gpus") or [])
-            return
-        if event.run is None:
-            return
-        run = self.runs.setdefault(event.run, _Run())
-        if kind == "heartbeat":
-            self._beat(run, data)
-        elif kind == "metric":
-            self._metric(run, data)
-        elif kind == "log":
-            run.log.append(str(data.get("line", "")))
-        elif kind == "status":
-            run.record = dict(data)
-            if data.get("initial"):
-                run.backfilling = True  # a (re)subscription: its backlog comes, then "synced"
-        elif kind == "synced":
-            run.backfilling = False
 
-    def _beat(self, run: _Run, d: dict[str, Any]) -> None:
-        rank = d.get("rank")
-        ts = d.get("ts")
-        if not isinstance(rank, int) or not _finite(ts):
+    def feed_host(self, sample: HostSample, received: float = 0.0) -> None:
+        self._skew(received, sample.ts)
+        self.gpus = list(sample.gpus or [])
+
+    def feed_view(self, run_id: str, view: RunView, initial: bool = False) -> None:
+        """The run's status; ``initial``: a (re)subscription, whose backlog comes next."""
+        run = self.run(run_id)
+        run.view = view
+        if initial:
+            run.backfilling = True
+
+    def feed_log(self, run_id: str, lines: list[str]) -> None:
+        self.run(run_id).log.extend(str(ln) for ln in lines)
+
+    def feed_beat(self, run_id: str, b: Beat, received: float = 0.0) -> None:
+        self._skew(received, b.ts)
+        run = self.run(run_id)
+        if not _finite(b.ts):
             return
-        r = run.ranks.setdefault(rank, _Rank(advanced_at=ts))
-        if ts < r.last_ts:
+        r = run.ranks.setdefault(b.rank, _Rank(advanced_at=b.ts))
+        if b.ts < r.last_ts:
             return  # out of order: keep the newest
-        step = d.get("step")
-        if step != r.step:
-            r.step, r.advanced_at = step, ts
-        if isinstance(step, int):
-            r.history.append((ts, step))
-        r.phase = d.get("phase")
-        r.phase_since = d.get("phase_since") if _finite(d.get("phase_since")) else ts
-        r.last_ts = ts
-        r.pid = d.get("pid")
-        dev = d.get("device") or {}
-        r.gpu = dev.get("index") if dev.get("type") == "cuda" else None
-        r.gpu_uuid = dev.get("uuid") if dev.get("type") == "cuda" else None
+        if b.step != r.step:
+            r.step, r.advanced_at = b.step, b.ts
+        r.history.append((b.ts, b.step))
+        r.phase = b.phase.value
+        r.phase_since = b.phase_since if b.phase_since is not None and _finite(b.phase_since) else b.ts
+        r.last_ts = b.ts
+        r.beat = b
+        r.gpu = b.device.index if b.device.type == "cuda" else None
 
-    def _metric(self, run: _Run, d: dict[str, Any]) -> None:
-        if d.get("kind", "train") == "train":
-            if _finite(d.get("step_time_s")):
-                run.step_times.append(float(d["step_time_s"]))
-            if _finite(d.get("tokens_per_s")):
-                run.tps.append(float(d["tokens_per_s"]))
-        for key in ("loss", "val_loss"):
-            if key in d and not _finite(d[key]) and run.nan_step is None:
-                run.nan_step = d.get("step")
+    def feed_metric(self, run_id: str, m: Metric) -> None:
+        run = self.run(run_id)
+        if isinstance(m, TrainMetric):
+            if m.step_time_s is not None and _finite(m.step_time_s):
+                run.step_times.append(float(m.step_time_s))
+            if m.tokens_per_s is not None and _finite(m.tokens_per_s):
+                run.tps.append(float(m.tokens_per_s))
+            value = m.loss
+        elif isinstance(m, EvalMetric):
+            value = m.val_loss
+        else:
+            return
+        if not math.isfinite(value) and run.nan_step is None:
+            run.nan_step = m.step
 
     # -- output ---------------------------------------------------------------------
     def skew(self) -> float:
@@ -243,35 +235,35 @@ class AlertDetector:
 
     def _alert(self, kind: str, severity: str, run_id: str, run: _Run, **kw: Any) -> Alert:
         kw.setdefault("log_tail", list(run.log)[-10:])
-        return Alert(kind, severity, self.host, run_id, **kw)
+        return Alert(kind=kind, severity=severity, host=self.host, run=run_id, **kw)  # type: ignore[arg-type]
 
     def _check_run(self, run_id: str, run: _Run, now: float) -> list[Alert]:
-        rec = run.record
-        status = rec.get("status")
+        view = run.view
+        status = view.status if view is not None else None
         out: list[Alert] = []
-        tail = list(rec.get("log_tail") or []) or list(run.log)
-        if status == "crashed":
-            code = rec.get("exit_code")
+        tail = (list(view.log_tail) if view is not None else []) or list(run.log)
+        step = view.info.step if view is not None else None
+        code = view.exit.exit_code if view is not None and view.exit is not None else None
+        if view is not None and status == RunStatus.CRASHED:
             tb = traceback_tail(tail)
             last = next((ln for ln in reversed(tb) if ln.strip()), "no output")
             out.append(self._alert(
-                "crash", "critical", run_id, run, last_step=rec.get("step"), log_tail=tb,
+                "crash", "critical", run_id, run, last_step=step, log_tail=tb,
                 message=f"run processes exited with code {code} without a final status: {last.strip()}",
                 suggested_actions=["logs", "resume"]))
-        elif status == "failed":
-            reason = str(rec.get("exit_reason") or "")
+        elif view is not None and status == RunStatus.FAILED:
+            reason = view.info.exit_reason or ""
             # the trainer says "non-finite loss at step N ..." (docs/run-directory.md); a bare
             # substring test would miss it and call "maintenance" or "/home/fernando" a NaN
             kind = "nan" if _NAN_RE.search(reason) else "crash"
             first = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
-            code = rec.get("exit_code")
             out.append(self._alert(
-                kind, "critical", run_id, run, last_step=rec.get("step"),
+                kind, "critical", run_id, run, last_step=step,
                 log_tail=traceback_tail(tail if any("Traceback" in x for x in tail) else reason.splitlines()),
                 message=f"trainer failed{f' (exit code {code})' if code is not None else ''}: {first}",
                 suggested_actions=["logs", "resume"]))
-        elif status == "lost":
-            out.append(self._alert("lost", "warning", run_id, run, last_step=rec.get("step"),
+        elif status == RunStatus.LOST:
+            out.append(self._alert("lost", "warning", run_id, run, last_step=step,
                                    message="run was running when the host rebooted; its processes are gone",
                                    suggested_actions=["resume"]))
         if run.nan_step is not None and not any(a.kind == "nan" for a in out):
@@ -279,7 +271,7 @@ class AlertDetector:
                                    message=f"loss is NaN/inf at step {run.nan_step}",
                                    suggested_actions=["kill", "resume"]))
         out += self._config_alerts(run_id, run)
-        if (status not in ALIVE and rec) or run.backfilling:
+        if (status is not None and not status.is_alive()) or run.backfilling:
             return out  # old lines of a backlog would look like stalls until it is in
         stalled = self._stall_alerts(run_id, run, now)
         out += stalled
@@ -344,37 +336,38 @@ class AlertDetector:
         out = []
         for a in stalled:
             r = run.ranks.get(a.rank) if a.rank is not None else None
+            if r is None or r.beat is None:
+                continue
             for g in self.gpus:
-                # by PID, else by UUID (CUDA_VISIBLE_DEVICES renumbers indexes), else by index
-                same = (g.get("uuid") == r.gpu_uuid) if r and r.gpu_uuid else (
-                    a.gpu is not None and g.get("index") == a.gpu)
-                on_it = r is not None and (r.pid in (g.get("pids") or []) or same)
-                util, power, limit = g.get("util_pct"), g.get("power_w"), g.get("power_limit_w")
-                if not on_it or not (_finite(util) and _finite(power) and _finite(limit) and limit > 0):
+                util, power, limit = g.util_pct, g.power_w, g.power_limit_w
+                if not on_gpu(g, r.beat) or util is None or power is None or not limit:
                     continue
                 if util >= self.t.nccl_util_pct and power < self.t.nccl_power_frac * limit:
                     out.append(self._alert(
-                        "nccl_hang", "critical", run_id, run, rank=a.rank, gpu=g.get("index"), phase=a.phase,
+                        "nccl_hang", "critical", run_id, run, rank=a.rank, gpu=g.index, phase=a.phase,
                         last_step=a.last_step, heartbeat_age_s=a.heartbeat_age_s,
-                        message=f"GPU {g.get('index')} reads {util:.0f}% busy at {power:.0f} W of "
+                        message=f"GPU {g.index} reads {util:.0f}% busy at {power:.0f} W of "
                                 f"{limit:.0f} W while rank {a.rank} is stalled: collective hang?",
                         suggested_actions=["dump", "kill", "fallback"]))
         return out
 
     def _config_alerts(self, run_id: str, run: _Run) -> list[Alert]:
         """The config's name and the run's name (LESSONS 1: a toy model under a big name)."""
-        rec = run.record
-        names = [str(n) for n in ((rec.get("config") or {}).get("name"), rec.get("name")) if n]
+        if run.view is None:
+            return []
+        info = run.view.info
+        cfg_name = (info.config or {}).get("name")
+        names = [str(n) for n in (cfg_name, run.view.name) if n]
         f = self.t.size_factor
-        pc, sl = rec.get("param_count"), rec.get("seq_len")
+        pc, sl = info.param_count, info.seq_len
         out: dict[str, Alert] = {}
         for name in dict.fromkeys(names):
             params, seq = expected_from_name(name)
-            if params and _finite(pc) and pc > 0 and not (params / f <= pc <= params * f):
+            if params and pc and not (params / f <= pc <= params * f):
                 out.setdefault("config_size", self._alert(
                     "config_size", "warning", run_id, run, suggested_actions=["kill"],
                     message=f"{name!r} promises {params / 1e6:.0f}M parameters, model: {pc / 1e6:.1f}M"))
-            if seq and _finite(sl) and sl > 0 and not (seq / f <= sl <= seq * f):
+            if seq and sl and not (seq / f <= sl <= seq * f):
                 out.setdefault("config_seq", self._alert(
                     "config_seq", "warning", run_id, run, suggested_actions=["kill"],
                     message=f"{name!r} promises seq_len {seq}, the run trains at {sl}"))

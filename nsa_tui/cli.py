@@ -20,12 +20,15 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from nsa_tui.fmt import fmt_count
+
+if TYPE_CHECKING:
+    from nsa.contract import RunView
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_CONFIG, EXIT_NO_RUN, EXIT_UNREACHABLE, EXIT_UNHEALTHY = range(7)
-TERMINAL = ("finished", "failed", "stopped", "crashed", "lost")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +70,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _emit(args: argparse.Namespace, obj: Any, text: str) -> None:
-    print(json.dumps(obj, indent=1, default=str) if args.json else text)
+    """``--json``: the record as JSON (nsa.contract's encoding); else ``text``."""
+    if args.json:
+        from nsa.contract.io import to_builtins
+
+        print(json.dumps(to_builtins(obj), indent=1))
+    else:
+        print(text)
 
 
 def _fail(args: argparse.Namespace, code: int, kind: str, message: str) -> int:
@@ -87,55 +96,52 @@ async def _ask_host_key(host: str, fingerprint: str) -> bool:
     return answer.strip().lower() == "yes"
 
 
-def _human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.1f}{unit}"
-    return str(n)
-
-
-def _runs_table(runs: list[dict[str, Any]]) -> str:
+def _runs_table(runs: list[RunView]) -> str:
     rows = [("RUN", "NAME", "STATUS", "STEP", "WORLD", "GLOBAL BATCH", "PARAMS")]
     for r in runs:
-        step = f"{r.get('step', '-')}/{r.get('total_steps', '-')}" if r.get("step") is not None else "-"
-        rows.append((r["run_id"], str(r.get("name", "")), str(r.get("status")), step,
-                     str(r.get("world_size") or "-"), str(r.get("global_batch") or "-"),
-                     _human(r.get("param_count"))))
+        i = r.info
+        step = f"{i.step}/{i.total_steps if i.total_steps is not None else '-'}"
+        rows.append((r.run_id, r.name, r.status.value, step, str(i.world_size), str(i.global_batch or "-"),
+                     fmt_count(i.param_count) if i.param_count else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
 async def _status(c: Any, args: argparse.Namespace) -> int:
+    """The run's view, every rank's newest beat and the alerts that hold now: one bounded request
+    (O(ranks), whatever the run's age)."""
+    from nsa.contract import RunStatus
     from nsa_tui.alerts import AlertDetector
 
-    det = AlertDetector(c.hello.get("host", args.host))
-    rec: dict[str, Any] = {}
-    async for ev in c.watch(args.run):
-        det.feed(ev)
-        if ev.kind == "status":
-            rec = ev.data
-        if ev.kind == "synced":
-            break
-    alerts = det.check(time.time())
-    beats = {r: {"step": s.step, "phase": s.phase, "age_s": round(time.time() - det.skew() - s.last_ts, 1)}
-             for r, s in sorted(det.runs.get(args.run).ranks.items())} if args.run in det.runs else {}
-    rec.pop("config", None)
-    steps = [b["step"] for b in beats.values() if isinstance(b["step"], int)]
-    if steps and max(steps) > (rec.get("step") or 0):
-        rec["step"] = max(steps)  # run.json is rewritten every ~10 s, heartbeats every step
-    out = {"run": rec, "ranks": beats, "alerts": [a.to_dict() for a in alerts]}
-    lines = [f"{rec.get('run_id')}  {rec.get('name')}  status={rec.get('status')}  "
-             f"step={rec.get('step')}/{rec.get('total_steps')}  world={rec.get('world_size')}  "
-             f"global_batch={rec.get('global_batch')}  params={_human(rec.get('param_count'))}"]
-    lines += [f"  rank {r}: step {b['step']} phase {b['phase']} heartbeat {b['age_s']} s ago"
-              for r, b in beats.items()]
+    rep = await c.status(args.run)
+    det = AlertDetector(c.hello.host or args.host)
+    det.feed_view(args.run, rep.run)
+    det.feed_log(args.run, rep.run.log_tail)
+    for m in rep.recent_metrics:
+        det.feed_metric(args.run, m)
+    now = time.time()
+    for b in rep.beats:
+        det.feed_beat(args.run, b, received=now)  # a beat read just now: its age on the host clock
+    alerts = det.check(now)
+    info = rep.run.info
+    step = max([info.step, *(b.step for b in rep.beats)])  # run.json is rewritten every ~10 s
+    lines = [f"{rep.run.run_id}  {rep.run.name}  status={rep.run.status.value}  "
+             f"step={step}/{info.total_steps if info.total_steps is not None else '?'}  "
+             f"world={info.world_size}  global_batch={info.global_batch or '?'}  "
+             f"params={fmt_count(info.param_count) if info.param_count else '?'}"]
+    if rep.run.status.is_alive() and info.status == RunStatus.STARTING:
+        lines[0] += "  (booting)"
+    skew = det.skew()
+    for b in rep.beats:
+        lines.append(f"  rank {b.rank}: step {b.step} phase {b.phase.value} "
+                     f"heartbeat {max(0.0, now - skew - b.ts):.1f} s ago")
     for a in alerts:
         lines.append(f"  [{a.severity.upper()}] {a.kind}: {a.message}")
         lines += [f"      | {ln}" for ln in a.log_tail[-8:]] if a.kind in ("crash", "nan") else []
-    _emit(args, out, "\n".join(lines))
-    bad = any(a.severity == "critical" for a in alerts) or rec.get("status") in ("crashed", "failed", "lost")
+    rep.alerts = alerts
+    _emit(args, rep, "\n".join(lines))
+    unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
+    bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
     return EXIT_UNHEALTHY if bad else EXIT_OK
 
 
@@ -155,29 +161,30 @@ async def _logs(c: Any, args: argparse.Namespace) -> int:
 
     while True:
         chunk = await c.read_log(args.run, offset)
-        if chunk["text"]:
+        if chunk.text:
             if args.json:
-                json_lines(chunk["text"], final=False)
+                json_lines(chunk.text, final=False)
             else:
-                sys.stdout.write(chunk["text"])
-        offset = chunk["offset"]
-        if offset >= chunk["size"]:
+                sys.stdout.write(chunk.text)
+        offset = chunk.offset
+        if offset >= chunk.size:
             break
     if not args.follow:
         if args.json:
             json_lines("", final=True)
         return EXIT_OK
-    async for ev in c.watch(args.run, offsets={"log": offset}, streams=["log"]):
+    async for ev in c.watch(args.run, offsets={"log": offset}, streams=["status", "log"]):
         if ev.kind == "log":
             offset = ev.offset
-            line, carry = carry + ev.data["line"], ""  # the watch completes a cut line
-            print(json.dumps({"line": line}) if args.json else ev.data["line"], flush=True)
-        elif ev.kind == "status" and not ev.data.get("initial") and ev.data.get("status") in TERMINAL:
+            for text in ev.data.lines:
+                line, carry = carry + text, ""  # the watch completes a cut line
+                print(json.dumps({"line": line}) if args.json else text, flush=True)
+        elif ev.kind == "status" and not ev.initial and ev.data.status.is_terminal():
             rest = await c.read_log(args.run, offset)  # lines written after the last poll
             if args.json:
-                json_lines(rest["text"], final=True)
+                json_lines(rest.text, final=True)
             else:
-                for line in rest["text"].splitlines():
+                for line in rest.text.splitlines():
                     print(line)
             return EXIT_OK
     return EXIT_OK
@@ -216,36 +223,34 @@ async def _run_command(args: argparse.Namespace) -> int:
 
 
 async def _dispatch(c: Any, args: argparse.Namespace) -> int:
-    simple: dict[str, Callable[[], Awaitable[Any]]] = {
-        "kill": lambda: c.kill(args.run, args.grace), "fallback": lambda: c.fallback(args.run, args.grace),
-        "resume": lambda: c.resume(args.run)}
     if args.cmd == "runs":
         runs = await c.runs()
-        for r in runs:
-            r.pop("config", None)
         _emit(args, runs, _runs_table(runs))
     elif args.cmd == "launch":
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
                              upload=args.upload)
-        _emit(args, res, res["run_id"])
+        _emit(args, res, res.run_id)
     elif args.cmd == "status":
         return await _status(c, args)
     elif args.cmd == "logs":
         return await _logs(c, args)
-    elif args.cmd in simple:
-        res = await simple[args.cmd]()
-        text = res.get("run_id", "") if args.cmd != "kill" else (
-            f"{args.run}: stopped{' (forced with KILL)' if res.get('forced') else ''}; no process remains"
-            if res.get("was_running") else f"{args.run}: was not running")
-        _emit(args, res, text)
+    elif args.cmd == "kill":
+        kr = await c.kill(args.run, args.grace)
+        text = (f"{args.run}: stopped{' (forced with KILL)' if kr.forced else ''}; no process remains"
+                if kr.was_running else f"{args.run}: was not running")
+        _emit(args, kr, text)
+    elif args.cmd in ("fallback", "resume"):
+        res = await (c.fallback(args.run, args.grace) if args.cmd == "fallback" else c.resume(args.run))
+        note = f" (already done before: {args.cmd} started it)" if res.again else ""
+        _emit(args, res, f"{res.run_id}{note}")
     elif args.cmd == "dump":
-        res = await c.dump(args.run)
+        dr = await c.dump(args.run)
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
-            for f in res["files"]:
-                (out / Path(f["name"]).name).write_text(f["text"])
-        _emit(args, res, "\n".join(f"==> {f['name']} <==\n{f['text']}" for f in res["files"]) or "no files")
+            for f in dr.files:
+                (out / Path(f.name).name).write_text(f.text)
+        _emit(args, dr, "\n".join(f"==> {f.name} <==\n{f.text}" for f in dr.files) or "no files")
     return EXIT_OK
 
 

@@ -1,4 +1,7 @@
-"""Number formatting with units on everything (LESSONS 3) and N/A for the unknown."""
+"""Number formatting with units on everything (LESSONS 3) and N/A for the unknown.
+
+The one place numbers become text, for the panel and the CLI alike.
+"""
 
 from __future__ import annotations
 
@@ -78,3 +81,19 @@ def bar(frac: Any, width: int) -> str:
         return "·" * max(width, 0)
     filled = round(max(0.0, min(1.0, float(frac))) * width)
     return "█" * filled + "░" * (width - filled)
+
+
+def fmt_short(v: float) -> str:
+    """Compact numbers for narrow places (chart ticks, tables): 41k, 2.83, 0.0012."""
+    a = abs(v)
+    if a >= 1e9:
+        return f"{v / 1e9:.1f}G"
+    if a >= 1e6:
+        return f"{v / 1e6:.1f}M"
+    if a >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.2g}"

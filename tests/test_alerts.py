@@ -4,28 +4,55 @@ from __future__ import annotations
 
 import math
 
+from nsa.contract import (
+    Beat,
+    DeviceInfo,
+    ExitInfo,
+    GpuReading,
+    HostSample,
+    Phase,
+    RunInfo,
+    RunStatus,
+    RunView,
+    TrainMetric,
+)
+from nsa.contract.protocol import Synced
 from nsa_tui.alerts import AlertDetector, Thresholds, expected_from_name, traceback_tail
 from nsa_tui.client import Event
 
 T0 = 1_000_000.0
 RUN = "r1"
+INFO_FIELDS = ("step", "exit_reason", "config", "param_count", "seq_len")
 
 
 def beat(rank: int, step: int, ts: float, phase: str = "train", since: float = T0, pid: int = 100,
-         gpu: int | None = None, received: float = 0.0) -> Event:
-    dev = {"type": "cuda", "index": gpu, "uuid": None} if gpu is not None else {"type": "cpu", "index": None}
-    data = {"ts": ts, "rank": rank, "step": step, "phase": phase, "phase_since": since, "pid": pid + rank,
-            "device": dev, "source": "step"}
-    return Event("heartbeat", RUN, f"heartbeats/rank-{rank}", 0, data, received)
+         gpu: int | None = None, received: float = 0.0, uuid: str | None = None) -> Event:
+    dev = DeviceInfo(type="cuda", index=gpu, uuid=uuid) if gpu is not None else DeviceInfo()
+    b = Beat(ts=ts, run_id=RUN, rank=rank, step=step, phase=Phase(phase), phase_since=since, pid=pid + rank,
+             device=dev, source="step")
+    return Event("beats", RUN, f"heartbeats/rank-{rank}", 0, [b], received)
 
 
-def status(st: str = "running", **kw: object) -> Event:
-    return Event("status", RUN, "status", 0, {"run_id": RUN, "status": st, "ts": T0, **kw})
+def view(st: str = "running", initial: bool = False, **kw: object) -> RunView:
+    info = RunInfo(run_id=RUN, name=str(kw.get("name", "run")), status=RunStatus.RUNNING,
+                   **{k: kw[k] for k in INFO_FIELDS if k in kw})  # type: ignore[arg-type]
+    code = kw.get("exit_code")
+    return RunView(run_id=RUN, dir="/x", name=info.name, status=RunStatus(st), info=info,
+                   exit=ExitInfo(exit_code=code) if code is not None else None,  # type: ignore[arg-type]
+                   alive=RunStatus(st).is_alive(), log_tail=list(kw.get("log_tail", [])))  # type: ignore[arg-type]
+
+
+def status(st: str = "running", initial: bool = False, received: float = 0.0, **kw: object) -> Event:
+    return Event("status", RUN, "status", 0, view(st, **kw), received, initial)
 
 
 def metric(step: int, ts: float, step_time: float = 1.0, tps: float = 1000.0, loss: float = 2.0) -> Event:
-    return Event("metric", RUN, "metrics", 0, {"kind": "train", "ts": ts, "step": step, "loss": loss,
-                                                "step_time_s": step_time, "tokens_per_s": tps})
+    m = TrainMetric(ts=ts, step=step, loss=loss, step_time_s=step_time, tokens_per_s=tps)
+    return Event("metrics", RUN, "metrics", 0, [m])
+
+
+def host(ts: float, *gpus: GpuReading) -> Event:
+    return Event("host", None, "host", 1, HostSample(ts=ts, gpus=list(gpus)))
 
 
 def healthy(det: AlertDetector, steps: int = 20, world: int = 2, dt: float = 1.0) -> float:
@@ -163,13 +190,12 @@ def test_nccl_hang_signature_needs_busy_gpu_at_idle_power() -> None:
     det.feed(metric(21, T0, step_time=1.0))
     for k in range(0, 20):
         det.feed(beat(0, 21, T0 + k, gpu=0))
-    sample = {"ts": T0 + 19, "gpus": [{"index": 0, "util_pct": 100, "power_w": 80.0, "power_limit_w": 400.0,
-                                       "pids": [100]}]}
-    det.feed(Event("host", None, "host", 1, sample))
+    gpu = GpuReading(index=0, util_pct=100, power_w=80.0, power_limit_w=400.0, pids=[100])
+    det.feed(host(T0 + 19, gpu))
     alerts = det.check(T0 + 19)
     assert ("nccl_hang", 0) in kinds(alerts) and ("stall", 0) in kinds(alerts)
-    sample["gpus"][0]["power_w"] = 390.0  # busy and drawing power: working, not the hang signature
-    det.feed(Event("host", None, "host", 2, sample))
+    gpu.power_w = 390.0  # busy and drawing power: working, not the hang signature
+    det.feed(host(T0 + 19, gpu))
     assert ("nccl_hang", 0) not in kinds(det.check(T0 + 19))
 
 
@@ -225,13 +251,12 @@ def test_partial_batches_of_one_rank_are_no_drift() -> None:
 def test_no_liveness_alerts_while_a_backlog_arrives() -> None:
     det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=1))
     now = T0 + 3600  # an hour-old backlog of a run that is alive now
-    first = {"status": "running", "ts": now, "initial": True}
-    det.feed(Event("status", RUN, "status", 0, first, received=now))
+    det.feed(status("running", initial=True, received=now))
     for s in range(1, 10):
         det.feed(beat(0, s, T0 + s, received=now))
         det.feed(metric(s, T0 + s))
     assert det.check(now) == []
-    det.feed(Event("synced", RUN, "synced", 0, {"ts": now}, received=now))
+    det.feed(Event("synced", RUN, "synced", 0, Synced(ts=now), received=now))
     assert ("no_heartbeat", 0) in kinds(det.check(now))  # nothing newer came: now it counts
 
 
@@ -240,11 +265,9 @@ def test_nccl_signature_matches_gpu_by_uuid_when_indexes_are_renumbered() -> Non
     det.feed(status())
     det.feed(metric(1, T0, step_time=1.0))
     for k in range(0, 20):  # CUDA_VISIBLE_DEVICES=1: the rank calls it cuda:0
-        b = beat(0, 1, T0 + k, gpu=0, pid=900)
-        b.data["device"]["uuid"] = "GPU-b"
-        det.feed(b)
-    busy = {"util_pct": 100, "power_w": 70.0, "power_limit_w": 700.0, "pids": []}
-    gpus = [{"index": 0, "uuid": "GPU-a", **busy}, {"index": 1, "uuid": "GPU-b", **busy}]
-    det.feed(Event("host", None, "host", 1, {"ts": T0 + 19, "gpus": gpus}))
+        det.feed(beat(0, 1, T0 + k, gpu=0, pid=900, uuid="GPU-b"))
+    busy = {"util_pct": 100, "power_w": 70.0, "power_limit_w": 700.0}
+    det.feed(host(T0 + 19, GpuReading(index=0, uuid="GPU-a", **busy),
+                  GpuReading(index=1, uuid="GPU-b", **busy)))
     hangs = [a for a in det.check(T0 + 19) if a.kind == "nccl_hang"]
     assert [a.gpu for a in hangs] == [1]

@@ -62,7 +62,7 @@ def test_crash_is_reported_by_status_logs_and_resume(tmp_path: Path) -> None:
         await c.start()
         try:
             async for ev in c.watch(rid, streams=["heartbeats"]):
-                if ev.kind == "heartbeat":
+                if ev.kind == "beats":
                     return time.monotonic() - t0
         finally:
             await c.close()

@@ -44,8 +44,8 @@ async def test_connect_runs_and_hello(sshd: SshServer, tmp_path: Path) -> None:
     await c.start()
     try:
         assert c.state.status == "connected"
-        assert c.hello["runs_root"] == str(tmp_path / "runs")
-        assert c.hello["gpus"] == 0 and "NVML" in c.hello["gpu_message"]
+        assert c.hello.runs_root == str(tmp_path / "runs")
+        assert c.hello.gpus == 0 and "NVML" in c.hello.gpu_message
         assert await c.runs() == []
     finally:
         await c.close()
@@ -119,7 +119,7 @@ async def test_runs_root_with_shell_metacharacters_is_not_injected(sshd: SshServ
     c = client(sshd, root)
     await c.start()
     try:
-        assert c.hello["runs_root"] == str(root)
+        assert c.hello.runs_root == str(root)
         await c.runs()
     finally:
         await c.close()
