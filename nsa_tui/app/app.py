@@ -17,11 +17,14 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
+from nsa_tui.app import reducer
 from nsa_tui.app.keymap import keymap_path, load_keymap
+from nsa_tui.app.messages import AskHostKey, SelectRun, Toast
 from nsa_tui.app.screens.dialogs import ConfirmScreen, HelpScreen, StacksScreen
 from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
 from nsa_tui.app.screens.main import KEYS, MainScreen
-from nsa_tui.app.state import PanelState, alert_key
+from nsa_tui.app.services.host import HostService
+from nsa_tui.app.state import PanelState
 from nsa_tui.app.widgets.runlist import RunList
 
 TICK_S = 0.1
@@ -49,28 +52,28 @@ class NsaApp(App[str | None]):
         self.alert_thresholds = alert_thresholds
         self.clients = clients or {}  # dest -> a HostClient built elsewhere (tests, custom transports)
         self._keymap_file = keymap_file
-        self.services: dict[str, Any] = {}
+        self.keymap: dict[str, str] = {}  # binding id -> key(s), from the user's keymap file
+        self.services: dict[str, HostService] = {}
         self.tick_count = 0
         self.last_tick_at = 0.0
-        self._seen_alerts: set[str] = set()
         self._demo_offered = False
 
     # -- life cycle -------------------------------------------------------------------------------
     def on_mount(self) -> None:
         keymap, problems = load_keymap(self._keymap_file)
         if keymap:
+            self.keymap = keymap
             self.set_keymap(keymap)
         for p in problems:
             self.notify(p, title="keymap", severity="warning", timeout=10)
         self.push_screen(MainScreen(), callback=None)
-        self._seen_alerts = {alert_key(a) for a in self.state.alerts}
+        self.state.announced |= {a.key for a in self.state.alerts}
         if self.live:
-            from nsa_tui.app.services.host import HostService
-
             for dest in self.destinations:
-                svc = HostService(self, dest, self.clients.get(dest))
+                svc = HostService(self.state, dest, self.post_message, self.clients.get(dest),
+                                  self.alert_thresholds, log_error=self.log.error)
                 self.services[dest] = svc
-                svc.start()
+                self.run_worker(svc.run(), group=f"host:{dest}", exit_on_error=False)
         self.set_interval(TICK_S, self.tick)
         self.call_after_refresh(self.tick)
 
@@ -98,24 +101,41 @@ class NsaApp(App[str | None]):
 
     def _announce_alerts(self) -> None:
         for alert in self.state.open_alerts():
-            key = alert_key(alert)
-            if key in self._seen_alerts:
+            if alert.key in self.state.announced:
                 continue
-            self._seen_alerts.add(key)
-            sev = str(getattr(alert, "severity", "warning"))
-            self.notify(str(getattr(alert, "message", "")) or key,
-                        title=f"alert: {getattr(alert, 'kind', '')}",
-                        severity="error" if sev in ("error", "critical") else "warning", timeout=8)
+            self.state.announced.add(alert.key)
+            self.notify(alert.message or alert.key, title=f"alert: {alert.kind}", markup=False,
+                        severity="error" if alert.severity == "critical" else "warning", timeout=8)
             self.bell()
 
     def select(self, host: str, run_id: str) -> None:
         """Show `run_id` of `host` everywhere; its service streams it in full."""
-        self.state.selected = (host, run_id)
+        reducer.select(self.state, host, run_id)
         for dest, svc in self.services.items():  # other hosts stop streaming their last run's log
             svc.focus(run_id if dest == host else None)
 
     def on_run_list_selected(self, message: RunList.Selected) -> None:
         self.select(message.host, message.run_id)
+
+    # -- messages from the services -------------------------------------------------------------
+    def on_toast(self, message: Toast) -> None:
+        self.notify(message.text, title=message.title, severity=message.severity,  # type: ignore[arg-type]
+                    timeout=message.timeout, markup=False)
+
+    def on_select_run(self, message: SelectRun) -> None:
+        self.select(message.host, message.run_id)
+
+    def on_ask_host_key(self, message: AskHostKey) -> None:
+        """An unknown host key: ask the user (never for a changed key: the transport refuses)."""
+
+        def answered(yes: bool | None) -> None:
+            if not message.answer.done():
+                message.answer.set_result(bool(yes))
+
+        self.push_screen(ConfirmScreen(
+            f"Unknown host key: {message.host}",
+            f"{message.fingerprint}\nCompare it with the host's key (ssh-keygen -lf on the host). Trust it "
+            "and remember it in known_hosts?", yes="Trust"), answered)
 
     # -- demo offer for a newcomer ----------------------------------------------------------------
     def _maybe_offer_demo(self) -> None:
@@ -154,7 +174,7 @@ class NsaApp(App[str | None]):
         svc = self.services.get(host)
         if svc is None:
             raise RuntimeError(f"not connected to {host}")
-        run_id = await svc.launch(opts)
+        run_id = await svc.actions.launch(opts)
         self.select(host, run_id)
         return run_id
 
@@ -191,7 +211,7 @@ class NsaApp(App[str | None]):
         run = self._selected_or_warn("fall back")
         if run is None:
             return
-        world = run.record.get("world_size") or "?"
+        world = run.view.info.world_size if run.view else "?"
         self.push_screen(ConfirmScreen(
             f"Fall back to one GPU: {run.name}?",
             f"Stop {run.run_id} ({world} processes) and relaunch it on ONE process from its newest\n"
@@ -220,7 +240,7 @@ class NsaApp(App[str | None]):
             self.notify(f"not connected to {host}", severity="error")
             return
         try:
-            result = await getattr(svc, op)(run_id)
+            result = await getattr(svc.actions, op)(run_id)
         except Exception as exc:
             self.notify(str(exc) or type(exc).__name__, title=f"{op} failed", severity="error", timeout=15)
             return
@@ -237,12 +257,12 @@ class NsaApp(App[str | None]):
         if not open_alerts:
             self.notify("no open alerts")
             return
-        self.state.acked.add(alert_key(open_alerts[0]))
+        reducer.acknowledge(self.state, open_alerts[0].key)
 
     def action_help(self) -> None:
         keys = []
         for bid, key, _action, _label, what in KEYS:
-            mapped = self._keymap.get(bid, key) if hasattr(self, "_keymap") else key
+            mapped = self.keymap.get(bid, key)
             keys.append((self.get_key_display_for(mapped), what))
         keys += [("n / N", "next / previous search match"), ("↑ ↓ tab", "move; switch pane"),
                  ("ctrl+p", "command palette")]
@@ -259,7 +279,7 @@ class NsaApp(App[str | None]):
         if not alive:
             return "nsa-tui: no runs are running."
         lines = [f"nsa-tui: {len(alive)} run(s) keep going (the panel only watched them):"]
-        lines += [f"  {r.host}: {r.run_id} ({r.status}, step {r.record.get('step', 'N/A')})" for r in alive]
+        lines += [f"  {r.host}: {r.run_id} ({r.status.value}, step {r.step})" for r in alive]
         lines.append("Reconnect with `nsa-tui` (local) or `nsa-tui connect HOST`.")
         return "\n".join(lines)
 

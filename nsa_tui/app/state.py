@@ -1,9 +1,9 @@
-"""Plain-data state of the panel: what the services learn, what the widgets draw.
+"""Plain-data state of the panel: what the reducer (reducer.py) writes, what the widgets draw.
 
-Services (workers owning a HostClient) append to these objects; a UI timer redraws
-from them at most ~10x/s. Keeping this layer free of Textual makes it cheap to fill with
-deterministic data for snapshot tests, and bounded: every growing thing is a ring
-buffer or a downsampling series, so a week-long run costs the same memory as an hour.
+Nothing here does I/O or knows Textual, so snapshot tests fill it with fixed records. It is
+bounded: the log is a ring, metrics are the contract's bucketed summaries plus a short
+window at full resolution, so a week-long run costs the same memory as an hour. The
+records are the contract's (nsa.contract): a run's ``view`` is exactly what its agent said.
 """
 
 from __future__ import annotations
@@ -12,66 +12,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+from nsa.contract import Alert, Beat, Hello, HostSample, MetricsFolder, RunStatus, RunView, TrainMetric
+from nsa.contract.protocol import Gap
+from nsa.contract.records import Metric
+from nsa.contract.series import metric_values
 
 LOG_LINES_MAX = 20_000
 SERIES_POINTS_MAX = 2_048
-ALIVE_STATUSES = ("starting", "running", "stopping")
-
-
-class Series:
-    """A (step, value) series that keeps at most `cap` points by averaging neighbours.
-
-    When full, adjacent pairs are merged and the bucket width doubles, so a million
-    appended steps cost `cap` points and O(1) amortised work per append.
-    """
-
-    def __init__(self, cap: int = SERIES_POINTS_MAX) -> None:
-        self.cap = max(4, cap)
-        self.steps: list[float] = []
-        self.values: list[float] = []
-        self.stride = 1
-        self._acc_n = 0
-        self._acc_step = 0.0
-        self._acc_sum = 0.0
-        self.count = 0
-        self.last_step: float | None = None
-
-    def append(self, step: float, value: float) -> None:
-        """Add one raw point; steps must not go backwards (older duplicates are dropped)."""
-        if self.last_step is not None and step <= self.last_step:
-            return
-        self.last_step = step
-        self.count += 1
-        self._acc_n += 1
-        self._acc_step = step
-        self._acc_sum += value
-        if self._acc_n >= self.stride:
-            self.steps.append(self._acc_step)
-            self.values.append(self._acc_sum / self._acc_n)
-            self._acc_n, self._acc_sum = 0, 0.0
-            if len(self.steps) >= self.cap:
-                self._halve()
-
-    def _halve(self) -> None:
-        steps, values = self.steps, self.values
-        self.steps = [steps[i + 1] for i in range(0, len(steps) - 1, 2)]
-        self.values = [(values[i] + values[i + 1]) / 2 for i in range(0, len(values) - 1, 2)]
-        if len(steps) % 2:
-            self.steps.append(steps[-1])
-            self.values.append(values[-1])
-        self.stride *= 2
-
-    def points(self) -> tuple[list[float], list[float]]:
-        """All stored points plus the partial bucket, oldest first."""
-        steps, values = list(self.steps), list(self.values)
-        if self._acc_n:
-            steps.append(self._acc_step)
-            values.append(self._acc_sum / self._acc_n)
-        return steps, values
-
-    def __len__(self) -> int:
-        return len(self.steps) + (1 if self._acc_n else 0)
+RECENT_POINTS = 512  # metric lines kept at full resolution (the newest part of a chart)
 
 
 def thin(steps: list[float], values: list[float], width: int) -> tuple[list[float], list[float]]:
@@ -96,7 +45,6 @@ class LogBuffer:
     def __init__(self, maxlen: int = LOG_LINES_MAX) -> None:
         self.lines: deque[str] = deque(maxlen=maxlen)
         self.total = 0
-        self.partial = ""
 
     def append_many(self, lines: list[str]) -> None:
         """Append complete lines and count them."""
@@ -109,20 +57,56 @@ class LogBuffer:
         return self.total - len(self.lines)
 
 
+class RunMetrics:
+    """A run's metrics as the panel holds them: every series bucketed over the whole run (the
+    agent's summary, extended by live lines) and the newest lines at full resolution."""
+
+    def __init__(self) -> None:
+        self.folder = MetricsFolder(cap=SERIES_POINTS_MAX)
+        self.recent: deque[Metric] = deque(maxlen=RECENT_POINTS)
+        self.last_train: TrainMetric | None = None
+        self.count = 0  # lines taken (a redraw signature)
+
+    def add(self, m: Metric) -> None:
+        self.folder.add(m)
+        self.recent.append(m)
+        if isinstance(m, TrainMetric) and (self.last_train is None or m.step >= self.last_train.step):
+            self.last_train = m
+        self.count += 1
+
+    def series(self, name: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of one series: bucket means before the recent window, then every
+        recent point."""
+        recent = [(m.step, v) for m in self.recent for k, v in metric_values(m) if k == name]
+        first = recent[0][0] if recent else None
+        steps: list[float] = []
+        values: list[float] = []
+        s = self.folder.series.get(name)
+        for b in s.buckets if s is not None else []:
+            if first is not None and b.last >= first:
+                break
+            mean = b.mean
+            if mean is not None:
+                steps.append(b.last)
+                values.append(mean)
+        for step, v in recent:
+            if v == v and abs(v) != float("inf") and (not steps or step > steps[-1]):
+                steps.append(step)
+                values.append(v)
+        return steps, values
+
+
 @dataclass(eq=False)
 class RunState:
     """Everything the panel knows about one run on one host."""
 
     host: str
     run_id: str
-    record: dict[str, Any] = field(default_factory=dict)
-    loss: Series = field(default_factory=Series)
-    val_loss: Series = field(default_factory=Series)
-    tokens_per_s: Series = field(default_factory=Series)
-    last_metric: dict[str, Any] = field(default_factory=dict)
+    view: RunView | None = None
+    metrics: RunMetrics = field(default_factory=RunMetrics)
     log: LogBuffer = field(default_factory=LogBuffer)
-    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
-    liveness: dict[str, Any] = field(default_factory=dict)
+    log_gap: Gap | None = None  # the start of train.log that was not sent (its tail is shown)
+    beats: dict[int, Beat] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)
     synced: bool = False
     version: int = 0
@@ -132,56 +116,42 @@ class RunState:
         return (self.host, self.run_id)
 
     @property
-    def status(self) -> str:
-        return str(self.record.get("status") or "unknown")
+    def status(self) -> RunStatus:
+        return self.view.status if self.view is not None else RunStatus.UNKNOWN
 
     @property
     def alive(self) -> bool:
-        if "alive" in self.record:
-            return bool(self.record["alive"])
-        return self.status in ALIVE_STATUSES
+        return self.view.alive if self.view is not None else False
 
     @property
     def name(self) -> str:
-        return str(self.record.get("name") or self.run_id)
+        return self.view.name if self.view is not None else self.run_id
 
-    def add_metric(self, data: dict[str, Any]) -> None:
-        """Fold one metrics.jsonl line into the series."""
-        kind = data.get("kind", "train")
-        step = data.get("step")
-        if step is None:
-            return
-        if kind == "train":
-            if isinstance(data.get("loss"), (int, float)):
-                self.loss.append(step, float(data["loss"]))
-            if isinstance(data.get("tokens_per_s"), (int, float)):
-                self.tokens_per_s.append(step, float(data["tokens_per_s"]))
-            self.last_metric = data
-            rec = self.record
-            rec["step"] = max(int(step), int(rec.get("step") or 0))
-            if data.get("tokens") is not None:
-                rec["tokens"] = data["tokens"]
-        elif kind == "eval" and isinstance(data.get("val_loss"), (int, float)):
-            self.val_loss.append(step, float(data["val_loss"]))
-        elif kind == "epoch":
-            self.log.append_many([f"[epoch] {data.get('message', '')}"])
-        self.version += 1
+    @property
+    def parent_run(self) -> str | None:
+        return self.view.parent_run if self.view is not None else None
 
-    def add_heartbeat(self, data: dict[str, Any]) -> None:
-        rank = int(data.get("rank", 0))
-        self.heartbeats[rank] = data
-        self.version += 1
+    @property
+    def step(self) -> int:
+        """The newest step known: run.json (rewritten every ~10 s), beats and metrics (live)."""
+        steps = [self.view.info.step if self.view else 0, *(b.step for b in self.beats.values())]
+        if self.metrics.last_train is not None:
+            steps.append(self.metrics.last_train.step)
+        return max(steps)
+
+    @property
+    def created(self) -> float:
+        return self.view.created if self.view is not None else 0.0
 
     def phase(self) -> tuple[str | None, float | None]:
         """The phase of the slowest rank (lowest step) and when it began."""
-        if not self.heartbeats:
+        if not self.beats:
             return None, None
-        beat = min(self.heartbeats.values(), key=lambda b: (b.get("step") or 0, b.get("ts") or 0))
-        return beat.get("phase"), beat.get("phase_since")
+        beat = min(self.beats.values(), key=lambda b: (b.step, b.ts))
+        return beat.phase.value, beat.phase_since
 
     def newest_beat_ts(self) -> float | None:
-        ts = [b.get("ts") for b in self.heartbeats.values() if b.get("ts")]
-        return max(ts) if ts else None
+        return max((b.ts for b in self.beats.values()), default=None)
 
 
 @dataclass(eq=False)
@@ -191,22 +161,19 @@ class HostState:
     dest: str
     conn: str = "connecting"
     retry_at: float | None = None
-    detail: str = ""
-    hello: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""  # why it is not connected (the last error), or the agent's notes
+    hello: Hello | None = None
     runs: dict[str, RunState] = field(default_factory=dict)
-    sample: dict[str, Any] = field(default_factory=dict)
+    sample: HostSample | None = None
     runs_loaded: bool = False
 
     @property
     def label(self) -> str:
-        return str(self.hello.get("host") or self.dest)
+        return self.hello.host if self.hello is not None and self.hello.host else self.dest
 
     @property
     def gpu_count(self) -> int:
-        try:
-            return int(self.hello.get("gpus") or 0)
-        except (TypeError, ValueError):
-            return 0
+        return self.hello.gpus if self.hello is not None else 0
 
     def run(self, run_id: str) -> RunState:
         if run_id not in self.runs:
@@ -220,8 +187,9 @@ class PanelState:
 
     hosts: dict[str, HostState] = field(default_factory=dict)
     selected: tuple[str, str] | None = None
-    alerts: list[Any] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
     acked: set[str] = field(default_factory=set)
+    announced: set[str] = field(default_factory=set)  # alerts already toasted and rung
     clock: Callable[[], float] = time.time
     version: int = 0
 
@@ -247,16 +215,15 @@ class PanelState:
         return next(iter(self.hosts.values()), None)
 
     def all_runs(self) -> list[RunState]:
-        """Runs of every host, newest first."""
-        runs = [r for h in self.hosts.values() for r in h.runs.values()]
-        return sorted(runs, key=lambda r: -(r.record.get("started_at")
-                                            or (r.record.get("launch") or {}).get("created") or 0))
+        """Runs of every host that the agents reported, newest first."""
+        runs = [r for h in self.hosts.values() for r in h.runs.values() if r.view is not None]
+        return sorted(runs, key=lambda r: -r.created)
 
     def parent_of(self, run: RunState) -> RunState | None:
-        parent = run.record.get("parent_run")
-        if not parent:
+        parent = run.parent_run
+        if not parent or run.host not in self.hosts:
             return None
-        return self.hosts[run.host].runs.get(parent) if run.host in self.hosts else None
+        return self.hosts[run.host].runs.get(parent)
 
     def chart_series(self, run: RunState, name: str) -> tuple[list[float], list[float]]:
         """A run's series, preceded by its ancestors' points up to where it resumed.
@@ -264,12 +231,12 @@ class PanelState:
         A fallback run resumes from its parent's checkpoint, so its chart continues from
         the parent's steps instead of starting over.
         """
-        steps, values = getattr(run, name).points()
+        steps, values = run.metrics.series(name)
         seen = {run.run_id}
         cur = run
         while (parent := self.parent_of(cur)) is not None and parent.run_id not in seen:
             seen.add(parent.run_id)
-            p_steps, p_values = getattr(parent, name).points()
+            p_steps, p_values = parent.metrics.series(name)
             first = steps[0] if steps else float("inf")
             keep = [i for i, s in enumerate(p_steps) if s < first]
             steps = [p_steps[i] for i in keep] + steps
@@ -277,14 +244,6 @@ class PanelState:
             cur = parent
         return steps, values
 
-    def open_alerts(self) -> list[Any]:
+    def open_alerts(self) -> list[Alert]:
         """Unacknowledged alerts, newest first."""
-        return [a for a in self.alerts if alert_key(a) not in self.acked]
-
-
-def alert_key(alert: Any) -> str:
-    """An alert's identity (AlertDetector gives one; fall back to its fields)."""
-    key = getattr(alert, "key", None)
-    if key:
-        return str(key)
-    return f"{getattr(alert, 'kind', '?')}:{getattr(alert, 'host', '')}:{getattr(alert, 'run', '')}"
+        return [a for a in self.alerts if a.key not in self.acked]

@@ -39,7 +39,7 @@ def kill_all(root: Path) -> None:
     for run_id in RunStore(root).ids():
         for p in run_processes(run_id):
             try:
-                os.killpg(p["pgid"], signal.SIGKILL)
+                os.killpg(p.pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 

@@ -19,7 +19,7 @@ from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.header import PanelHeader
 from nsa_tui.app.widgets.logview import LogView
 from nsa_tui.app.widgets.summary import RunSummary
-from tests.tui.helpers import plain, run_alive_on_host, wait_for
+from tests.tui.helpers import info, plain, points, run_alive_on_host, wait_for
 
 SIZE = (100, 30)
 
@@ -59,7 +59,7 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         await pilot.press("escape")
         run_id = await launch_through_dialog(app, pilot, config)
         run = app.state.selected_run()
-        await wait_for(pilot, lambda: len(run.loss) >= 3 and run.log.total > 0, 90, "metrics to arrive")
+        await wait_for(pilot, lambda: points(run) >= 3 and run.log.total > 0, 90, "metrics to arrive")
         # the phase flips between train and eval on this fast run: wait for a train moment
         header = await wait_for(pilot, lambda: (h := plain(app.screen.query_one(PanelHeader)))
                                 and "running" in h and "train" in h and h, 30,
@@ -67,8 +67,8 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         assert "watched" in header
         summary = app.screen.query_one(RunSummary)
         text = plain(summary)
-        assert "watched.yaml" in str(run.record.get("config_path")) or "watched" in text
-        assert run.record.get("param_count") and run.record.get("global_batch") == 2
+        assert "watched.yaml" in str(info(run).config_path) or "watched" in text
+        assert info(run).param_count and info(run).global_batch == 2
         assert app.screen.query_one("#loss")._lines[0][1], "the loss chart has points"
         # search the log, then follow again
         log = app.screen.query_one(LogView)
@@ -102,22 +102,22 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         parent_id = await launch_through_dialog(app, pilot, config, nproc="2")
         parent = app.state.selected_run()
         ckpt = runs_root / parent_id / "checkpoints" / "latest"
-        await wait_for(pilot, lambda: ckpt.exists() and len(parent.loss) >= 3, 120, "a checkpoint")
-        assert parent.record.get("world_size") == 2
+        await wait_for(pilot, lambda: ckpt.exists() and points(parent) >= 3, 120, "a checkpoint")
+        assert info(parent).world_size == 2
         # f: one confirmation, then the new run is selected by itself
         await pilot.press("f")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
         await pilot.press("y")
         child = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != parent_id and r, 90, "fallback")
-        assert child.record.get("parent_run") == parent_id
+        assert child.parent_run == parent_id
         # run.json gains global_batch after boot; its update may reach the panel after the first metric
-        await wait_for(pilot, lambda: len(child.loss) >= 1 and child.record.get("world_size") == 1
-                       and child.record.get("global_batch") is not None, 120,
+        await wait_for(pilot, lambda: points(child) >= 1 and info(child).world_size == 1
+                       and info(child).global_batch is not None, 120,
                        "the fallback run's first steps")
-        assert child.record.get("global_batch") == parent.record.get("global_batch")  # accumulation keeps it
+        assert info(child).global_batch == info(parent).global_batch  # accumulation keeps it
         steps, _ = app.state.chart_series(child, "loss")
-        own_first = child.loss.points()[0][0]
+        own_first = child.metrics.series("loss")[0][0]
         assert own_first > 1 and steps[0] == 1, "the chart continues from the parent's steps"
         assert not run_alive_on_host(runs_root, parent_id)
         # k: confirm, the whole group stops
@@ -130,9 +130,9 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         await pilot.press("r")
         resumed = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != child.run_id and r, 30, "resume")
-        assert resumed.record.get("parent_run") == child.run_id
-        await wait_for(pilot, lambda: len(resumed.loss) >= 1, 120, "the resumed run's steps")
-        assert resumed.loss.points()[0][0] > own_first
+        assert resumed.parent_run == child.run_id
+        await wait_for(pilot, lambda: points(resumed) >= 1, 120, "the resumed run's steps")
+        assert resumed.metrics.series("loss")[0][0] > own_first
         await pilot.press("q")
     assert resumed.run_id in app.return_value
 
@@ -225,7 +225,7 @@ async def test_accepting_the_demo_shows_a_real_run_training(runs_root: Path, tmp
         await pilot.press("y")
         run = await wait_for(pilot, lambda: app.state.selected_run(), 30, "the demo run")
         assert run.name == "demo"
-        await wait_for(pilot, lambda: len(run.loss) >= 2, 90, "the demo's first steps")
+        await wait_for(pilot, lambda: points(run) >= 2, 90, "the demo's first steps")
         await pilot.press("q")
     assert run.run_id in app.return_value
 

@@ -112,7 +112,7 @@ class MainScreen(Screen):
         lineage = [run]
         while (parent := state.parent_of(lineage[-1])) is not None and all(parent is not r for r in lineage):
             lineage.append(parent)
-        sig = tuple((r.key, r.loss.count, r.val_loss.count, r.tokens_per_s.count) for r in lineage)
+        sig = tuple((r.key, r.metrics.count) for r in lineage)
         if sig == self._chart_sig:  # series are only copied when a point arrived
             return
         mono = time.monotonic()

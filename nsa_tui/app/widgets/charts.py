@@ -7,6 +7,7 @@ from typing import Any
 from textual_plotext import PlotextPlot
 
 from nsa_tui.app.state import thin
+from nsa_tui.fmt import fmt_short
 
 Line = tuple[str, list[float], list[float]]
 
@@ -14,18 +15,7 @@ Line = tuple[str, list[float], list[float]]
 SERIES_COLORS = ("cyan", "orange", "magenta")
 
 
-def short(v: float) -> str:
-    """Compact tick labels: 41k, 2.83, 0.0012."""
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:.1f}M"
-    if a >= 1e4:
-        return f"{v / 1e3:.0f}k"
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    return f"{v:.2g}"
+short = fmt_short
 
 
 class MetricChart(PlotextPlot):

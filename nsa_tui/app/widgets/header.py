@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from nsa_tui.app.fmt import NA, fmt_count, fmt_duration
 from nsa_tui.app.state import HostState, PanelState, RunState
+from nsa_tui.fmt import NA, fmt_count, fmt_duration
 
 CONN_STYLE = {"connected": "bold green", "connecting": "yellow", "reconnecting": "bold yellow",
               "lost": "bold red"}
@@ -25,40 +25,45 @@ def host_text(host: HostState, now: float) -> Text:
     if conn == "reconnecting" and host.retry_at is not None:
         label = f"reconnecting in {max(0, round(host.retry_at - now))} s"
     t.append(label, style=CONN_STYLE.get(conn, ""))
+    if conn in ("reconnecting", "lost") and host.detail:
+        t.append(f" ({host.detail.splitlines()[0][:60]})", style="dim")  # why: not a bare "reconnecting"
     return t
 
 
 def run_progress(run: RunState, now: float) -> Text:
     """Run name, status, phase (and for how long), step/total, elapsed, ETA, tokens."""
-    rec = run.record
     t = Text()
     t.append(run.name, style="bold")
     t.append("  ")
-    t.append(run.status, style=STATUS_STYLE.get(run.status, ""))
+    status = run.status.value
+    t.append(status, style=STATUS_STYLE.get(status, ""))
     phase, since = run.phase()
+    info = run.view.info if run.view is not None else None
+    exited = run.view.exit if run.view is not None else None
     t.append(" · ")
     if run.alive and phase:
         age = fmt_duration(now - since) if since else NA
         t.append(f"{phase}", style="bold magenta")
         t.append(f" {age}")
-    elif not run.alive and (rec.get("exit_reason") or rec.get("exit_code") is not None):
-        reason = rec.get("exit_reason") or f"exit code {rec.get('exit_code')}"
-        t.append(str(reason)[:40], style="red" if run.status in ("failed", "crashed") else "")
+    elif not run.alive and ((info and info.exit_reason) or (exited and exited.exit_code is not None)):
+        reason = (info.exit_reason if info else None) or f"exit code {exited.exit_code if exited else NA}"
+        t.append(reason.splitlines()[0][:60], style="red" if status in ("failed", "crashed") else "")
     else:
         t.append(phase or NA, style="dim")
-    step, total = rec.get("step"), rec.get("total_steps")
-    t.append(f" · step {step if step is not None else NA}/{total if total is not None else NA}")
-    started = rec.get("started_at")
-    ended = rec.get("ended_at")
+    step = run.step
+    total = info.total_steps if info else None
+    t.append(f" · step {step}/{total if total is not None else NA}")
+    started = info.started_at if info else None
+    ended = info.ended_at if info else None
     elapsed = ((ended or now) - started) if started else None
     t.append(f" · {fmt_duration(elapsed)} elapsed")
     eta = None
-    step_time = run.last_metric.get("step_time_s")
-    if run.alive and isinstance(step, int) and isinstance(total, int) and isinstance(step_time, (int, float)):
-        eta = step_time * max(0, total - step)
+    m = run.metrics.last_train
+    if run.alive and total is not None and m is not None and m.step_time_s is not None:
+        eta = m.step_time_s * max(0, total - step)
     t.append(f" · ETA {fmt_duration(eta)}")
-    tokens = rec.get("tokens")
-    t.append(f" · {fmt_count(tokens, 'tok')}" if tokens is not None else " · tokens N/A")
+    tokens = max(info.tokens if info else 0, (m.tokens or 0) if m else 0)
+    t.append(f" · {fmt_count(tokens, 'tok')}" if tokens else " · tokens N/A")
     return t
 
 

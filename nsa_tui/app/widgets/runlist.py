@@ -9,9 +9,9 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from nsa_tui.app.fmt import NA, fmt_count, fmt_duration
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.app.widgets.header import STATUS_STYLE
+from nsa_tui.fmt import NA, fmt_count, fmt_duration
 
 COLUMNS = (("status", 8), ("name", 14), ("age", 6), ("params", 7), ("world", 5), ("config", 18),
            ("parent", 18))
@@ -117,17 +117,21 @@ class RunList(DataTable):
 
     @staticmethod
     def _row(run: RunState, now: float, multi: bool) -> list:
-        rec = run.record
-        started = rec.get("started_at") or (rec.get("launch") or {}).get("created")
+        """Cells as Text: names and paths from a host are never parsed as markup."""
+        view = run.view
+        started = run.created or None
         age = fmt_duration(now - started) if started else NA
-        config = rec.get("config_path") or (rec.get("launch") or {}).get("config_file")
+        config = None
+        if view is not None:
+            config = view.info.config_path or (view.launch.config_file if view.launch else None)
         config = os.path.basename(str(config)) if config else NA
-        parent = rec.get("parent_run") or ""
-        row = [Text(run.status, style=STATUS_STYLE.get(run.status, "")), clip(run.name, 14), age,
-               fmt_count(rec.get("param_count")), str(rec.get("world_size") or NA), clip(config, 18),
-               clip(parent, 18)]
+        info = view.info if view else None
+        status = run.status.value
+        row = [Text(status, style=STATUS_STYLE.get(status, "")), Text(clip(run.name, 14)), Text(age),
+               Text(fmt_count(info.param_count) if info else NA), Text(str(info.world_size) if info else NA),
+               Text(clip(config, 18)), Text(clip(run.parent_run or "", 18))]
         if multi:
-            row.insert(0, run.host)
+            row.insert(0, Text(run.host))
         return row
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -1,0 +1,73 @@
+"""What the keys do on a host: launch, stop, fall back, resume, dump.
+
+Each returns a short text for a toast (or raises with the host's message). A new run's
+record is the agent's own view from its reply, applied through the reducer: the panel
+never invents a run's state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from nsa.contract.protocol import LaunchResult
+from nsa_tui.app import reducer
+from nsa_tui.app.state import PanelState
+from nsa_tui.client import AgentError, HostClient
+
+
+class HostActions:
+    def __init__(self, state: PanelState, dest: str, client: Callable[[], HostClient | None]) -> None:
+        self.state = state
+        self.dest = dest
+        self._client = client
+
+    @property
+    def client(self) -> HostClient:
+        c = self._client()
+        if c is None:
+            raise AgentError("disconnected", f"not connected to {self.dest}")
+        return c
+
+    async def launch(self, opts: dict[str, Any]) -> str:
+        """Launch from the dialog's options; returns the new run id or raises AgentError."""
+        config = str(opts["config"])
+        nproc = opts.get("nproc")
+        if not isinstance(nproc, int):
+            raise AgentError("bad_request", f"processes must be a whole number, got {nproc!r}")
+        overrides = []
+        if opts.get("strategy"):
+            overrides.append(f"train.strategy={opts['strategy']}")
+        if opts.get("data_source"):
+            overrides.append(f"data.source={opts['data_source']}")
+        overrides += list(opts.get("overrides") or [])
+        upload = os.path.isfile(os.path.expanduser(config))
+        res = await self.client.launch(config, nproc=nproc, overrides=overrides, name=opts.get("name"),
+                                       upload=upload)
+        return self._started(res)
+
+    async def kill(self, run_id: str) -> str:
+        res = await self.client.kill(run_id)
+        if not res.was_running:
+            return "was not running"
+        forced = " (KILL after the grace period)" if res.forced else ""
+        return f"stopped{forced}" + (f"; {len(res.remaining)} process(es) remain!" if res.remaining else "")
+
+    async def fallback(self, run_id: str) -> str:
+        return self._started(await self.client.fallback(run_id))
+
+    async def resume(self, run_id: str) -> str:
+        return self._started(await self.client.resume(run_id))
+
+    def _started(self, res: LaunchResult) -> str:
+        if res.view is not None:
+            reducer.run_view(self.state, self.dest, res.view)
+        return res.run_id
+
+    async def dump(self, run_id: str) -> str:
+        res = await self.client.dump(run_id)
+        parts = [f"ranks: {res.ranks}"] + [f"note: {n}" for n in res.notes]
+        for f in res.files:
+            parts.append(f"===== {f.name} =====\n{f.text}")
+        return "\n".join(parts)
