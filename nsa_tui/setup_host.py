@@ -45,7 +45,7 @@ if spec is not None and spec.origin:
         version = metadata.version("torch")
     except metadata.PackageNotFoundError:
         version = None
-    torch = {"version": version, "location": os.path.dirname(os.path.dirname(spec.origin))}
+    torch = {"version": version, "location": os.path.dirname(os.path.dirname(os.path.realpath(spec.origin)))}
 print(json.dumps({
     "executable": sys.executable, "python": "%d.%d" % sys.version_info[:2],
     "prefix": sys.prefix, "base_prefix": sys.base_prefix,
@@ -69,8 +69,9 @@ if os.path.exists(pth):
 seen = {os.path.realpath(p) for p in sys.path if p and p not in old}
 missing = []
 for d in want:
-    if os.path.realpath(d) not in seen and d not in missing:
+    if os.path.realpath(d) not in seen:
         missing.append(d)
+        seen.add(os.path.realpath(d))
 if missing:
     with open(pth + ".tmp", "w") as fh:
         fh.write("".join(d + "\n" for d in missing))
@@ -85,6 +86,7 @@ import json, os, sys
 from importlib import metadata, util
 import nsa, nsa_tui
 spec = util.find_spec("torch")
+origin = spec.origin if spec else None
 def version(dist):
     try:
         return metadata.version(dist)
@@ -92,8 +94,8 @@ def version(dist):
         return None
 print(json.dumps({
     "version": nsa_tui.__version__, "build": version("nsa-tui"), "python": sys.executable,
-    "nsa": nsa.__version__, "torch": version("torch") if spec else None,
-    "torch_location": os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else None,
+    "nsa": nsa.__version__, "torch": version("torch") if origin else None,
+    "torch_location": os.path.dirname(os.path.dirname(os.path.realpath(origin))) if origin else None,
 }))
 """
 
@@ -215,9 +217,7 @@ async def setup_host(
             say(f"venv: creating {venv} from {probe['executable']}")
             await host.run("venv", [*py, "-m", "venv", "--clear", "--system-site-packages", venv])
 
-        want = list(probe["site"])
-        if probe.get("torch") and probe["torch"]["location"] not in want:
-            want.append(probe["torch"]["location"])
+        want = list(probe["site"]) + ([probe["torch"]["location"]] if probe.get("torch") else [])
         link = await host.json("link", [vpy, "-c", LINK, json.dumps(want), PTH_NAME])
         if link["linked"]:
             say(f"link: the venv also sees {', '.join(link['linked'])} ({link['pth']})")

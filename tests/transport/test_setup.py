@@ -29,7 +29,7 @@ from tests.sshd import ALIAS, SshServer
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
 SITE = sysconfig.get_paths()["purelib"]  # this venv's packages (textual, asyncssh, ...)
-TORCH_SITE = os.path.dirname(os.path.dirname(util.find_spec("torch").origin))  # SITE in a venv
+TORCH_SITE = os.path.dirname(os.path.dirname(os.path.realpath(util.find_spec("torch").origin)))
 IN_VENV = sys.prefix != sys.base_prefix
 
 
