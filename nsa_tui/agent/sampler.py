@@ -2,16 +2,21 @@
 
 NVML sits behind ``GpuSource`` so tests can feed fake readings, and so that a host
 without NVML, without a driver or with a lost GPU yields N/A values and a message,
-never a crash.
+never a crash. Likewise a host without psutil (nsa-tui installed without its ``host``
+extra) samples CPU and RAM as N/A and says so in ``HostSampler.problems``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from typing import Any, Protocol
 
-import psutil
+try:
+    import psutil
+except ImportError:  # the panel-only install: readings are N/A, hello names the problem
+    psutil = None
 
 from nsa.contract import GpuReading, HostSample
 from nsa.contract.records import GpuRank, Usage
@@ -40,9 +45,14 @@ class NvmlSource:
     def __init__(self) -> None:
         self.message = ""
         self.ok = False
+        self.missing = False  # the module itself is absent (an install problem, not a GPU-less host)
         try:
             import pynvml
-
+        except ImportError:
+            self.missing = True
+            self.message = "NVML unavailable: nvidia-ml-py not installed (pip install 'nsa-tui[host]')"
+            return
+        try:
             self.nv = pynvml
             pynvml.nvmlInit()
             self.ok = True
@@ -95,7 +105,11 @@ class HostSampler:
     def __init__(self, runs_root: str, gpu_source: GpuSource | None = None) -> None:
         self.runs_root = runs_root
         self.gpu = gpu_source if gpu_source is not None else NvmlSource()
-        psutil.cpu_percent(None)  # prime: the first call has no interval to measure
+        self.problems: list[str] = [self.gpu.message] if getattr(self.gpu, "missing", False) else []
+        if psutil is None:
+            self.problems.append("psutil not installed: CPU and RAM are N/A (pip install 'nsa-tui[host]')")
+        else:
+            psutil.cpu_percent(None)  # prime: the first call has no interval to measure
 
     def sample(self) -> HostSample:
         """Each GPU also lists ``ranks``: the run id and rank of the processes on it."""
@@ -106,12 +120,15 @@ class HostSampler:
                 env = environ_of(pid)
                 if env.get("NSA_RUN_ID"):
                     g.ranks.append(GpuRank(pid=pid, run=env["NSA_RUN_ID"], rank=rank_of(env)))
-        vm = psutil.virtual_memory()
+        ram = Usage()
+        if psutil is not None:
+            vm = psutil.virtual_memory()
+            ram = Usage(used_bytes=vm.total - vm.available, total_bytes=vm.total)
         try:
-            du = psutil.disk_usage(self.runs_root if os.path.exists(self.runs_root) else "/")
+            du = shutil.disk_usage(self.runs_root if os.path.exists(self.runs_root) else "/")
             disk = Usage(used_bytes=du.used, total_bytes=du.total, free_bytes=du.free)
         except OSError:
             disk = Usage()
-        return HostSample(ts=time.time(), gpus=gpus, gpu_message=message, cpu_pct=psutil.cpu_percent(None),
-                          cpu_count=psutil.cpu_count(), load_avg=list(os.getloadavg()),
-                          ram=Usage(used_bytes=vm.total - vm.available, total_bytes=vm.total), disk=disk)
+        return HostSample(ts=time.time(), gpus=gpus, gpu_message=message,
+                          cpu_pct=psutil.cpu_percent(None) if psutil is not None else None,
+                          cpu_count=os.cpu_count(), load_avg=list(os.getloadavg()), ram=ram, disk=disk)

@@ -107,7 +107,8 @@ class Agent:
             problems.append(f"nsa not importable: {exc}")
         torch_version = _version("torch")
         if torch_version is None:
-            problems.append("torch not installed")
+            problems.append("torch not installed: this host cannot train (pip install 'nsa-tui[host]')")
+        problems += getattr(self.sampler, "problems", [])
         gpus, gpu_message = self.sampler.gpu.read()
         return Hello(
             agent=PROTOCOL, nsa_tui=__version__, nsa_version=nsa_version, host=socket.gethostname(),
