@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         except (AttributeError, ValueError):
             pass
     args = parse_args(argv)
+    os.umask(0o077)  # every file of the run (checkpoints, stacks, NCCL dumps) is its user's alone
     from nsa.config import ConfigError, load_config, to_dict
 
     try:

@@ -9,6 +9,7 @@ It survives the group's TERM (it must outlive torchrun to record the code) but n
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, _ignore)
     started = time.time()
+    os.umask(0o077)  # the run's files are private to its user (inherited by torchrun and the ranks)
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         code = proc.wait()

@@ -48,6 +48,11 @@ async def test_dump_kill_and_fallback_keep_the_global_batch(tmp_path: Path) -> N
         assert killed.was_running and killed.remaining == []
         assert run_processes(fb.run_id) == []
         assert (await c.run(fb.run_id)).status == RunStatus.STOPPED
+        # every file and directory of both runs (checkpoints, stacks, logs) is private to its user
+        for rid in (run.run_id, fb.run_id):
+            for path in [tmp_path / rid, *(tmp_path / rid).rglob("*")]:
+                mode = path.stat().st_mode & 0o777
+                assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
     finally:
         await stop_all(c, ids)
         await c.close()
