@@ -95,6 +95,10 @@ def watch_event(state: PanelState, dest: str, ev: Event) -> None:
         run.log.append_many([line[:MAX_LINE_CHARS] for line in lines])
     elif kind == "gap" and isinstance(data, Gap):
         run.log_gap = data
+        where = f"{run.view.dir}/train.log" if run.view is not None else "train.log in the run directory"
+        run.log.append_many([f"[nsa-tui] train.log is {data.size / 2**20:.1f} MiB: showing its last "
+                             f"{(data.size - data.skipped_bytes) / 2**10:.0f} KiB; the whole file is {where} "
+                             f"on the host (or: nsa-tui logs {dest} {ev.run})"])
     elif kind == "synced":
         run.synced = True
     if kind in ("beats", "metrics", "log"):
