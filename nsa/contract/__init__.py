@@ -29,6 +29,7 @@ from nsa.contract.records import (
     Alert,
     AttentionOps,
     Beat,
+    CpuThreads,
     DeviceInfo,
     EpochMetric,
     EvalMetric,
@@ -48,7 +49,8 @@ from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
 from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
 
 __all__ = [
-    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AttentionOps", "Beat", "ContractError", "DeviceInfo",
+    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AttentionOps", "Beat", "CpuThreads", "ContractError",
+    "DeviceInfo",
     "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading", "Hello", "HostSample",
     "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "Phase",
     "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SeriesSummary", "StopInfo",

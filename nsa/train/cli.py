@@ -87,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
             pass
     args = parse_args(argv)
     os.umask(0o077)  # every file of the run (checkpoints, stacks, NCCL dumps) is its user's alone
+    from nsa.train import threads
+
+    try:  # before torch loads its OpenMP runtime (below)
+        cpu = threads.configure()
+    except ValueError as exc:
+        print(f"nsa-train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     from nsa.config import ConfigError, load_config, to_dict
 
     try:
@@ -104,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from nsa.contract import RunInfo
     from nsa.train import distributed as D
+
+    threads.apply(cpu)
     from nsa.train.faults import StackDumper, StopFlag, stop_when_launcher_dies
     from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir
 
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 world_size=world, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
                 device=str(device), data_source=cfg.data.source, command=list(sys.argv), versions=versions(),
                 host=socket.gethostname(), total_steps=cfg.train.steps, parent_run=args.parent_run,
-                strategy=cfg.train.strategy, pid=os.getpid()))
+                strategy=cfg.train.strategy, pid=os.getpid(), cpu_threads=cpu))
         resume = ckpt.resolve(args.resume, run_dir)
         if record and resume:
             record.update(resumed_from=str(resume))
@@ -148,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, run_dir, info, hb, stop, record, resume, log)
         boot = trainer.setup()
         banner(log, cfg, args, run_id, run_dir, world, device, boot, trainer, resume)
+        log(threads.describe(cpu))
         if record:
             record.update(param_count=boot["param_count"], grad_accum=boot["grad_accum"],
                           global_batch=boot["global_batch"], dtype=boot["dtype"],
