@@ -57,14 +57,15 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_slug(name)}-{secrets.token_hex(2)}"
 
 
-def validate_config(path: str, overrides: list[str]) -> Any:
-    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2)."""
+def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
+    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2). Errors name
+    ``shown_as``: the user's own path of an uploaded file, never its temporary copy."""
     try:
         from nsa.config import ConfigError, load_config
     except ImportError as exc:
         raise OpError("nsa_missing", f"cannot import nsa on this host: {exc}") from exc
     try:
-        return load_config(path, overrides)
+        return load_config(path, overrides, shown_as=shown_as)
     except ConfigError as exc:
         raise OpError("bad_config", str(exc)) from exc
 
@@ -141,7 +142,7 @@ class Launcher:
         else:
             raise OpError("bad_request", "launch needs config_path or config_text")
         try:
-            cfg = validate_config(tmp or source, overrides)
+            cfg = validate_config(tmp or source, overrides, shown_as=source)
             run_id = new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
             run_dir.mkdir(mode=0o700)
