@@ -10,7 +10,9 @@ HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/conf
 Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) and
 ``--runs-root DIR``. Exit codes (EXIT_* below): 0 ok, 1 the operation failed, 2 usage,
 3 bad config, 4 no such run, 5 cannot reach the host (network, host key, no agent),
-6 ``status`` found the run unhealthy (critical alert, crashed, failed or lost).
+6 ``status`` found the run unhealthy (critical alert, crashed, failed or lost), 141 the
+reader of the output went away (``| head``). RUN is a run id, a unique prefix of one (what
+``runs`` shows) or a run's name; an ambiguous one is a usage error listing the matches.
 """
 
 from __future__ import annotations
@@ -18,17 +20,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nsa_tui.fmt import fmt_count
-
-if TYPE_CHECKING:
-    from nsa.contract import RunView
+from nsa_tui.cli_text import runs_table
+from nsa_tui.runref import RunRefError, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_CONFIG, EXIT_NO_RUN, EXIT_UNREACHABLE, EXIT_UNHEALTHY = range(7)
+EXIT_PIPE = 141  # stdout closed by its reader (128 + SIGPIPE, as a shell reports it)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,22 +98,12 @@ async def _ask_host_key(host: str, fingerprint: str) -> bool:
     return answer.strip().lower() == "yes"
 
 
-def _runs_table(runs: list[RunView]) -> str:
-    rows = [("RUN", "NAME", "STATUS", "STEP", "WORLD", "GLOBAL BATCH", "PARAMS")]
-    for r in runs:
-        i = r.info
-        step = f"{i.step}/{i.total_steps if i.total_steps is not None else '-'}"
-        rows.append((r.run_id, r.name, r.status.value, step, str(i.world_size), str(i.global_batch or "-"),
-                     fmt_count(i.param_count) if i.param_count else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
-
-
 async def _status(c: Any, args: argparse.Namespace) -> int:
     """The run's view, every rank's newest beat and the alerts that hold now: one bounded request
     (O(ranks), whatever the run's age)."""
     from nsa.contract import RunStatus
     from nsa_tui.alerts import AlertDetector
+    from nsa_tui.cli_text import status_text
 
     rep = await c.status(args.run)
     det = AlertDetector(c.hello.host or args.host)
@@ -123,23 +115,8 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     for b in rep.beats:
         det.feed_beat(args.run, b, received=now)  # a beat read just now: its age on the host clock
     alerts = det.check(now)
-    info = rep.run.info
-    step = max([info.step, *(b.step for b in rep.beats)])  # run.json is rewritten every ~10 s
-    lines = [f"{rep.run.run_id}  {rep.run.name}  status={rep.run.status.value}  "
-             f"step={step}/{info.total_steps if info.total_steps is not None else '?'}  "
-             f"world={info.world_size}  global_batch={info.global_batch or '?'}  "
-             f"params={fmt_count(info.param_count) if info.param_count else '?'}"]
-    if rep.run.status.is_alive() and info.status == RunStatus.STARTING:
-        lines[0] += "  (booting)"
-    skew = det.skew()
-    for b in rep.beats:
-        lines.append(f"  rank {b.rank}: step {b.step} phase {b.phase.value} "
-                     f"heartbeat {max(0.0, now - skew - b.ts):.1f} s ago")
-    for a in alerts:
-        lines.append(f"  [{a.severity.upper()}] {a.kind}: {a.message}")
-        lines += [f"      | {ln}" for ln in a.log_tail[-8:]] if a.kind in ("crash", "nan") else []
     rep.alerts = alerts
-    _emit(args, rep, "\n".join(lines))
+    _emit(args, rep, status_text(rep, alerts, now, det.skew()))
     unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
     bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
     return EXIT_UNHEALTHY if bad else EXIT_OK
@@ -214,18 +191,36 @@ async def _run_command(args: argparse.Namespace) -> int:
     except TransportError as exc:
         return _fail(args, EXIT_UNREACHABLE, "unreachable", str(exc))
     try:
+        if getattr(args, "run", None):
+            args.run = await _resolve_run(c, args.run)
         return await _dispatch(c, args)
     except AgentError as exc:
         code = {"bad_config": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN, "bad_request": EXIT_USAGE}
         return _fail(args, code.get(exc.code, EXIT_FAILED), exc.code, exc.message)
+    except RunRefError as exc:
+        return _fail(args, EXIT_NO_RUN if exc.code == "no_such_run" else EXIT_USAGE, exc.code, exc.message)
     finally:
         await c.close()
+
+
+async def _resolve_run(c: Any, ref: str) -> str:
+    """A run given by its id, a unique id prefix or its name (nsa_tui/runref.py). An id the
+    list does not hold goes to the agent as given (it answers for it)."""
+    from nsa_tui.agent.runs import RUN_ID_RE
+
+    runs = await c.runs()
+    try:
+        return resolve(ref, runs)
+    except RunRefError as exc:
+        if exc.code == "no_such_run" and RUN_ID_RE.match(ref):
+            return ref
+        raise
 
 
 async def _dispatch(c: Any, args: argparse.Namespace) -> int:
     if args.cmd == "runs":
         runs = await c.runs()
-        _emit(args, runs, _runs_table(runs))
+        _emit(args, runs, runs_table(runs, time.time()))
     elif args.cmd == "launch":
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
                              upload=args.upload)
@@ -279,6 +274,17 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_run_command(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader went away (``nsa-tui status ... --json | head``): stop quietly, as a program
+    killed by SIGPIPE would, instead of a traceback; later flushes go to /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE
 
 
 if __name__ == "__main__":
