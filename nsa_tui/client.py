@@ -11,6 +11,8 @@
     await client.run(run_id)      # RunView, with log_tail for crashed/failed runs
     await client.status(run_id)   # RunStatusReport: the view and every rank's newest beat
     await client.launch(config_path, nproc=None, overrides=(), name=None, upload=False)  # LaunchResult
+    await client.describe(config_path, nproc=None, overrides=(), upload=False)  # ConfigSummary
+    await client.plan(run_id, "fallback" | "resume")  # RelaunchPlan: what it would do
     await client.kill(run_id)     # KillResult
     await client.fallback(run_id) # LaunchResult of the new run (``again``: an earlier fallback's run)
     await client.resume(run_id)   # LaunchResult, same world size as before
@@ -53,12 +55,14 @@ from nsa.contract import PROTOCOL, Hello, HostSample, RunStatusReport, RunView
 from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
+    ConfigSummary,
     DumpResult,
     ErrorInfo,
     EventEnvelope,
     KillResult,
     LaunchResult,
     LogChunk,
+    RelaunchPlan,
 )
 from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
@@ -365,16 +369,25 @@ class HostClient:
         return await self.request("status", RunStatusReport, run=run_id)
 
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
-                     name: str | None = None, upload: bool = False) -> LaunchResult:
-        """Validate on the host and start; ``upload`` sends this machine's file text along."""
-        args: dict[str, Any] = {"nproc": nproc, "overrides": list(overrides), "name": name}
-        if upload:
-            try:
-                args["config_text"] = Path(config_path).expanduser().read_text()
-            except OSError as exc:
-                raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
-        args["config_path"] = config_path
+                     name: str | None = None, upload: bool = False, force: bool = False) -> LaunchResult:
+        """Validate on the host and start; ``upload`` sends this machine's file text along (errors
+        still name ``config_path``); ``force`` starts what ``describe`` would refuse."""
+        args = _config_args(config_path, upload)
+        args.update(nproc=nproc, overrides=list(overrides), name=name)
+        if force:
+            args["force"] = True
         return await self.request("launch", LaunchResult, **args)
+
+    async def describe(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
+                       upload: bool = False) -> ConfigSummary:
+        """What the config is and whether it can run on the host; nothing starts."""
+        args = _config_args(config_path, upload)
+        args.update(nproc=nproc, overrides=list(overrides))
+        return await self.request("describe", ConfigSummary, **args)
+
+    async def plan(self, run_id: str, op: str) -> RelaunchPlan:
+        """What ``fallback``/``resume`` of the run would do now (for a confirmation)."""
+        return await self.request("plan", RelaunchPlan, run=run_id, action=op)
 
     async def kill(self, run_id: str, grace_s: float = 60.0) -> KillResult:
         return await self.request("kill", KillResult, run=run_id, grace_s=grace_s)
@@ -445,6 +458,17 @@ class HostClient:
     def host_events(self, interval_s: float = 1.0) -> AsyncIterator[Event]:
         """Host samples as Events (kind ``host``)."""
         return self._stream(_Sub("watch_host", {"interval_s": interval_s}))
+
+
+def _config_args(config_path: str, upload: bool) -> dict[str, Any]:
+    """``config_path`` (a path on the host), or with ``upload`` this machine's file's text too."""
+    args: dict[str, Any] = {"config_path": config_path}
+    if upload:
+        try:
+            args["config_text"] = Path(config_path).expanduser().read_text()
+        except OSError as exc:
+            raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
+    return args
 
 
 def _hello(line: bytes) -> Hello | None:

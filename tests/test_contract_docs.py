@@ -20,7 +20,8 @@ STRUCTS = {name: obj for mod in (records, series, protocol) for name, obj in var
 RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch",
                  "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData"]
-PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult", "LogChunk",
+PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",
+            "MissingRank", "ConfigSummary", "RelaunchPlan", "LogChunk",
             "RunView", "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading"]
 
 

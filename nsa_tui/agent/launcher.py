@@ -18,7 +18,6 @@ import fcntl
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,22 +28,20 @@ from typing import Any
 
 import nsa_tui
 from nsa.contract import LaunchInfo, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
-from nsa.contract.protocol import DumpFile, DumpResult, KillResult, LaunchResult
+from nsa.contract.protocol import (
+    ConfigSummary,
+    DumpResult,
+    KillResult,
+    LaunchResult,
+    RelaunchPlan,
+)
+from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
-
-
-class OpError(Exception):
-    """A request that cannot be done; ``code`` is machine-readable (see docs/agent-protocol.md)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _slug(name: str) -> str:
@@ -115,6 +112,37 @@ class Launcher:
         """Collect exited supervisors so they do not linger as zombies."""
         self.children = [p for p in self.children if p.poll() is None]
 
+    @contextlib.contextmanager
+    def _config_file(self, config_path: str | None, config_text: str | None) -> Iterator[tuple[str, str]]:
+        """(a file to read the config from, the name to show for it): an upload is written to a
+        private temporary file for the duration, shown by the path the user gave."""
+        if config_text is not None:
+            self.store.ensure()
+            fd, tmp = _private_temp(self.store.root)
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(config_text)
+                yield tmp, config_path or "<uploaded>"
+            finally:
+                os.unlink(tmp)
+        elif config_path:
+            yield os.path.expanduser(config_path), config_path
+        else:
+            raise OpError("bad_request", "needs config_path or config_text")
+
+    def _gpu_message(self) -> str:
+        return self.read_gpus()[1] if self.read_gpus else ""
+
+    def describe(self, config_path: str | None = None, *, config_text: str | None = None,
+                 nproc: int | None = None, overrides: list[str] | None = None) -> ConfigSummary:
+        """What the config is and whether it can run here (nothing is started)."""
+        from nsa_tui.agent.describe import describe
+
+        _check_nproc(nproc)
+        with self._config_file(config_path, config_text) as (path, shown):
+            cfg = validate_config(path, [str(o) for o in overrides or []], shown_as=shown)
+        return describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
+
     def launch(
         self,
         config_path: str | None = None,
@@ -126,31 +154,28 @@ class Launcher:
         parent_run: str | None = None,
         resume_from: str | None = None,
         gpu: int | None = None,
+        check: bool = True,
     ) -> LaunchResult:
-        """Validate, create the run directory (0700), copy the config, start detached."""
+        """Validate, refuse what cannot run here (``check``; relaunches of a run that ran here
+        skip it), create the run directory (0700), copy the config, start detached."""
+        from nsa_tui.agent.describe import describe
+
         overrides = [str(o) for o in (overrides or [])]
-        if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
-            raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
+        _check_nproc(nproc)
         self.store.ensure()
-        if config_text is not None:
-            fd, tmp = _private_temp(self.store.root)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(config_text)
-            source = config_path or "<uploaded>"
-        elif config_path:
-            tmp, source = None, os.path.expanduser(config_path)
-        else:
-            raise OpError("bad_request", "launch needs config_path or config_text")
-        try:
-            cfg = validate_config(tmp or source, overrides, shown_as=source)
+        with self._config_file(config_path, config_text) as (path, shown):
+            cfg = validate_config(path, overrides, shown_as=shown)
+            if check:
+                summary = describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
+                if summary.problems:
+                    raise OpError("cannot_run", f"{shown} cannot run on this host: "
+                                  + "; ".join(summary.problems))
             run_id = new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
             run_dir.mkdir(mode=0o700)
             os.chmod(run_dir, 0o700)
-            text = Path(tmp or source).read_text()
-        finally:
-            if tmp:
-                os.unlink(tmp)
+            text = Path(path).read_text()
+        source = shown if config_text is not None else path  # recorded: the user's path, ~ expanded here
         cfg_copy = run_dir / "config.yaml"
         fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -270,29 +295,63 @@ class Launcher:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _relaunch(self, run_id: str, nproc: int | None, op: str) -> LaunchResult:
-        """Relaunch from the newest checkpoint as a new run linked to ``run_id`` (lock held)."""
+    def _relaunch_args(self, run_id: str, nproc: int | None, op: str) -> tuple[RelaunchPlan, list[str]]:
+        """What a fallback/resume of ``run_id`` starts (the plan) and the overrides it passes."""
         run_dir = self.store.run_dir(run_id)
         ckpt = self.store.latest_checkpoint(run_id)
-        if ckpt is None:
-            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
         launch = read_json(run_dir / "launch.json", LaunchInfo)
         run = read_json(run_dir / "run.json", RunInfo)
         old = launch.overrides if launch else []
         overrides = [o for o in old if not o.startswith("train.grad_accum=")]
         world = (run.world_size if run else None) or (launch.nproc if launch else 1)
+        accum: int | None = None
         if op == "fallback":
+            nproc = 1
             cfg = validate_config(str(run_dir / "config.yaml"), old)
-            accum = (run.grad_accum if run else None) or cfg.train.grad_accum
-            overrides.append(f"train.grad_accum={accum * world}")  # same global batch on 1 rank
+            accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world
+            overrides.append(f"train.grad_accum={accum}")  # same global batch on 1 rank
         else:
             nproc = nproc or world
             if run is not None and run.grad_accum:
                 overrides.append(f"train.grad_accum={run.grad_accum}")
+                accum = run.grad_accum
+            if run is not None and run.global_batch and run.batch_size and nproc != world:
+                accum = max(1, run.global_batch // (run.batch_size * nproc))  # the trainer keeps the batch
         name = launch.name if launch else (run.name if run else run_id)
+        step = None
+        if ckpt is not None and Path(ckpt).name.startswith("step-") and Path(ckpt).name[5:].isdigit():
+            step = int(Path(ckpt).name[5:])
+        plan = RelaunchPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
+                            name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
+                            grad_accum=accum, global_batch=run.global_batch if run else None,
+                            gpu=self.freest_gpu() if op == "fallback" else None)
+        return plan, overrides
+
+    def plan(self, run_id: str, op: str, nproc: int | None = None) -> RelaunchPlan:
+        """Exactly what ``fallback``/``resume`` would do now, without doing it (read only)."""
+        run_dir = self.store.run_dir(run_id)
+        procs = run_processes(run_id)
+        plan, _ = self._relaunch_args(run_id, nproc, op)
+        plan.alive, plan.pids = bool(procs), [p.pid for p in procs]
+        done = read_json(run_dir / "relaunch.json", Relaunch)
+        if done is not None and done.op == op:
+            plan.again = done.child_run
+        elif plan.checkpoint is None:
+            plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
+        elif op == "resume" and procs:
+            plan.problem = f"{run_id} is still running: stop it first"
+        return plan
+
+    def _relaunch(self, run_id: str, nproc: int | None, op: str) -> LaunchResult:
+        """Relaunch from the newest checkpoint as a new run linked to ``run_id`` (lock held)."""
+        run_dir = self.store.run_dir(run_id)
+        plan, overrides = self._relaunch_args(run_id, nproc, op)
+        ckpt = plan.checkpoint
+        if ckpt is None:
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
         res = self.launch(
-            str(run_dir / "config.yaml"), nproc=nproc, overrides=overrides, name=relaunch_name(name, op),
-            parent_run=run_id, resume_from=ckpt, gpu=self.freest_gpu() if op == "fallback" else None,
+            str(run_dir / "config.yaml"), nproc=plan.nproc, overrides=overrides, name=plan.name,
+            parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False,
         )
         write_json_atomic(run_dir / "relaunch.json",
                           Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
@@ -325,45 +384,14 @@ class Launcher:
 
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
-        run_dir = self.store.run_dir(run_id)
-        ranks = [p for p in await asyncio.to_thread(run_processes, run_id) if p.rank is not None]
-        if not ranks:
-            raise OpError("not_running", f"{run_id} has no live rank to dump")
-        stacks = run_dir / "stacks"
-        t0 = time.time()
-        for p in ranks:
-            try:
-                os.kill(p.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        files: dict[str, str] = {}
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            files = _new_files(stacks, t0)
-            if len(files) >= len(ranks):
-                await asyncio.sleep(0.2)  # let the last writer finish
-                files = _new_files(stacks, t0)
-                break
-        notes = []
-        spy = shutil.which("py-spy")
-        if spy:
-            stacks.mkdir(mode=0o700, exist_ok=True)
-            for p in ranks:
-                res = await asyncio.to_thread(
-                    subprocess.run, [spy, "dump", "--pid", str(p.pid)],
-                    capture_output=True, text=True, timeout=20,
-                )
-                name = f"stacks/py-spy-rank-{p.rank}-{int(time.time() * 1000)}.txt"
-                text = res.stdout + res.stderr
-                fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(text)
-                files[name] = text
-        else:
-            notes.append("py-spy not installed: faulthandler stacks only")
-        return DumpResult(run_id=run_id, ranks=[p.rank for p in ranks if p.rank is not None], notes=notes,
-                          files=[DumpFile(name=k, text=v) for k, v in sorted(files.items())])
+        from nsa_tui.agent.dump import dump
+
+        return await dump(self.store.run_dir(run_id), run_id, wait_s)
+
+
+def _check_nproc(nproc: Any) -> None:
+    if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
+        raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
 
 
 def relaunch_name(name: str, op: str) -> str:
@@ -371,21 +399,6 @@ def relaunch_name(name: str, op: str) -> str:
     an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
     base = re.sub(r"(-(fallback|resume)(-\d+)?)+$", "", name) or name
     return f"{base}-{op}"
-
-
-def _new_files(stacks: Path, since: float) -> dict[str, str]:
-    out = {}
-    try:
-        entries = list(os.scandir(stacks))
-    except OSError:
-        return out
-    for e in entries:
-        if e.name.startswith("rank-") and e.stat().st_mtime >= since - 0.5:
-            try:
-                out[f"stacks/{e.name}"] = Path(e.path).read_text(errors="replace")
-            except OSError:
-                continue
-    return out
 
 
 def _signal_all(pgid: int | None, procs: list[RunProcess], sig: int) -> None:

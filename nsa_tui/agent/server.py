@@ -25,12 +25,14 @@ from nsa.contract import PROTOCOL, Hello, Metric, RunStatusReport, RunView, deco
 from nsa.contract.io import ContractError, convert, decode, encode, tail_lines
 from nsa.contract.protocol import (
     Args,
+    DescribeArgs,
     ErrorInfo,
     EventMsg,
     KillArgs,
     LaunchArgs,
     LogChunk,
     NoArgs,
+    PlanArgs,
     ReadLogArgs,
     Reply,
     Request,
@@ -79,7 +81,8 @@ class Agent:
             "resume": (ResumeArgs, self.op_resume), "dump": (RunArgs, self.op_dump),
             "read_log": (ReadLogArgs, self.op_read_log), "watch": (WatchArgs, self.op_watch),
             "watch_runs": (NoArgs, self.op_watch_runs), "watch_host": (WatchHostArgs, self.op_watch_host),
-            "unwatch": (UnwatchArgs, self.op_unwatch),
+            "unwatch": (UnwatchArgs, self.op_unwatch), "describe": (DescribeArgs, self.op_describe),
+            "plan": (PlanArgs, self.op_plan),
         }
 
     def send(self, msg: Any) -> None:
@@ -218,7 +221,14 @@ class Agent:
 
     async def op_launch(self, rid: Any, a: LaunchArgs) -> Any:
         return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
-                                       nproc=a.nproc, overrides=a.overrides, name=a.name)
+                                       nproc=a.nproc, overrides=a.overrides, name=a.name, check=not a.force)
+
+    async def op_describe(self, rid: Any, a: DescribeArgs) -> Any:
+        return await asyncio.to_thread(self.launcher.describe, a.config_path, config_text=a.config_text,
+                                       nproc=a.nproc, overrides=a.overrides)
+
+    async def op_plan(self, rid: Any, a: PlanArgs) -> Any:
+        return await asyncio.to_thread(self.launcher.plan, a.run, a.action)
 
     async def op_kill(self, rid: Any, a: KillArgs) -> Any:
         return await self.launcher.kill(a.run, float(a.grace_s))
