@@ -231,6 +231,33 @@ def config_from_dict(raw: dict[str, Any], where: str = "<dict>") -> Config:
     return cfg
 
 
+def known_keys() -> dict[str, str]:
+    """Every key a config (or ``--set``) may set, dotted, with its type and default in words:
+    what the panel's ``--set`` field completes."""
+    out: dict[str, str] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("internal"):
+                continue
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, key)
+                continue
+            if f.default is not dataclasses.MISSING:
+                default = f"default {f.default!r}"
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f"default {f.default_factory()!r}"
+            else:
+                default = "required"
+            out[key] = f"{_type_name(tp)}, {default}"
+
+    walk(Config, "")
+    return out
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The resolved config as plain data (for run.json, checkpoints and the panel)."""
     return dataclasses.asdict(cfg)

@@ -12,7 +12,7 @@
     await client.status(run_id)   # RunStatusReport: the view and every rank's newest beat
     await client.launch(config_path, nproc=None, overrides=(), name=None, upload=False)  # LaunchResult
     await client.describe(config_path, nproc=None, overrides=(), upload=False)  # ConfigSummary
-    await client.plan(run_id, "fallback" | "resume")  # RelaunchPlan: what it would do
+    await client.plan(run_id, "fallback" | "resume")  # ActionPlan: what it would do
     await client.kill(run_id)     # KillResult
     await client.fallback(run_id) # LaunchResult of the new run (``again``: an earlier fallback's run)
     await client.resume(run_id)   # LaunchResult, same world size as before
@@ -55,6 +55,7 @@ from nsa.contract import PROTOCOL, Hello, HostSample, RunStatusReport, RunView
 from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
+    ActionPlan,
     ConfigSummary,
     DumpResult,
     ErrorInfo,
@@ -62,7 +63,6 @@ from nsa.contract.protocol import (
     KillResult,
     LaunchResult,
     LogChunk,
-    RelaunchPlan,
 )
 from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
@@ -385,9 +385,9 @@ class HostClient:
         args.update(nproc=nproc, overrides=list(overrides))
         return await self.request("describe", ConfigSummary, **args)
 
-    async def plan(self, run_id: str, op: str) -> RelaunchPlan:
+    async def plan(self, run_id: str, op: str) -> ActionPlan:
         """What ``fallback``/``resume`` of the run would do now (for a confirmation)."""
-        return await self.request("plan", RelaunchPlan, run=run_id, action=op)
+        return await self.request("plan", ActionPlan, run=run_id, action=op)
 
     async def kill(self, run_id: str, grace_s: float = 60.0) -> KillResult:
         return await self.request("kill", KillResult, run=run_id, grace_s=grace_s)

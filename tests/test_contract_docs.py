@@ -21,7 +21,7 @@ RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInf
                  "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",
-            "MissingRank", "ConfigSummary", "RelaunchPlan", "LogChunk",
+            "MissingRank", "ConfigSummary", "ActionPlan", "LogChunk",
             "RunView", "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading"]
 
 

@@ -268,17 +268,18 @@ class ConfigSummary(Record, kw_only=True):
 
 class PlanArgs(Args, kw_only=True, forbid_unknown_fields=True):
     run: str
-    action: Literal["fallback", "resume"]
+    action: Literal["kill", "fallback", "resume"]
 
 
-class RelaunchPlan(Record, kw_only=True):
-    """``plan``: exactly what a ``fallback`` or ``resume`` of the run would do now, nothing done:
-    the confirmation a person reads before pressing f or r."""
+class ActionPlan(Record, kw_only=True):
+    """``plan``: exactly what a ``kill``, ``fallback`` or ``resume`` of the run would do now,
+    nothing done: the confirmation a person reads before pressing k, f or r."""
 
-    op: Literal["fallback", "resume"]
+    op: Literal["kill", "fallback", "resume"]
     run_id: str
-    alive: bool  # fallback stops it first
-    pids: list[int] = []
+    alive: bool  # kill and fallback stop it
+    pids: list[int] = []  # every live process of the run (what kill ends)
+    rank_pids: list[int] = []  # those that are ranks (they get SIGTERM first)
     world_size: int = 1  # the run's processes now
     nproc: int = 1  # the new run's
     name: str = ""  # the new run's

@@ -29,11 +29,11 @@ from typing import Any
 import nsa_tui
 from nsa.contract import LaunchInfo, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
 from nsa.contract.protocol import (
+    ActionPlan,
     ConfigSummary,
     DumpResult,
     KillResult,
     LaunchResult,
-    RelaunchPlan,
 )
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
@@ -295,7 +295,7 @@ class Launcher:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _relaunch_args(self, run_id: str, nproc: int | None, op: str) -> tuple[RelaunchPlan, list[str]]:
+    def _relaunch_args(self, run_id: str, nproc: int | None, op: str) -> tuple[ActionPlan, list[str]]:
         """What a fallback/resume of ``run_id`` starts (the plan) and the overrides it passes."""
         run_dir = self.store.run_dir(run_id)
         ckpt = self.store.latest_checkpoint(run_id)
@@ -321,18 +321,27 @@ class Launcher:
         step = None
         if ckpt is not None and Path(ckpt).name.startswith("step-") and Path(ckpt).name[5:].isdigit():
             step = int(Path(ckpt).name[5:])
-        plan = RelaunchPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
+        plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
                             name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
                             grad_accum=accum, global_batch=run.global_batch if run else None,
                             gpu=self.freest_gpu() if op == "fallback" else None)
         return plan, overrides
 
-    def plan(self, run_id: str, op: str, nproc: int | None = None) -> RelaunchPlan:
-        """Exactly what ``fallback``/``resume`` would do now, without doing it (read only)."""
+    def plan(self, run_id: str, op: str, nproc: int | None = None) -> ActionPlan:
+        """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
         run_dir = self.store.run_dir(run_id)
         procs = run_processes(run_id)
-        plan, _ = self._relaunch_args(run_id, nproc, op)
+        if op == "kill":
+            run = read_json(run_dir / "run.json", RunInfo)
+            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            world = (run.world_size if run else None) or (launch.nproc if launch else 1)
+            plan = ActionPlan(op="kill", run_id=run_id, alive=False, world_size=world, nproc=0)
+        else:
+            plan, _ = self._relaunch_args(run_id, nproc, op)
         plan.alive, plan.pids = bool(procs), [p.pid for p in procs]
+        plan.rank_pids = [p.pid for p in procs if p.rank is not None]
+        if op == "kill":
+            return plan
         done = read_json(run_dir / "relaunch.json", Relaunch)
         if done is not None and done.op == op:
             plan.again = done.child_run

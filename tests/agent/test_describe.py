@@ -127,6 +127,8 @@ async def test_plan_says_exactly_what_fallback_and_resume_would_do(tmp_path: Pat
         assert fb.checkpoint is not None and fb.checkpoint.endswith("checkpoints/step-30")
         rs = await c.plan("20260101-000000-exp-0001", "resume")
         assert (rs.nproc, rs.grad_accum, rs.name) == (2, 1, "exp-resume")
+        stop = await c.plan("20260101-000000-exp-0001", "kill")
+        assert (stop.op, stop.alive, stop.pids, stop.world_size) == ("kill", False, [], 2)
         none = await c.plan("20260101-000000-exp-0002", "resume")
         assert none.problem is not None and "no complete checkpoint" in none.problem
         assert [v.run_id for v in await c.runs()] == ["20260101-000000-exp-0002", "20260101-000000-exp-0001"]

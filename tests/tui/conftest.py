@@ -21,6 +21,14 @@ from tests.sshd import sshd  # noqa: E402,F401  (the real OpenSSH server fixture
 SMOKE = REPO / "configs" / "smoke-cpu.yaml"
 
 
+@pytest.fixture(autouse=True)
+def private_user_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The panel's launch history (nsa_tui/userstate.py) in the test's own directory."""
+    path = tmp_path / "user-state" / "launches.json"
+    monkeypatch.setenv("NSA_TUI_STATE", str(path))
+    return path
+
+
 @pytest.fixture
 def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """NSA_RUNS_ROOT for the local agent; every run still alive afterwards is killed."""
