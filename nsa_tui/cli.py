@@ -5,14 +5,16 @@
     nsa-tui logs HOST RUN [-f]                 nsa-tui kill HOST RUN [--grace S]
     nsa-tui fallback HOST RUN                  nsa-tui resume HOST RUN
     nsa-tui dump HOST RUN [--out DIR]          nsa-tui setup HOST
+    nsa-tui export HOST RUN [--tensorboard DIR] [--csv PATH]
 
 HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/config alias).
 Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) and
 ``--runs-root DIR``. Exit codes (EXIT_* below): 0 ok, 1 the operation failed, 2 usage,
-3 bad config, 4 no such run, 5 cannot reach the host (network, host key, no agent),
-6 ``status`` found the run unhealthy (critical alert, crashed, failed or lost), 141 the
-reader of the output went away (``| head``). RUN is a run id, a unique prefix of one (what
-``runs`` shows) or a run's name; an ambiguous one is a usage error listing the matches.
+3 bad config (or one that cannot run on the host), 4 no such run, 5 cannot reach the host
+(network, host key, no agent), 6 ``status`` found the run unhealthy (critical alert, crashed,
+failed or lost), 141 the reader of the output went away (``| head``). RUN is a run id, a unique
+prefix of one (what ``runs`` shows) or a run's name; an ambiguous one is a usage error listing
+the matches.
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--set", nargs="+", action="extend", default=[], metavar="K=V", help="config overrides")
     la.add_argument("--name", default=None, help="run name (default: the config's name)")
     la.add_argument("--upload", action="store_true", help="send this machine's config file to the host")
+    la.add_argument("--force", action="store_true",
+                    help="start even when the host says the config cannot run there (no GPU for a CUDA-only "
+                         "config, a Hub data source without network)")
+    ex = sub.add_parser("export", parents=[common], help="a run's metrics as CSV and/or TensorBoard files",
+                        description="Reads every metrics line through the host's agent and writes here. "
+                                    "TensorBoard needs tensorboardX: pip install 'nsa-tui[export]'.")
+    ex.add_argument("host")
+    ex.add_argument("run")
+    ex.add_argument("--tensorboard", metavar="DIR", default=None,
+                    help="event files into DIR/<run id> (point TensorBoard, or wandb sync "
+                         "--sync-tensorboard, at DIR)")
+    ex.add_argument("--csv", metavar="PATH", default=None,
+                    help="a .csv file, or a directory for <run id>.csv")
     for name, text in (("status", "status and current alerts"), ("kill", "stop a run (TERM, then KILL)"),
                        ("fallback", "stop and relaunch on one GPU from the newest checkpoint"),
                        ("resume", "relaunch a stopped run from its newest checkpoint"),
@@ -195,7 +210,8 @@ async def _run_command(args: argparse.Namespace) -> int:
             args.run = await _resolve_run(c, args.run)
         return await _dispatch(c, args)
     except AgentError as exc:
-        code = {"bad_config": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN, "bad_request": EXIT_USAGE}
+        code = {"bad_config": EXIT_BAD_CONFIG, "cannot_run": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN,
+                "bad_request": EXIT_USAGE}
         return _fail(args, code.get(exc.code, EXIT_FAILED), exc.code, exc.message)
     except RunRefError as exc:
         return _fail(args, EXIT_NO_RUN if exc.code == "no_such_run" else EXIT_USAGE, exc.code, exc.message)
@@ -223,8 +239,10 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
         _emit(args, runs, runs_table(runs, time.time()))
     elif args.cmd == "launch":
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
-                             upload=args.upload)
+                             upload=args.upload, force=args.force)
         _emit(args, res, res.run_id)
+    elif args.cmd == "export":
+        return await _export(c, args)
     elif args.cmd == "status":
         return await _status(c, args)
     elif args.cmd == "logs":
@@ -245,7 +263,33 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             for f in dr.files:
                 (out / Path(f.name).name).write_text(f.text)
-        _emit(args, dr, "\n".join(f"==> {f.name} <==\n{f.text}" for f in dr.files) or "no files")
+        from nsa_tui.stacks import dump_text
+
+        _emit(args, dr, dump_text(dr))
+    return EXIT_OK
+
+
+async def _export(c: Any, args: argparse.Namespace) -> int:
+    """The run's metrics lines, read through the agent, written here (nsa_tui/export.py)."""
+    from nsa_tui.export import ExportError, write_csv, write_tensorboard
+
+    if not args.tensorboard and not args.csv:
+        return _fail(args, EXIT_USAGE, "bad_request", "export: give --tensorboard DIR and/or --csv PATH")
+    view = await c.run(args.run)
+    metrics = await c.metrics(args.run)
+    done: dict[str, Any] = {"run_id": args.run, "lines": len(metrics)}
+    try:
+        if args.csv:
+            path = Path(args.csv).expanduser()
+            if path.suffix != ".csv":
+                path = path / f"{args.run}.csv"
+            done["csv"] = str(write_csv(metrics, path))
+        if args.tensorboard:
+            done["tensorboard"] = str(write_tensorboard(metrics, view.info,
+                                                        Path(args.tensorboard).expanduser() / args.run))
+    except (ExportError, OSError) as exc:
+        return _fail(args, EXIT_FAILED, "export_failed", str(exc))
+    _emit(args, done, "\n".join(f"{k}: {v}" for k, v in done.items()))
     return EXIT_OK
 
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from nsa.contract import PROTOCOL, Hello, HostSample, RunStatusReport, RunView
+from nsa.contract import PROTOCOL, Hello, HostSample, Metric, RunStatusReport, RunView, decode_lines
 from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
@@ -401,8 +401,28 @@ class HostClient:
     async def dump(self, run_id: str) -> DumpResult:
         return await self.request("dump", DumpResult, run=run_id)
 
-    async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20) -> LogChunk:
-        return await self.request("read_log", LogChunk, run=run_id, offset=offset, max_bytes=max_bytes)
+    async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20,
+                       file: str = "train.log") -> LogChunk:
+        """A piece of the run's train.log (or, ``file="metrics.jsonl"``, of its metrics lines)."""
+        args: dict[str, Any] = {"run": run_id, "offset": offset, "max_bytes": max_bytes}
+        if file != "train.log":
+            args["file"] = file
+        return await self.request("read_log", LogChunk, **args)
+
+    async def metrics(self, run_id: str) -> list[Metric]:
+        """Every line of the run's metrics.jsonl as contract records (exports: O(run length),
+        read in 4 MiB pieces; a malformed line is skipped)."""
+        out: list[Metric] = []
+        offset, carry = 0, b""
+        while True:
+            chunk = await self.read_log(run_id, offset, 4 << 20, file="metrics.jsonl")
+            data = carry + chunk.text.encode()
+            lines = data.split(b"\n")
+            carry = lines.pop()  # a line still being written waits for its newline
+            out += decode_lines([ln for ln in lines if ln.strip()], Metric)
+            if chunk.offset >= chunk.size or chunk.offset == offset:
+                return out
+            offset = chunk.offset
 
     # -- streams ------------------------------------------------------------------
     async def _subscribe(self, sub: _Sub) -> None:

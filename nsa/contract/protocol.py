@@ -214,6 +214,7 @@ class ReadLogArgs(Args, kw_only=True, forbid_unknown_fields=True):
     run: str
     offset: int = 0
     max_bytes: int = 1 << 20
+    file: Literal["train.log", "metrics.jsonl"] = "train.log"  # metrics.jsonl: for exports
 
 
 class WatchHostArgs(Args, kw_only=True, forbid_unknown_fields=True):

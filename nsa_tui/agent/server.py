@@ -243,7 +243,7 @@ class Agent:
         return await self.launcher.dump(a.run)
 
     async def op_read_log(self, rid: Any, a: ReadLogArgs) -> LogChunk:
-        path = self.store.run_dir(a.run) / "train.log"
+        path = self.store.run_dir(a.run) / a.file  # one of two names, never a path from the client
 
         def read() -> LogChunk:
             try:
