@@ -26,6 +26,7 @@ from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
 from nsa_tui.app.screens.main import KEYS, MainScreen
 from nsa_tui.app.services.host import HostService
 from nsa_tui.app.state import PanelState
+from nsa_tui.app.widgets.header import why_not_connected
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.userstate import RecentLaunch
 
@@ -340,7 +341,7 @@ class NsaApp(App[str | None]):
         else:
             lines = ["nsa-tui: no host was reached: nothing is known of their runs."]
         for h in unseen:
-            why = f" ({h.detail.splitlines()[0]})" if h.detail else ""
+            why = f" ({why_not_connected(h)})" if h.detail else ""
             lines.append(f"  {h.label}: never reached{why}: its runs, if any, were not seen and keep going.")
         if alive or unseen:
             lines.append("Reconnect with `nsa-tui` (local) or `nsa-tui connect HOST`.")

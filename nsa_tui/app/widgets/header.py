@@ -29,12 +29,17 @@ def host_text(host: HostState, now: float) -> Text:
         label = f"reconnecting in {max(0, round(host.retry_at - now))} s"
     t.append(label, style=CONN_STYLE.get(conn, ""))
     if conn in ("reconnecting", "lost") and host.detail:
-        detail = host.detail.splitlines()[0]
-        for prefix in (f"{host.dest}: ", f"{host.label}: "):  # the host is named already
-            detail = detail.removeprefix(prefix)
-        why = clip_words(detail, 60)  # why: not a bare "reconnecting"
-        t.append(f" ({why})", style="dim")
+        t.append(f" ({clip_words(why_not_connected(host), 60)})", style="dim")  # not a bare "reconnecting"
     return t
+
+
+def why_not_connected(host: HostState) -> str:
+    """The first line of the host's last connection error, without the host's name in front
+    (wherever it is shown, the host is named already)."""
+    detail = host.detail.splitlines()[0] if host.detail else ""
+    for prefix in (f"{host.dest}: ", f"{host.label}: "):
+        detail = detail.removeprefix(prefix)
+    return detail
 
 
 REASON_CHARS = 60
