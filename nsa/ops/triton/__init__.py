@@ -20,7 +20,7 @@ import torch
 
 from nsa.ops.reference import selection_scores
 
-from .band import band_backward, band_forward
+from .band import BWD_BN, band_backward, band_forward
 from .scores import selection_scores_from_lse
 from .select import select_blocks
 from .selected import selected_backward, selected_forward
@@ -118,7 +118,7 @@ def _cmp_split(q: torch.Tensor, n_cmp: int, n_groups: int) -> int:
     sms = _sm_count(q.device)
     if sms == 0:
         return 1
-    tiles = max(1, -(-n_cmp // 64)) * q.shape[0] * n_groups
+    tiles = max(1, -(-n_cmp // BWD_BN)) * q.shape[0] * n_groups
     return max(1, min(16, -(-2 * sms // tiles)))
 
 
