@@ -337,5 +337,5 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
                                  BS=block, LS=ls, HPP=hpp, HC=_dkdv_heads(hpp), QC=qc, D=D, BD=bd,
                                  PREC=prec, num_warps=_warps(qc * _dkdv_heads(hpp), bd, 32 * 64))
     _sel_bwd_reduce[(nkeys,)](dkp, dvp, chunk_start, dk, dv, *k.stride()[:3], T, G, ns,
-                              BS=block, LS=ls, D=D, BD=bd)
+                              BS=block, LS=ls, D=D, BD=bd, num_warps=_warps(ls, bd, 64 * 64))
     return dq, dk, dv
