@@ -374,6 +374,29 @@ def compile_launch(launch: Launch, capability: int) -> Result:
     return res
 
 
+_WORK: list[tuple[int, Launch, list[str]]] = []  # what forked workers compile, by index
+
+
+def _compile_item(i: int) -> Result:
+    cap, launch, _ = _WORK[i]
+    return compile_launch(launch, cap)
+
+
+def compile_all(work: list[tuple[int, Launch, list[str]]], jobs: int) -> Iterator[Result]:
+    """Results in order, from ``jobs`` forked processes (launches hold meta tensors and
+    kernel objects: workers inherit them by fork instead of pickling them)."""
+    if jobs <= 1 or len(work) < 2:
+        for cap, launch, _ in work:
+            yield compile_launch(launch, cap)
+        return
+    import multiprocessing
+
+    _WORK[:] = work
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap(_compile_item, range(len(work)))
+    _WORK.clear()
+
+
 def format_line(name: str, capability: int, res: Result, cases: list[str]) -> str:
     where = f"[{', '.join(cases)}]"
     if res.error is not None:
@@ -394,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="compute capabilities to compile for (default: 80 90)")
     ap.add_argument("--list", action="store_true",
                     help="list the launches and check coverage; compile nothing")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="compile in this many processes (default: one per CPU)")
     ap.add_argument("--extra-module", action="append", default=[], metavar="MODULE",
                     help="also require coverage of the @triton.jit functions defined in MODULE (tests)")
     args = ap.parse_args(argv)
@@ -427,23 +452,23 @@ def main(argv: list[str] | None = None) -> int:
               f"an op that drive_ops runs, or extend drive_ops)")
         failed = True
 
-    n_cases = n_compiles = 0
+    n_cases = 0
+    work: list[tuple[int, Launch, list[str]]] = []  # one per distinct compile
     for cap in args.arch:
         groups: dict[str, list[Launch]] = {}
         for x in launches[cap]:
             groups.setdefault(spec_key(x, cap), []).append(x)
         n_cases += len(launches[cap])
         for members in groups.values():
-            first = members[0]
-            cases = [m.case for m in members]
-            if args.list:
-                print(f"LIST sm_{cap} {first.name:16s} [{', '.join(cases)}]")
-                continue
-            res = compile_launch(first, cap)
-            n_compiles += 1
+            work.append((cap, members[0], [m.case for m in members]))
+    if args.list:
+        for cap, first, cases in work:
+            print(f"LIST sm_{cap} {first.name:16s} [{', '.join(cases)}]")
+    else:
+        for (cap, first, cases), res in zip(work, compile_all(work, args.jobs)):
             failed |= res.failed
             print(format_line(first.name, cap, res, cases), flush=True)
-
+    n_compiles = 0 if args.list else len(work)
     verdict = "FAILED" if failed else "passed"
     print(f"compile_check: {verdict}: {n_cases} launch cases, {n_compiles} distinct compiles, "
           f"archs {', '.join(f'sm_{c}' for c in args.arch)}, {time.perf_counter() - t0:.0f} s")
