@@ -32,6 +32,23 @@ def gate_text(shares: Any, step: Any, warmup: Any) -> Text:
     return t
 
 
+def ops_text(ops: dict[str, Any]) -> Text:
+    """Which attention ops the run trains on; a fallback to the reference stands out with its reason."""
+    backend = str(ops.get("backend") or NA)
+    if ops.get("fallback_reason"):
+        t = Text(f"{backend} ", style="bold red")
+        t.append(f"⚠ fallback from {ops.get('requested') or NA} (far slower): ", style="bold yellow")
+        t.append(str(ops["fallback_reason"]), style="yellow")
+        return t
+    t = Text(backend, style="bold")
+    check = ops.get("self_check")
+    if isinstance(check, dict) and check.get("ok"):
+        t.append(f" · self-check ok on {check.get('device', NA)}", style="dim")
+    elif backend != "sdpa" and ops.get("requested") not in (None, backend):
+        t.append(f" (requested {ops['requested']})", style="dim")
+    return t
+
+
 def ranks_text(run: RunState, now: float) -> Text:
     """One line per rank: phase, step and heartbeat age (a stuck rank stands out)."""
     t = Text()
@@ -78,6 +95,8 @@ def summary_table(run: RunState, now: float = 0.0) -> Table:
         batch += f" ({per}/rank×{world}×{acc} acc)"
     t.add_row("batch", batch)
     t.add_row("dtype", f"{rec.get('dtype') or NA} on {rec.get('device') or NA}")
+    if isinstance(rec.get("attention_ops"), dict):  # absent in runs of older trainers
+        t.add_row("attn ops", ops_text(rec["attention_ops"]))
     t.add_row("data", str(rec.get("data_source") or (cfg.get("data") or {}).get("source") or NA))
     t.add_row("gates", gate_text(run.last_metric.get("gate_shares"), rec.get("step"),
                                   train.get("warmup_steps")))
