@@ -40,6 +40,7 @@ from nsa.contract.records import (
     Metric,
     Relaunch,
     RunInfo,
+    SelfCheck,
     StopInfo,
     TrainMetric,
     on_gpu,
@@ -51,7 +52,7 @@ __all__ = [
     "PROTOCOL", "TRAINER_STATUSES", "Alert", "AttentionOps", "Beat", "ContractError", "DeviceInfo",
     "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading", "Hello", "HostSample",
     "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "Phase",
-    "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SeriesSummary", "StopInfo",
-    "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
+    "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SelfCheck", "SeriesSummary",
+    "StopInfo", "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
     "write_json_atomic",
 ]
