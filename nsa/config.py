@@ -127,12 +127,13 @@ class FailurePolicy:
     complete checkpoint as a new run linked to this one, at most ``max_restarts`` times in a
     row, waiting ``backoff_s`` doubled per restart. ``fallback``: after a hang or a rank crash,
     stop the run and relaunch it on one GPU (the fallback key, done by the watchdog). ``stop``:
-    after a hang, stop the run so its GPUs are free (TERM, KILL after ``grace_s``)."""
+    after a hang, stop the run so its GPUs are free (TERM, KILL after ``grace_s``: a hung rank
+    never ends on TERM, and its peers cannot checkpoint without it)."""
 
     action: Literal["none", "restart", "fallback", "stop"] = "none"
     max_restarts: int = 3
     backoff_s: float = 30.0
-    grace_s: float = 60.0
+    grace_s: float = 15.0
 
 
 @dataclass

@@ -78,8 +78,9 @@ class AlertLedger:
                 self.open[st.alert.key] = _Open(st.id, st.alert, st.raised_at, st.updated_at, st.alert)
         self._writer: JsonlWriter | None = None
 
-    def step(self, current: list[Alert], now: float | None = None) -> list[AlertEvent]:
-        """Compare the alerts that hold now with the open ones; write and return the events."""
+    def step(self, current: list[Alert], now: float | None = None, final: bool = False) -> list[AlertEvent]:
+        """Compare the alerts that hold now with the open ones; write and return the events.
+        ``final``: the run has ended; what no longer holds is resolved now."""
         now = self.clock() if now is None else now
         events: list[AlertEvent] = []
         seen = set()
@@ -108,7 +109,7 @@ class AlertLedger:
                 continue
             if rec.absent_since is None:
                 rec.absent_since = now
-            if now - rec.absent_since >= self.resolve_after_s:
+            if final or now - rec.absent_since >= self.resolve_after_s:
                 events.append(AlertEvent(ts=now, action="resolved", id=rec.id, alert=rec.alert, by=self.by))
                 del self.open[key]
         self.write(events)
@@ -240,3 +241,26 @@ def acknowledge(run_dir: Path, ref: str, by: str, now: float | None = None) -> A
     finally:
         w.close()
     return book.apply(ev) or st
+
+
+class AlertBooks:
+    """The books of every run under a runs root, each read once then only its new bytes (the
+    agent's cache: watch_alerts polls them every half second)."""
+
+    def __init__(self) -> None:
+        self.books: dict[str, AlertBook] = {}
+
+    def book(self, run_dir: Path) -> AlertBook:
+        key = str(run_dir)
+        b = self.books.get(key)
+        if b is None:
+            b = self.books[key] = AlertBook(run_dir / ALERTS_FILE)
+        return b
+
+    def refresh(self, run_dir: Path) -> list[AlertState]:
+        return self.book(run_dir).refresh()
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the books of runs that are gone (``keep``: run directories that exist)."""
+        for key in [k for k in self.books if k not in keep]:
+            del self.books[key]

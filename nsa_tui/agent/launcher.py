@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import secrets
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,6 +38,8 @@ from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
+# A launch needs at least this much free space (beyond the checkpoint a resume starts from).
+MIN_FREE_BYTES = 1 << 20
 
 
 class OpError(Exception):
@@ -91,6 +95,29 @@ async def run_lock_async(run_dir: Path) -> AsyncIterator[None]:
         os.close(fd)
 
 
+_creating = threading.local()  # the run directory the current thread's launch created
+
+
+def launch_safely(launch: Any) -> Any:
+    """A launch that fails after creating its run directory (ENOSPC writing the config, launch.json
+    or train.log) leaves no directory behind, and a full disk is said as such (``no_space``)."""
+
+    @functools.wraps(launch)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _creating.dir = None
+        try:
+            return launch(*args, **kwargs)
+        except OSError as exc:
+            created = getattr(_creating, "dir", None)
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            raise _no_space(exc, args[0].store.root) from exc
+        finally:
+            _creating.dir = None
+
+    return wrapper
+
+
 class Launcher:
     """Operations that start or signal runs. ``python`` runs torchrun and the supervisor."""
 
@@ -114,6 +141,7 @@ class Launcher:
         """Collect exited supervisors so they do not linger as zombies."""
         self.children = [p for p in self.children if p.poll() is None]
 
+    @launch_safely
     def launch(
         self,
         config_path: str | None = None,
@@ -126,15 +154,22 @@ class Launcher:
         resume_from: str | None = None,
         gpu: int | None = None,
     ) -> LaunchResult:
-        """Validate, create the run directory (0700), copy the config, start detached."""
+        """Validate, create the run directory (0700), copy the config, start detached.
+        On a full disk nothing is left behind: no run directory, no temporary file."""
         overrides = [str(o) for o in (overrides or [])]
         if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
             raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
         self.store.ensure()
+        need_room(self.store.root, MIN_FREE_BYTES + (dir_size(Path(resume_from)) if resume_from else 0),
+                  f"the checkpoint {resume_from}" if resume_from else "a new run")
         if config_text is not None:
             fd, tmp = _private_temp(self.store.root)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(config_text)
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(config_text)
+            except OSError as exc:
+                os.unlink(tmp)
+                raise _no_space(exc, self.store.root) from exc
             source = config_path or "<uploaded>"
         elif config_path:
             tmp, source = None, os.path.expanduser(config_path)
@@ -145,6 +180,7 @@ class Launcher:
             run_id = new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
             run_dir.mkdir(mode=0o700)
+            _creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
             os.chmod(run_dir, 0o700)
             text = Path(tmp or source).read_text()
         finally:
@@ -322,6 +358,17 @@ class Launcher:
                 raise OpError("running", f"{run_id} is still running: kill it first")
             return self._relaunch(run_id, nproc, "resume")
 
+    def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
+        """The relaunch a run's own watchdog asks for (its ``on_failure`` policy: ``restart`` or
+        ``fallback``), under the run's lock and idempotent like a person's. No liveness check:
+        the asking supervisor, the run's last process, is still there."""
+        run_dir = self.store.run_dir(run_id)
+        with run_lock(run_dir):
+            done = self._done_before(run_dir, op)
+            if done is not None:
+                return done
+            return self._relaunch(run_id, 1 if op == "fallback" else nproc, op)
+
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
         run_dir = self.store.run_dir(run_id)
@@ -368,8 +415,36 @@ class Launcher:
 def relaunch_name(name: str, op: str) -> str:
     """``<name>-fallback`` / ``<name>-resume``, without snowballing (``x-fallback-resume-resume``):
     an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
-    base = re.sub(r"(-(fallback|resume)(-\d+)?)+$", "", name) or name
+    base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
     return f"{base}-{op}"
+
+
+def dir_size(path: Path) -> int:
+    """Bytes of the files directly in ``path`` (a checkpoint directory), 0 if unreadable."""
+    try:
+        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    except OSError:
+        return 0
+
+
+def need_room(root: Path, need: int, what: str) -> None:
+    """Refuse (``no_space``) before creating anything when the runs root's disk is too full."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return
+    if free < need:
+        raise OpError("no_space", f"no space left on the disk of {root}: {free / 2**20:.1f} MiB free, {what} "
+                                  f"needs {need / 2**20:.1f} MiB; free space first (nothing was created)")
+
+
+def _no_space(exc: OSError, root: Path) -> Exception:
+    import errno
+
+    if exc.errno != errno.ENOSPC:
+        return exc
+    return OpError("no_space", f"no space left on the disk of {root} ({exc.strerror}); free space first "
+                               "(nothing was created)")
 
 
 def _new_files(stacks: Path, since: float) -> dict[str, str]:
