@@ -360,8 +360,10 @@ class Watchdog:
         return self.poll(final=True)
 
     def close(self, drain_s: float = 60.0) -> None:
-        """Deliver what is queued (bounded), then stop."""
+        """Deliver what is queued (bounded), record how that went, then stop."""
         if self.notifier is not None:
             self.notifier.drain(drain_s)
             self.notifier.close()
+            if self.notifier.failed:
+                self.poll(final=True)  # a delivery that failed after the run's end is still said
         self.ledger.close()
