@@ -32,6 +32,10 @@ from nsa_tui.settings import NotifySettings
 SEVERITY_RANK = {"warning": 0, "critical": 1}
 
 
+class CommandFailed(Exception):
+    """The notification command exited non-zero (the message: its code and last stderr line)."""
+
+
 def redact(url: str) -> str:
     """``https://hooks.slack.com/services/T0/B0/XXXX?x=y`` -> ``https://hooks.slack.com/***``:
     scheme and host only (no user, password, path or query: any of them can be the secret)."""
@@ -219,6 +223,8 @@ class Notifier:
             text = f"HTTP {exc.code} {exc.reason}"
         elif isinstance(exc, urllib.error.URLError):
             text = f"cannot reach the server: {exc.reason}"
+        elif isinstance(exc, CommandFailed):
+            text = str(exc)
         else:
             text = f"{type(exc).__name__}: {exc}"
         return scrub(text, self.s.webhook.url if self.s.webhook else None)[:300]
@@ -231,7 +237,7 @@ class Notifier:
                                  timeout=self.s.timeout_s)
             if res.returncode != 0:
                 err = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-                raise RuntimeError(f"exit code {res.returncode} {err[0][:200]}".strip())
+                raise CommandFailed(f"exit code {res.returncode} {err[0][:200]}".strip())
             return
         hook = self.s.webhook
         assert hook is not None
