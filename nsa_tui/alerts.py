@@ -406,7 +406,7 @@ class AlertDetector:
                 out.append(self._alert(
                     "stall", "critical", run_id, run, **common,
                     message=f"rank {rank}: step {r.step} has not advanced for {stuck:.0f} s in phase "
-                            f"{r.phase} (threshold {limit:.0f} s); heartbeats still arrive",
+                            f"{r.phase} (threshold {limit:.0f} s); last heartbeat {max(0.0, age):.1f} s ago",
                     suggested_actions=["dump", "kill", "fallback"]))
         return out
 

@@ -213,7 +213,7 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
         pass  # train.log on a full disk: run.json and the heartbeat still say it
     tail = "\n".join(tb.strip().splitlines()[-6:])
     phase = getattr(hb.phase, "value", hb.phase)
-    no_space = out_of_space(exc, run_dir)
+    no_space = "" if isinstance(exc, NonFiniteLoss) else out_of_space(exc, run_dir)
     if no_space:
         # kept short: there may be room for nothing but run.json's own blocks
         reason = (f"rank {rank} failed during {phase} after step {step}: no space left on device (ENOSPC): "
@@ -251,8 +251,9 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
 
 
 def out_of_space(exc: BaseException, run_dir: Path) -> str:
-    """Why ``exc`` is a full disk ("" when it is not): an ENOSPC anywhere in its chain, or a
-    failed write (torch.save says only "file write failed") while the disk has next to nothing free."""
+    """Why ``exc`` is a full disk ("" when it is not): an ENOSPC anywhere in its chain; a failed
+    write (torch.save says only "file write failed") while the disk has next to nothing free; or
+    any failure on a disk that is full (a peer that ran out of space first could not say so)."""
     import errno
     import shutil
 
@@ -266,13 +267,12 @@ def out_of_space(exc: BaseException, run_dir: Path) -> str:
             return f"{type(e).__name__}: {text[:200]}"
         write_failed = write_failed or isinstance(e, OSError) or "write failed" in text
         e = e.__cause__ or e.__context__
-    if write_failed:
-        try:
-            free = shutil.disk_usage(run_dir).free
-        except OSError:
-            return ""
-        if free < 16 << 20:
-            return f"{type(exc).__name__}: {str(exc)[:200]} ({free} bytes free)"
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return ""
+    if free < (16 << 20 if write_failed else 1 << 20):
+        return f"only {free} bytes free; {type(exc).__name__}: {str(exc)[:200]}"
     return ""
 
 

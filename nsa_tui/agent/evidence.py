@@ -100,11 +100,13 @@ def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 
     t0 = time.time()
     ms = int(t0 * 1000)
     live = {}
+    seen: dict[int, str] = {}  # each rank's state as found, before anything is done to it
     for rank, b in sorted(beats.items()):
         proc = run_process(b.pid, run_id)
         if proc is None:
             continue
         live[rank] = b
+        seen[rank] = f"state {_proc_state(b.pid)} (kernel wait: {_wchan(b.pid)})"
         try:
             os.kill(b.pid, signal.SIGUSR1)  # type: ignore[arg-type]
         except (ProcessLookupError, PermissionError):
@@ -150,7 +152,7 @@ def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 
             lines.append(f"rank {rank}: pid {b.pid} gone")
             continue
         got = ", ".join(g for g in (stacks_by_rank.get(rank), spied.get(rank), nccl.get(rank)) if g)
-        lines.append(f"rank {rank}: pid {b.pid} state {_proc_state(b.pid)} (kernel wait: {_wchan(b.pid)}), "
+        lines.append(f"rank {rank}: pid {b.pid} {seen[rank]}, "
                      f"step {b.step}, phase {b.phase.value}, device {b.device.type}"
                      f"{':' + str(b.device.index) if b.device.index is not None else ''}; files: "
                      f"{got or 'none (a stopped rank cannot run its stack handler)'}")

@@ -76,14 +76,17 @@ class PolicyRunner:
     def action(self) -> str:
         return self.p.action if self.p is not None else "none"
 
-    def on_hang(self, alert: Alert) -> None:
-        """A hang was raised: stop the run (stop, fallback, restart), once, without blocking."""
-        if self.action == "none" or self.stopping is not None:
+    def on_hang(self, alerts: list[Alert]) -> None:
+        """Hangs were raised (all those of one look): stop the run (stop, fallback, restart),
+        once, without blocking."""
+        if self.action == "none" or self.stopping is not None or not alerts:
             return
-        self.hang = alert
-        who = f"rank {alert.rank}" if alert.rank is not None else "the run"
-        self.announce(f"on_failure={self.action}: stopping the run after a {alert.kind} of {who} "
-                      f"({alert.message}); TERM to every rank, KILL after {self.p.grace_s:.0f} s"
+        self.hang = alerts[0]
+        whats = sorted({a.kind for a in alerts})
+        ranks = sorted({a.rank for a in alerts if a.rank is not None})
+        who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else "the run"
+        self.announce(f"on_failure={self.action}: stopping the run after a {' and '.join(whats)} of {who} "
+                      f"({alerts[0].message}); TERM to every rank, KILL after {self.p.grace_s:.0f} s"
                       + ("; then a relaunch" if self.action in ("fallback", "restart") else ""))
         self.stopping = threading.Thread(target=self._stop_run, name="nsa-policy-stop", daemon=True)
         self.stopping.start()

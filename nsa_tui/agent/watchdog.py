@@ -202,6 +202,11 @@ class Watchdog:
             events = self.ledger.step(current, now, final=final)
         for ev in events:
             self._announce(ev)
+        hangs = [ev for ev in events if ev.action == "raised" and ev.alert.kind in HANG_KINDS]
+        if hangs:
+            self._maybe_capture(hangs)
+            if self.policy is not None:
+                self.policy.on_hang([ev.alert for ev in hangs])
         return events
 
     def _stats(self, stream: str) -> LineStats:
@@ -294,20 +299,18 @@ class Watchdog:
                      f"{a.message}")
         if self.notifier is not None and a.kind != "delivery":
             self.notifier.submit(ev)
-        if ev.action == "raised" and a.kind in HANG_KINDS:
-            self._maybe_capture(ev)
-            if self.policy is not None:
-                self.policy.on_hang(a)
 
-    def _maybe_capture(self, ev: AlertEvent) -> None:
-        if not self.s.watchdog.evidence or ev.id in self.evidence_for:
+    def _maybe_capture(self, hangs: list[AlertEvent]) -> None:
+        """Evidence once per stall: one capture (every rank) for the hangs raised in one look."""
+        todo = [ev for ev in hangs if ev.id not in self.evidence_for]
+        if not self.s.watchdog.evidence or not todo:
             return
         now = time.monotonic()
         if now - self._last_evidence < EVIDENCE_EVERY_S:
             return
         self._last_evidence = now
-        self.evidence_for.add(ev.id)
-        threading.Thread(target=self._capture, args=(ev,), name="nsa-evidence", daemon=True).start()
+        self.evidence_for |= {ev.id for ev in todo}
+        threading.Thread(target=self._capture, args=(todo[0],), name="nsa-evidence", daemon=True).start()
 
     def _capture(self, ev: AlertEvent) -> None:
         from nsa_tui.agent.evidence import capture
