@@ -54,13 +54,48 @@ class Thresholds:
     train_floor_s: float = 60.0
     no_heartbeat_s: float = 30.0  # heartbeats come at least every 5 s in every phase
     drift_steps: int = 2
-    throughput_drop: float = 0.3  # recent below this share of the earlier median
-    throughput_min_points: int = 10
+    throughput_drop: float = 0.3  # the last window's median below this share of the earlier median
+    throughput_window_s: float = 60.0  # at least; 5 x the median step time when steps are slower
+    throughput_min_points: int = 3  # in the window and before it
     nccl_util_pct: float = 90.0
     nccl_power_frac: float = 0.4
     size_factor: float = 2.0  # params or seq off by more than this factor from the name
     disk_warn_bytes: int = 10 * GIB  # free space of the runs root's file system
     disk_critical_bytes: int = 1 * GIB
+
+
+THROUGHPUT_WINDOW_MAX_S = 1200.0
+
+
+class RateBins:
+    """tokens/s in bins of ``bin_s`` seconds (mean per bin), the last hour: what the throughput
+    rule compares, bounded whatever the step rate (100 steps/s or one per minute)."""
+
+    def __init__(self, bin_s: float = 5.0, keep: int = 720) -> None:
+        self.bin_s = bin_s
+        self.bins: deque[list[float]] = deque(maxlen=keep)  # [start, sum, n]
+
+    def add(self, ts: float, value: float) -> None:
+        if not (_finite(ts) and _finite(value)):
+            return
+        start = math.floor(ts / self.bin_s) * self.bin_s
+        if self.bins and self.bins[-1][0] == start:
+            self.bins[-1][1] += value
+            self.bins[-1][2] += 1
+        elif not self.bins or start > self.bins[-1][0]:
+            self.bins.append([start, value, 1])
+
+    def split(self, window_s: float) -> tuple[tuple[float, int], tuple[float, int]] | None:
+        """((median, points) of the bins in the last ``window_s``, the same of the 2 windows before)."""
+        if not self.bins:
+            return None
+        newest = self.bins[-1][0]
+        recent = [b for b in self.bins if b[0] > newest - window_s]
+        base = [b for b in self.bins if newest - 3 * window_s < b[0] <= newest - window_s]
+        if not recent or not base:
+            return None
+        med = lambda bins: statistics.median(b[1] / b[2] for b in bins)  # noqa: E731
+        return (med(recent), int(sum(b[2] for b in recent))), (med(base), int(sum(b[2] for b in base)))
 
 
 @dataclass
@@ -89,7 +124,7 @@ class _Run:
     view: RunView | None = None
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
-    tps: deque[float] = field(default_factory=lambda: deque(maxlen=60))
+    tps: RateBins = field(default_factory=lambda: RateBins())
     nan_step: int | None = None
     log: deque[str] = field(default_factory=lambda: deque(maxlen=40))
     backfilling: bool = False  # a live subscription's backlog is still arriving
@@ -200,7 +235,7 @@ class AlertDetector:
             if m.step_time_s is not None and _finite(m.step_time_s):
                 run.step_times.append(float(m.step_time_s))
             if m.tokens_per_s is not None and _finite(m.tokens_per_s):
-                run.tps.append(float(m.tokens_per_s))
+                run.tps.add(m.ts, float(m.tokens_per_s))
             value = m.loss
         elif isinstance(m, EvalMetric):
             value = m.val_loss
@@ -274,15 +309,33 @@ class AlertDetector:
         out += stalled
         out += self._nccl_alerts(run_id, run, stalled)
         out += self._drift_alerts(run_id, run)
-        if len(run.tps) >= self.t.throughput_min_points:
-            vals = list(run.tps)
-            recent, base = statistics.median(vals[-3:]), statistics.median(vals[:-3][-20:])
-            if base > 0 and recent < self.t.throughput_drop * base:
-                out.append(self._alert(
-                    "throughput", "warning", run_id, run,
-                    message=f"throughput collapsed: {recent:,.0f} tok/s, was {base:,.0f} tok/s",
-                    suggested_actions=["dump"]))
+        drop = self._throughput_drop(run_id, run)
+        if drop is not None:
+            recent, base = drop
+            out.append(self._alert(
+                "throughput", "warning", run_id, run,
+                message=f"throughput collapsed: {recent:,.0f} tok/s over the last "
+                        f"{self._throughput_window(run_id):.0f} s, was {base:,.0f} tok/s",
+                suggested_actions=["dump"]))
         return out
+
+    def _throughput_window(self, run_id: str) -> float:
+        run = self.runs.get(run_id)
+        step = statistics.median(run.step_times) if run is not None and run.step_times else 0.0
+        return min(THROUGHPUT_WINDOW_MAX_S, max(self.t.throughput_window_s, 5 * step))
+
+    def _throughput_drop(self, run_id: str, run: _Run) -> tuple[float, float] | None:
+        """(median of the last window, median before it) when the first fell below
+        ``throughput_drop`` of the second. A whole window, not a few steps: a loaded machine makes
+        single steps slow (a busy scheduler), which is no collapse."""
+        window = self._throughput_window(run_id)
+        split = run.tps.split(window)
+        if split is None:
+            return None
+        (recent, n_recent), (base, n_base) = split
+        if min(n_recent, n_base) < self.t.throughput_min_points or base <= 0:
+            return None
+        return (recent, base) if recent < self.t.throughput_drop * base else None
 
     def _ended_alert(self, run_id: str, run: _Run, view: RunView, tail: list[str]) -> Alert:
         """A crashed or failed run: what failed first (the root cause), with its evidence."""

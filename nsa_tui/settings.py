@@ -52,7 +52,8 @@ class AlertSettings:
     eval_s: float = 900.0
     no_heartbeat_s: float = 30.0
     drift_steps: int = 2
-    throughput_drop: float = 0.3
+    throughput_drop: float = 0.3  # tokens/s over a window below this share of the earlier median
+    throughput_window_s: float = 60.0
     nccl_util_pct: float = 90.0
     nccl_power_frac: float = 0.4
     disk_warn_bytes: int = 10 * GIB
@@ -65,7 +66,8 @@ class AlertSettings:
                      "checkpoint": self.checkpoint_s, "eval": self.eval_s},
             first_step_s=self.first_step_s, train_factor=self.stall_factor, train_floor_s=self.stall_floor_s,
             no_heartbeat_s=self.no_heartbeat_s, drift_steps=self.drift_steps,
-            throughput_drop=self.throughput_drop, nccl_util_pct=self.nccl_util_pct,
+            throughput_drop=self.throughput_drop, throughput_window_s=self.throughput_window_s,
+            nccl_util_pct=self.nccl_util_pct,
             nccl_power_frac=self.nccl_power_frac, disk_warn_bytes=self.disk_warn_bytes,
             disk_critical_bytes=self.disk_critical_bytes)
 

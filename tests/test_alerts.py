@@ -173,15 +173,22 @@ def test_nan_loss_and_failed_and_lost() -> None:
     assert ("lost", None) in kinds(det2.check(T0))
 
 
-def test_throughput_collapse() -> None:
-    det = AlertDetector("h", Thresholds(train_floor_s=1000))
+def test_throughput_collapse_over_a_whole_window_not_a_few_slow_steps() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=1000, throughput_window_s=60))
     det.feed(status())
-    for s in range(1, 21):
+    for s in range(1, 201):
         det.feed(metric(s, T0 + s, tps=1000.0))
-    assert det.check(T0 + 21) == []
-    for s in range(21, 24):
+    assert det.check(T0 + 201) == []
+    for s in range(201, 221):  # a busy scheduler: 20 s of slow steps among fast ones
+        det.feed(metric(s, T0 + s, tps=100.0 if s % 3 else 1000.0))
+    assert det.check(T0 + 221) == []
+    for s in range(221, 241):  # 20 s of uniformly slow steps: not yet a window's median
         det.feed(metric(s, T0 + s, tps=100.0))
-    assert ("throughput", None) in kinds(det.check(T0 + 24))
+    assert det.check(T0 + 241) == []
+    for s in range(241, 281):  # a minute of it
+        det.feed(metric(s, T0 + s, tps=100.0))
+    [drop] = det.check(T0 + 281)
+    assert drop.kind == "throughput" and "last 60 s" in drop.message
 
 
 def test_nccl_hang_signature_needs_busy_gpu_at_idle_power() -> None:
