@@ -384,7 +384,9 @@ class AlertDetector:
     def _gone_alerts(self, run_id: str, run: _Run) -> list[Alert]:
         """A rank's process vanished without a final beat while the run goes on (kill -9, the
         OOM killer): the crash, named at once, before torchrun tears the others down."""
-        out = []
+        out: list[Alert] = []
+        if run.view is not None and run.view.stop_requested:
+            return out  # a person (or the run's policy) is stopping it: ranks are meant to go
         for rank, at in sorted(run.gone.items()):
             r = run.ranks.get(rank)
             if r is None or r.phase in ("done", "failed"):

@@ -226,10 +226,14 @@ class Watchdog:
 
     def _check_ranks(self, view: RunView, now: float) -> None:
         """A rank whose process vanished without a final beat: fed to the detector (a crash)."""
-        for rank, b in self.beats.items():
-            if rank in self.gone or b.phase.is_final() or not b.pid:
-                continue
-            if run_process(b.pid, self.run_id) is None:
+        vanished = [r for r, b in self.beats.items()
+                    if r not in self.gone and not b.phase.is_final() and b.pid
+                    and run_process(b.pid, self.run_id) is None]
+        if not vanished:
+            return
+        self._read_beats()  # a rank that wrote its last beat and exited since this look began
+        for rank in vanished:
+            if not self.beats[rank].phase.is_final():
                 self.gone.add(rank)
                 self.det.feed_rank_gone(self.run_id, rank, now)
 

@@ -56,8 +56,14 @@ def run_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def ranks() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Two processes that belong to the run (NSA_RUN_ID), as its ranks' pids."""
+    from nsa_tui.agent.procs import run_process
+
     procs = [subprocess.Popen(["sleep", "600"], env=dict(os.environ, NSA_RUN_ID=RID, RANK=str(r)))
              for r in range(2)]
+    deadline = time.monotonic() + 10
+    while any(run_process(p.pid, RID) is None for p in procs):  # until exec: the environ is the parent's
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     yield procs
     for p in procs:
         p.kill()
