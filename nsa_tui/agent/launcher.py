@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import os
 import re
 import secrets
@@ -23,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,14 +30,13 @@ from typing import Any
 import nsa_tui
 from nsa.contract import LaunchInfo, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
 from nsa.contract.protocol import DumpFile, DumpResult, KillResult, LaunchResult
+from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
-# A launch needs at least this much free space (beyond the checkpoint a resume starts from).
-MIN_FREE_BYTES = 1 << 20
 
 
 class OpError(Exception):
@@ -95,29 +92,6 @@ async def run_lock_async(run_dir: Path) -> AsyncIterator[None]:
         os.close(fd)
 
 
-_creating = threading.local()  # the run directory the current thread's launch created
-
-
-def launch_safely(launch: Any) -> Any:
-    """A launch that fails after creating its run directory (ENOSPC writing the config, launch.json
-    or train.log) leaves no directory behind, and a full disk is said as such (``no_space``)."""
-
-    @functools.wraps(launch)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _creating.dir = None
-        try:
-            return launch(*args, **kwargs)
-        except OSError as exc:
-            created = getattr(_creating, "dir", None)
-            if created is not None:
-                shutil.rmtree(created, ignore_errors=True)
-            raise _no_space(exc, args[0].store.root) from exc
-        finally:
-            _creating.dir = None
-
-    return wrapper
-
-
 class Launcher:
     """Operations that start or signal runs. ``python`` runs torchrun and the supervisor."""
 
@@ -169,7 +143,7 @@ class Launcher:
                     fh.write(config_text)
             except OSError as exc:
                 os.unlink(tmp)
-                raise _no_space(exc, self.store.root) from exc
+                raise no_space(exc, self.store.root) from exc
             source = config_path or "<uploaded>"
         elif config_path:
             tmp, source = None, os.path.expanduser(config_path)
@@ -180,7 +154,7 @@ class Launcher:
             run_id = new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
             run_dir.mkdir(mode=0o700)
-            _creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
+            creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
             os.chmod(run_dir, 0o700)
             text = Path(tmp or source).read_text()
         finally:
@@ -417,34 +391,6 @@ def relaunch_name(name: str, op: str) -> str:
     an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
     base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
     return f"{base}-{op}"
-
-
-def dir_size(path: Path) -> int:
-    """Bytes of the files directly in ``path`` (a checkpoint directory), 0 if unreadable."""
-    try:
-        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
-    except OSError:
-        return 0
-
-
-def need_room(root: Path, need: int, what: str) -> None:
-    """Refuse (``no_space``) before creating anything when the runs root's disk is too full."""
-    try:
-        free = shutil.disk_usage(root).free
-    except OSError:
-        return
-    if free < need:
-        raise OpError("no_space", f"no space left on the disk of {root}: {free / 2**20:.1f} MiB free, {what} "
-                                  f"needs {need / 2**20:.1f} MiB; free space first (nothing was created)")
-
-
-def _no_space(exc: OSError, root: Path) -> Exception:
-    import errno
-
-    if exc.errno != errno.ENOSPC:
-        return exc
-    return OpError("no_space", f"no space left on the disk of {root} ({exc.strerror}); free space first "
-                               "(nothing was created)")
 
 
 def _new_files(stacks: Path, since: float) -> dict[str, str]:
