@@ -19,9 +19,10 @@ STRUCTS = {name: obj for mod in (records, series, protocol) for name, obj in var
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
 RUN_DIRECTORY = ["RunInfo", "AttentionOps", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch", "Beat",
                  "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric", "MetricsSummary",
-                 "SeriesData"]
+                 "SeriesData", "AlertEvent", "Alert"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult", "LogChunk",
-            "RunView", "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading"]
+            "RunView", "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading",
+            "AlertState", "AlertList", "Evidence", "LaunchArgs"]
 
 
 def documented_tables(text: str) -> dict[str, set[str]]:

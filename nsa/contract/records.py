@@ -101,6 +101,7 @@ class ExitInfo(Record, kw_only=True):
     signal: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    watchdog: bool = False  # the supervisor's watchdog ran and wrote its final alerts before this file
 
 
 class StopInfo(Record, kw_only=True):
@@ -115,7 +116,7 @@ class Relaunch(Record, kw_only=True):
     from it. Why: a second request for the same relaunch returns this run instead of
     starting another from the same checkpoint."""
 
-    op: Literal["fallback", "resume"]
+    op: Literal["fallback", "resume", "restart"]
     child_run: str
     resume_from: str
     ts: float
@@ -256,7 +257,23 @@ class Alert(Record, kw_only=True):
     log_tail: list[str] = []
     message: str = ""
     suggested_actions: list[str] = []
+    evidence: list[str] = []  # files captured for it, relative to the run directory
 
     @property
     def key(self) -> str:
         return f"{self.host}|{self.run}|{self.kind}|{self.rank}"
+
+
+AlertAction = Literal["raised", "updated", "resolved", "acknowledged"]
+
+
+class AlertEvent(Record, kw_only=True):
+    """One line of alerts.jsonl: an alert was raised, updated (new evidence, severity, step),
+    resolved (its condition ended) or acknowledged (by a person, through the agent)."""
+
+    ts: float
+    action: AlertAction
+    id: str  # unique within the run: "<n>-<kind>"
+    alert: Alert
+    by: str = ""  # who wrote it: "watchdog", or the user who acknowledged it
+    note: str = ""  # e.g. what an automatic action did, or why a delivery failed

@@ -30,6 +30,7 @@ from typing import Any
 import nsa_tui
 from nsa.contract import LaunchInfo, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
 from nsa.contract.protocol import DumpFile, DumpResult, KillResult, LaunchResult
+from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.pkgpath import env_with_package_path
@@ -114,6 +115,7 @@ class Launcher:
         """Collect exited supervisors so they do not linger as zombies."""
         self.children = [p for p in self.children if p.poll() is None]
 
+    @launch_safely
     def launch(
         self,
         config_path: str | None = None,
@@ -126,15 +128,22 @@ class Launcher:
         resume_from: str | None = None,
         gpu: int | None = None,
     ) -> LaunchResult:
-        """Validate, create the run directory (0700), copy the config, start detached."""
+        """Validate, create the run directory (0700), copy the config, start detached.
+        On a full disk nothing is left behind: no run directory, no temporary file."""
         overrides = [str(o) for o in (overrides or [])]
         if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
             raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
         self.store.ensure()
+        need_room(self.store.root, MIN_FREE_BYTES + (dir_size(Path(resume_from)) if resume_from else 0),
+                  f"the checkpoint {resume_from}" if resume_from else "a new run")
         if config_text is not None:
             fd, tmp = _private_temp(self.store.root)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(config_text)
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(config_text)
+            except OSError as exc:
+                os.unlink(tmp)
+                raise no_space(exc, self.store.root) from exc
             source = config_path or "<uploaded>"
         elif config_path:
             tmp, source = None, os.path.expanduser(config_path)
@@ -145,6 +154,7 @@ class Launcher:
             run_id = new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
             run_dir.mkdir(mode=0o700)
+            creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
             os.chmod(run_dir, 0o700)
             text = Path(tmp or source).read_text()
         finally:
@@ -322,6 +332,17 @@ class Launcher:
                 raise OpError("running", f"{run_id} is still running: kill it first")
             return self._relaunch(run_id, nproc, "resume")
 
+    def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
+        """The relaunch a run's own watchdog asks for (its ``on_failure`` policy: ``restart`` or
+        ``fallback``), under the run's lock and idempotent like a person's. No liveness check:
+        the asking supervisor, the run's last process, is still there."""
+        run_dir = self.store.run_dir(run_id)
+        with run_lock(run_dir):
+            done = self._done_before(run_dir, op)
+            if done is not None:
+                return done
+            return self._relaunch(run_id, 1 if op == "fallback" else nproc, op)
+
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
         run_dir = self.store.run_dir(run_id)
@@ -368,7 +389,7 @@ class Launcher:
 def relaunch_name(name: str, op: str) -> str:
     """``<name>-fallback`` / ``<name>-resume``, without snowballing (``x-fallback-resume-resume``):
     an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
-    base = re.sub(r"(-(fallback|resume)(-\d+)?)+$", "", name) or name
+    base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
     return f"{base}-{op}"
 
 
