@@ -2,19 +2,21 @@
 
     nsa-tui runs HOST                          nsa-tui status HOST RUN
     nsa-tui launch HOST --config PATH [--nproc N] [--set k=v ...] [--name NAME] [--upload]
+                   [--on-failure restart|fallback|stop|none]
     nsa-tui logs HOST RUN [-f]                 nsa-tui kill HOST RUN [--grace S]
     nsa-tui fallback HOST RUN                  nsa-tui resume HOST RUN
     nsa-tui dump HOST RUN [--out DIR]          nsa-tui setup HOST
     nsa-tui export HOST RUN [--tensorboard DIR] [--csv PATH]
+    nsa-tui alerts HOST [RUN] [--follow]       nsa-tui ack HOST RUN ALERT
 
 HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/config alias).
 Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) and
 ``--runs-root DIR``. Exit codes (EXIT_* below): 0 ok, 1 the operation failed, 2 usage,
-3 bad config (or one that cannot run on the host), 4 no such run, 5 cannot reach the host
-(network, host key, no agent), 6 ``status`` found the run unhealthy (critical alert, crashed,
-failed or lost), 141 the reader of the output went away (``| head``). RUN is a run id, a unique
-prefix of one (what ``runs`` shows) or a run's name; an ambiguous one is a usage error listing
-the matches.
+3 bad config (or one that cannot run on the host), 4 no such run (or alert), 5 cannot reach the
+host (network, host key, no agent), 6 ``status`` found the run unhealthy (critical alert,
+crashed, failed or lost), 141 the reader of the output went away (``| head``). RUN is a run
+id, a unique prefix of one (what ``runs`` shows) or a run's name; an ambiguous one is a usage
+error listing the matches.
 """
 
 from __future__ import annotations
@@ -52,6 +54,17 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--set", nargs="+", action="extend", default=[], metavar="K=V", help="config overrides")
     la.add_argument("--name", default=None, help="run name (default: the config's name)")
     la.add_argument("--upload", action="store_true", help="send this machine's config file to the host")
+    la.add_argument("--on-failure", default=None, choices=["none", "restart", "fallback", "stop"],
+                    help="what the host's watchdog does when the run fails (config on_failure.action)")
+    al = sub.add_parser("alerts", parents=[common], help="the host's recorded alerts (every run, or one)")
+    al.add_argument("host")
+    al.add_argument("run", nargs="?", default=None)
+    al.add_argument("-f", "--follow", action="store_true", help="keep printing changes as they happen")
+    al.add_argument("--history", type=int, default=100, help="resolved alerts shown per run (default 100)")
+    ak = sub.add_parser("ack", parents=[common], help="acknowledge an alert (its id, or its kind)")
+    ak.add_argument("host")
+    ak.add_argument("run")
+    ak.add_argument("alert")
     la.add_argument("--force", action="store_true",
                     help="start even when the host says the config cannot run there (no GPU for a CUDA-only "
                          "config, a Hub data source without network)")
@@ -105,7 +118,8 @@ def _fail(args: argparse.Namespace, code: int, kind: str, message: str) -> int:
 
 
 async def _ask_host_key(host: str, fingerprint: str) -> bool:
-    """Interactive yes/no for an unknown host key; never yes without a terminal."""
+    """Interactive yes/no for an unknown host key; never yes without a terminal (the refusal
+    then says how to accept the key: nsa_tui/transport/ssh.py)."""
     if not sys.stdin.isatty():
         return False
     print(f"The host {host} is not known.\nIts key fingerprint is {fingerprint}.", file=sys.stderr)
@@ -130,11 +144,57 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     for b in rep.beats:
         det.feed_beat(args.run, b, received=now)  # a beat read just now: its age on the host clock
     alerts = det.check(now)
+    if rep.run.watchdog:  # the host records this run's alerts: show those (unresolved), not a guess
+        recorded = await c.alerts(args.run, 0)
+        alerts = [st.alert for st in recorded.alerts if st.state != "resolved"]
     rep.alerts = alerts
     _emit(args, rep, status_text(rep, alerts, now, det.skew()))
     unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
     bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
     return EXIT_UNHEALTHY if bad else EXIT_OK
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def alert_lines(st: Any) -> list[str]:
+    """One alert for a terminal: when, run, id, state, what; then its message and evidence."""
+    a = st.alert
+    rank = f" rank {a.rank}" if a.rank is not None else ""
+    state = st.state
+    if st.state == "resolved":
+        state += f" {_when(st.resolved_at)}"
+    if st.acked_at:
+        state += f", acknowledged by {st.acked_by or '?'}"
+    out = [f"{_when(st.raised_at)}  {st.run}  {st.id}  [{a.severity.upper()}] {a.kind}{rank}  ({state})",
+           f"    {a.message}"]
+    if a.evidence:
+        out.append(f"    evidence: {', '.join(a.evidence)}")
+    return out
+
+
+async def _alerts(c: Any, args: argparse.Namespace) -> int:
+    """Recorded alerts, oldest first: each unresolved one and the newest resolved ones."""
+    if not args.follow:
+        lst = await c.alerts(args.run, args.history)
+        text = "\n".join(ln for st in lst.alerts for ln in alert_lines(st)) or "no alerts"
+        if lst.bad_lines:
+            text += f"\n({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)"
+        _emit(args, lst, text)
+        return EXIT_OK
+    from nsa.contract.io import to_builtins
+
+    if args.run:
+        await c.run(args.run)  # a run that does not exist is an error, not an empty stream
+    async for ev in c.watch_alerts(args.history, args.run):
+        states = ev.data.alerts if ev.kind == "alerts" else [ev.data]
+        for st in states:
+            if args.json:
+                print(json.dumps(to_builtins(st)), flush=True)
+            else:
+                print("\n".join(alert_lines(st)), flush=True)
+    return EXIT_OK
 
 
 async def _logs(c: Any, args: argparse.Namespace) -> int:
@@ -200,7 +260,7 @@ async def _run_command(args: argparse.Namespace) -> int:
         _emit(args, res, f"installed nsa-tui {res['version']} on {args.host}: {res['python']}")
         return EXIT_OK
     c = HostClient(args.host, runs_root=args.runs_root, confirm_host_key=_ask_host_key)
-    c.reconnect = args.cmd == "logs"  # only a follower waits out a dropped link
+    c.reconnect = args.cmd == "logs" or getattr(args, "follow", False)  # only followers wait out a drop
     try:
         await c.start()
     except TransportError as exc:
@@ -211,7 +271,7 @@ async def _run_command(args: argparse.Namespace) -> int:
         return await _dispatch(c, args)
     except AgentError as exc:
         code = {"bad_config": EXIT_BAD_CONFIG, "cannot_run": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN,
-                "bad_request": EXIT_USAGE}
+                "bad_request": EXIT_USAGE, "no_such_alert": EXIT_NO_RUN}
         return _fail(args, code.get(exc.code, EXIT_FAILED), exc.code, exc.message)
     except RunRefError as exc:
         return _fail(args, EXIT_NO_RUN if exc.code == "no_such_run" else EXIT_USAGE, exc.code, exc.message)
@@ -239,10 +299,15 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
         _emit(args, runs, runs_table(runs, time.time()))
     elif args.cmd == "launch":
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
-                             upload=args.upload, force=args.force)
+                             upload=args.upload, on_failure=args.on_failure, force=args.force)
         _emit(args, res, res.run_id)
     elif args.cmd == "export":
         return await _export(c, args)
+    elif args.cmd == "alerts":
+        return await _alerts(c, args)
+    elif args.cmd == "ack":
+        st = await c.ack(args.run, args.alert)
+        _emit(args, st, f"{args.run} {st.id}: acknowledged ({st.state})")
     elif args.cmd == "status":
         return await _status(c, args)
     elif args.cmd == "logs":

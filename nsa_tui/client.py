@@ -18,6 +18,10 @@
     await client.resume(run_id)   # LaunchResult, same world size as before
     await client.dump(run_id)     # DumpResult
     await client.read_log(run_id, offset=0, max_bytes=1 << 20)  # LogChunk
+    await client.alerts(run_id=None)  # AlertList: the host's recorded alerts (alerts.jsonl)
+    await client.ack(run_id, alert)   # AlertState, acknowledged
+    await client.evidence(run_id, alert)  # Evidence: the files captured for it
+    async for ev in client.watch_alerts(): ...    # "alerts" once, then "alert" per change
     async for ev in client.watch(run_id): ...     # Event, survives reconnects (below)
     async for ev in client.watch_runs(): ...      # "runs" once, then "run" / "run_removed"
     async for sample in client.host_samples(): ... # HostSample per second
@@ -56,10 +60,13 @@ from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
     ActionPlan,
+    AlertList,
+    AlertState,
     ConfigSummary,
     DumpResult,
     ErrorInfo,
     EventEnvelope,
+    Evidence,
     KillResult,
     LaunchResult,
     LogChunk,
@@ -369,11 +376,15 @@ class HostClient:
         return await self.request("status", RunStatusReport, run=run_id)
 
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
-                     name: str | None = None, upload: bool = False, force: bool = False) -> LaunchResult:
+                     name: str | None = None, upload: bool = False, on_failure: str | None = None,
+                     force: bool = False) -> LaunchResult:
         """Validate on the host and start; ``upload`` sends this machine's file text along (errors
-        still name ``config_path``); ``force`` starts what ``describe`` would refuse."""
+        still name ``config_path``); ``on_failure``: the watchdog's policy for the run (restart,
+        fallback, stop, none); ``force`` starts what ``describe`` would refuse."""
         args = _config_args(config_path, upload)
         args.update(nproc=nproc, overrides=list(overrides), name=name)
+        if on_failure is not None:
+            args["on_failure"] = on_failure
         if force:
             args["force"] = True
         return await self.request("launch", LaunchResult, **args)
@@ -424,6 +435,15 @@ class HostClient:
                 return out
             offset = chunk.offset
 
+    async def alerts(self, run_id: str | None = None, history: int = 100) -> AlertList:
+        return await self.request("alerts", AlertList, run=run_id, history=history)
+
+    async def ack(self, run_id: str, alert: str, by: str | None = None) -> AlertState:
+        return await self.request("ack", AlertState, run=run_id, alert=alert, by=by)
+
+    async def evidence(self, run_id: str, alert: str) -> Evidence:
+        return await self.request("evidence", Evidence, run=run_id, alert=alert)
+
     # -- streams ------------------------------------------------------------------
     async def _subscribe(self, sub: _Sub) -> None:
         args = dict(sub.args)
@@ -469,6 +489,11 @@ class HostClient:
         """The run list (a ``runs`` event), then ``run`` for every change, ``run_removed``; after
         a reconnect the whole list again."""
         return self._stream(_Sub("watch_runs", {}))
+
+    def watch_alerts(self, history: int = 100, run_id: str | None = None) -> AsyncIterator[Event]:
+        """The host's recorded alerts: an ``alerts`` event (AlertList), then ``alert`` (AlertState)
+        for every change; after a reconnect the whole list again."""
+        return self._stream(_Sub("watch_alerts", {"history": history, "run": run_id}))
 
     async def host_samples(self, interval_s: float = 1.0) -> AsyncIterator[HostSample]:
         """Host samples, one per ``interval_s``; resumes after reconnects."""

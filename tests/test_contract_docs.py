@@ -19,10 +19,11 @@ STRUCTS = {name: obj for mod in (records, series, protocol) for name, obj in var
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
 RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch",
                  "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
-                 "MetricsSummary", "SeriesData"]
+                 "MetricsSummary", "SeriesData", "AlertEvent", "Alert"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",
-            "MissingRank", "ConfigSummary", "ActionPlan", "LogChunk",
-            "RunView", "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading"]
+            "MissingRank", "ConfigSummary", "ActionPlan", "LogChunk", "RunView", "RunStatusReport",
+            "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading", "AlertState", "AlertList",
+            "Evidence", "LaunchArgs"]
 
 
 def documented_tables(text: str) -> dict[str, set[str]]:

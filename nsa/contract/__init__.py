@@ -27,6 +27,7 @@ from nsa.contract.io import (
 from nsa.contract.protocol import PROTOCOL, Hello, RunStatusReport, RunView
 from nsa.contract.records import (
     Alert,
+    AlertEvent,
     AttentionOps,
     Beat,
     CpuThreads,
@@ -41,6 +42,7 @@ from nsa.contract.records import (
     Metric,
     Relaunch,
     RunInfo,
+    SelfCheck,
     StopInfo,
     TrainMetric,
     on_gpu,
@@ -49,11 +51,10 @@ from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
 from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
 
 __all__ = [
-    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AttentionOps", "Beat", "CpuThreads", "ContractError",
-    "DeviceInfo",
-    "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading", "Hello", "HostSample",
-    "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "Phase",
-    "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SeriesSummary", "StopInfo",
-    "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
-    "write_json_atomic",
+    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "AttentionOps", "Beat", "ContractError",
+    "CpuThreads", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
+    "Hello", "HostSample", "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder",
+    "MetricsSummary", "Phase", "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView",
+    "SelfCheck", "SeriesSummary", "StopInfo", "TrainMetric", "decode", "decode_lines", "encode",
+    "last_record", "on_gpu", "read_json", "write_json_atomic",
 ]

@@ -84,6 +84,8 @@ class RunView(Record, kw_only=True):
     parent_run: str | None = None
     created: float = 0.0  # when it was launched (or started, for a run started by hand)
     log_tail: list[str] = []  # the end of train.log, for crashed and failed runs
+    launcher_alive: bool = False  # the run's supervisor (the parent of torchrun) is alive
+    watchdog: bool = False  # the host records its alerts (alerts.jsonl): its watchdog runs or ran to the end
 
 
 class RunStatusReport(Record, kw_only=True):
@@ -126,6 +128,29 @@ class RunRemoved(Record, kw_only=True):
     run_id: str
 
 
+class AlertState(Record, kw_only=True):
+    """One alert of a run as its alerts.jsonl tells it (every event of that id folded):
+    ``state`` is ``open`` until it is acknowledged or its condition ends (``resolved``)."""
+
+    id: str
+    run: str
+    state: Literal["open", "acknowledged", "resolved"]
+    raised_at: float
+    updated_at: float
+    resolved_at: float | None = None
+    acked_at: float | None = None
+    acked_by: str | None = None
+    alert: Alert
+
+
+class AlertList(Record, kw_only=True):
+    """Alerts of one run or of every run: every open one and the newest resolved ones, oldest
+    first; ``bad_lines``: malformed lines of alerts.jsonl skipped."""
+
+    alerts: list[AlertState]
+    bad_lines: int = 0
+
+
 # event name -> the type of its ``data``
 EVENT_DATA: dict[str, Any] = {
     "status": RunView,
@@ -139,10 +164,12 @@ EVENT_DATA: dict[str, Any] = {
     "runs": RunsList,
     "run": RunView,
     "run_removed": RunRemoved,
+    "alerts": AlertList,
+    "alert": AlertState,
     "error": ErrorInfo,
 }
 EventKind = Literal["status", "beats", "metrics", "summary", "log", "gap", "synced", "host", "runs", "run",
-                    "run_removed", "error"]
+                    "run_removed", "alerts", "alert", "error"]
 
 
 class EventMsg(Record, kw_only=True):
@@ -231,6 +258,7 @@ class LaunchArgs(Args, kw_only=True, forbid_unknown_fields=True):
     nproc: int | None = None
     overrides: list[str] = []
     name: str | None = None
+    on_failure: str | None = None  # the config's on_failure.action for this run
     force: bool = False  # start even when ``describe`` finds a problem (the probe may be wrong)
 
 
@@ -293,6 +321,25 @@ class ActionPlan(Record, kw_only=True):
     problem: str | None = None  # why it cannot be done (the op would refuse with this)
 
 
+class AlertsArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``alerts`` and ``watch_alerts``: one run's or every run's; at most ``history`` resolved
+    ones per run besides every open one."""
+
+    run: str | None = None
+    history: int = 100
+
+
+class AckArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    alert: str  # its id, or its kind when one open alert of the run has it
+    by: str | None = None
+
+
+class EvidenceArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    alert: str
+
+
 class LaunchResult(Record, kw_only=True):
     """``launch``, ``fallback`` and ``resume``: the new run (``view``: as the agent sees it now)."""
 
@@ -329,6 +376,15 @@ class DumpFile(Record, kw_only=True):
 class MissingRank(Record, kw_only=True):
     rank: int
     reason: str
+
+
+class Evidence(Record, kw_only=True):
+    """``evidence``: the files the watchdog captured for an alert (each at most 1 MiB shown)."""
+
+    run_id: str
+    alert: str
+    files: list[DumpFile] = []
+    notes: list[str] = []
 
 
 class DumpResult(Record, kw_only=True):

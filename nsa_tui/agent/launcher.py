@@ -35,6 +35,7 @@ from nsa.contract.protocol import (
     KillResult,
     LaunchResult,
 )
+from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
@@ -120,8 +121,11 @@ class Launcher:
             self.store.ensure()
             fd, tmp = _private_temp(self.store.root)
             try:
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(config_text)
+                try:
+                    with os.fdopen(fd, "w") as fh:
+                        fh.write(config_text)
+                except OSError as exc:  # a full disk: said as such (diskroom.no_space)
+                    raise no_space(exc, self.store.root) from exc
                 yield tmp, config_path or "<uploaded>"
             finally:
                 os.unlink(tmp)
@@ -143,6 +147,7 @@ class Launcher:
             cfg = validate_config(path, [str(o) for o in overrides or []], shown_as=shown)
         return describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
 
+    @launch_safely
     def launch(
         self,
         config_path: str | None = None,
@@ -157,12 +162,15 @@ class Launcher:
         check: bool = True,
     ) -> LaunchResult:
         """Validate, refuse what cannot run here (``check``; relaunches of a run that ran here
-        skip it), create the run directory (0700), copy the config, start detached."""
+        skip it), create the run directory (0700), copy the config, start detached. On a full
+        disk nothing is left behind: no run directory, no temporary file."""
         from nsa_tui.agent.describe import describe
 
         overrides = [str(o) for o in (overrides or [])]
         _check_nproc(nproc)
         self.store.ensure()
+        need_room(self.store.root, MIN_FREE_BYTES + (dir_size(Path(resume_from)) if resume_from else 0),
+                  f"the checkpoint {resume_from}" if resume_from else "a new run")
         with self._config_file(config_path, config_text) as (path, shown):
             cfg = validate_config(path, overrides, shown_as=shown)
             if check:
@@ -173,6 +181,7 @@ class Launcher:
             run_id = new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
             run_dir.mkdir(mode=0o700)
+            creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
             os.chmod(run_dir, 0o700)
             text = Path(path).read_text()
         source = shown if config_text is not None else path  # recorded: the user's path, ~ expanded here
@@ -391,6 +400,17 @@ class Launcher:
                 raise OpError("running", f"{run_id} is still running: kill it first")
             return self._relaunch(run_id, nproc, "resume")
 
+    def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
+        """The relaunch a run's own watchdog asks for (its ``on_failure`` policy: ``restart`` or
+        ``fallback``), under the run's lock and idempotent like a person's. No liveness check:
+        the asking supervisor, the run's last process, is still there."""
+        run_dir = self.store.run_dir(run_id)
+        with run_lock(run_dir):
+            done = self._done_before(run_dir, op)
+            if done is not None:
+                return done
+            return self._relaunch(run_id, 1 if op == "fallback" else nproc, op)
+
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
         from nsa_tui.agent.dump import dump
@@ -406,7 +426,7 @@ def _check_nproc(nproc: Any) -> None:
 def relaunch_name(name: str, op: str) -> str:
     """``<name>-fallback`` / ``<name>-resume``, without snowballing (``x-fallback-resume-resume``):
     an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
-    base = re.sub(r"(-(fallback|resume)(-\d+)?)+$", "", name) or name
+    base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
     return f"{base}-{op}"
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import msgspec
 
 from nsa.contract import Alert, Hello, HostSample, RunView
-from nsa.contract.protocol import Gap, LogLines, RunsList
-from nsa_tui.app.state import LogBuffer, PanelState, RunState
+from nsa.contract.protocol import AlertList, AlertState, Gap, LogLines, RunsList
+from nsa_tui.app.state import LogBuffer, PanelState, RunState, recorded_key
 from nsa_tui.client import ConnectionState, Event
 
 MAX_ALERTS = 200
+MAX_RECORDED = 2_000  # recorded alerts kept per host (the oldest resolved ones go first)
 MAX_LINE_CHARS = 4_000  # with 20,000 lines kept, a log costs at most ~80 MB however wide
 
 
@@ -140,6 +141,36 @@ def alerts(state: PanelState, dest: str, current: list[Alert]) -> None:
 
 def acknowledge(state: PanelState, key: str) -> None:
     state.acked.add(key)
+
+
+def recorded_alerts(state: PanelState, dest: str, lst: AlertList) -> tuple[int, int]:
+    """The host's recorded alerts, whole (a subscription's start, also after a reconnect).
+    The first list of a panel is old news: shown, not announced (a panel opened in the morning
+    lists the night's alerts without ringing for each). Returns (alerts, still open)."""
+    host = state.host(dest)
+    first = not host.alerts_loaded
+    host.recorded = {(st.run, st.id): st for st in lst.alerts}
+    host.alerts_loaded = True
+    if first:
+        state.announced |= {recorded_key(dest, st.run, st.id) for st in lst.alerts}
+    _bound(host.recorded)
+    return len(lst.alerts), sum(1 for st in lst.alerts if st.state == "open")
+
+
+def recorded_alert(state: PanelState, dest: str, st: AlertState) -> None:
+    """One alert of the host changed (raised, updated, resolved, acknowledged)."""
+    recorded = state.host(dest).recorded
+    recorded[(st.run, st.id)] = st
+    _bound(recorded)
+
+
+def _bound(recorded: dict[tuple[str, str], AlertState]) -> None:
+    if len(recorded) <= MAX_RECORDED:
+        return
+    done = sorted((k for k, st in recorded.items() if st.state == "resolved"),
+                  key=lambda k: recorded[k].raised_at)
+    for k in done[: len(recorded) - MAX_RECORDED]:
+        del recorded[k]
 
 
 def select(state: PanelState, host: str, run_id: str) -> None:

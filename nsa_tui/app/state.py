@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nsa.contract import Alert, Beat, Hello, HostSample, MetricsFolder, RunStatus, RunView, TrainMetric
-from nsa.contract.protocol import Gap
+from nsa.contract.protocol import AlertState, Gap
 from nsa.contract.records import Metric
 from nsa.contract.series import metric_values
 
@@ -166,6 +166,8 @@ class HostState:
     runs: dict[str, RunState] = field(default_factory=dict)
     sample: HostSample | None = None
     runs_loaded: bool = False
+    recorded: dict[tuple[str, str], AlertState] = field(default_factory=dict)  # (run, id): alerts.jsonl
+    alerts_loaded: bool = False
 
     @property
     def label(self) -> str:
@@ -179,6 +181,27 @@ class HostState:
         if run_id not in self.runs:
             self.runs[run_id] = RunState(host=self.dest, run_id=run_id)
         return self.runs[run_id]
+
+
+@dataclass
+class ShownAlert:
+    """An alert as the panel lists it: recorded on the host (alerts.jsonl, ``id`` set) or
+    detected by the panel itself for a run without a watchdog (``id`` None)."""
+
+    dest: str
+    alert: Alert
+    state: str  # open | acknowledged | resolved
+    raised_at: float | None = None
+    resolved_at: float | None = None
+    id: str | None = None
+
+    @property
+    def key(self) -> str:
+        return recorded_key(self.dest, self.alert.run, self.id) if self.id else self.alert.key
+
+
+def recorded_key(dest: str, run: str | None, alert_id: str) -> str:
+    return f"{dest}|{run}|#{alert_id}"
 
 
 @dataclass
@@ -245,5 +268,17 @@ class PanelState:
         return steps, values
 
     def open_alerts(self) -> list[Alert]:
-        """Unacknowledged alerts, newest first."""
-        return [a for a in self.alerts if a.key not in self.acked]
+        """Unacknowledged, unresolved alerts of both kinds, newest first."""
+        return [s.alert for s in self.shown_alerts() if s.state == "open"]
+
+    def shown_alerts(self, history: int = 50) -> list[ShownAlert]:
+        """What the alerts pane lists: open ones (newest first), then acknowledged ones still
+        unresolved, then the newest ``history`` resolved ones (newest first)."""
+        recorded = [ShownAlert(dest, st.alert, st.state, st.raised_at, st.resolved_at, st.id)
+                    for dest, h in self.hosts.items() for st in h.recorded.values()]
+        mine = [ShownAlert(a.host, a, "acknowledged" if a.key in self.acked else "open") for a in self.alerts]
+        # the panel's own alerts (no time of their own) come first in their order: they are live
+        newest = sorted(recorded, key=lambda s: -(s.raised_at or 0.0))
+        by_state = {st: [s for s in mine if s.state == st] + [s for s in newest if s.state == st]
+                    for st in ("open", "acknowledged", "resolved")}
+        return by_state["open"] + by_state["acknowledged"] + by_state["resolved"][:history]

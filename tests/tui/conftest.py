@@ -35,6 +35,9 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     root = tmp_path / "runs"
     monkeypatch.setenv("NSA_RUNS_ROOT", str(root))
     monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "no-keymap.yaml"))
+    # the user's own settings.yaml never reaches a test (the panel, the agent and the watchdogs
+    # it starts read this path; a test writes it to change thresholds or notifications)
+    monkeypatch.setenv("NSA_TUI_SETTINGS", str(tmp_path / "settings.yaml"))
     yield root
     kill_all(root)
     kill_all(tmp_path / "ssh-runs")
@@ -67,3 +70,15 @@ def make_config(tmp_path: Path) -> Callable[..., str]:
         return str(path)
 
     return make
+
+
+@pytest.fixture
+def settings(tmp_path: Path, runs_root: Path) -> Callable[[dict[str, Any]], Path]:
+    """Write the settings.yaml that the panel, its agent and the runs' watchdogs read."""
+
+    def write(data: dict[str, Any]) -> Path:
+        path = tmp_path / "settings.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return write

@@ -26,6 +26,7 @@ from nsa.contract import (
     RunView,
     TrainMetric,
 )
+from nsa.contract.protocol import AlertList, AlertState
 from nsa.contract.records import Usage
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState
@@ -98,12 +99,19 @@ def fixed_state(with_alert: bool = True) -> PanelState:
     lines.insert(5, "WARNING: NCCL_ASYNC_ERROR_HANDLING is deprecated")
     lines.insert(9, "RuntimeError: example error line, highlighted in red")
     run.log.append_many(lines)
-    if with_alert:
-        state.alerts.append(make_alert(
+    if with_alert:  # as the host's watchdog recorded them (alerts.jsonl), one open, one resolved
+        stall = make_alert(
             kind="stall", severity="critical", host="local", run=parent.run_id, rank=1, gpu=1, phase="train",
             last_step=1500, heartbeat_age_s=312.0, log_tail=["step 1500 | loss 2.11"],
             message="rank 1 has not advanced for 5m12s (timer beats continue: hung collective?)",
-            suggested_actions=["dump", "fallback"]))
+            suggested_actions=["dump", "fallback"], evidence=["stacks/watchdog-1.txt", "stacks/rank-1-1.txt"])
+        disk = make_alert(kind="disk", severity="warning", host="local", run=parent.run_id,
+                          message="disk of the runs root nearly full: 9.1 GiB free of 1.8 TiB")
+        reducer.recorded_alerts(state, "local", AlertList(alerts=[
+            AlertState(id="1-disk", run=parent.run_id, state="resolved", raised_at=NOW - 2500,
+                       updated_at=NOW - 2400, resolved_at=NOW - 2400, alert=disk),
+            AlertState(id="2-stall", run=parent.run_id, state="open", raised_at=NOW - 2000,
+                       updated_at=NOW - 1990, alert=stall)]))
     state.selected = ("local", run.run_id)
     return state
 

@@ -113,7 +113,7 @@ class LaunchScreen(ModalScreen[str | None]):
                                  id="host")
                 yield Label("config (local files are uploaded with the run)")
                 if self._configs:
-                    yield Select([(c, c) for c in self._configs], value=self._config, allow_blank=False,
+                    yield Select([(Text(c), c) for c in self._configs], value=self._config, allow_blank=False,
                                  id="config")
                 yield Input(self._typed, placeholder="…or type a path to a config file", id="config-path")
                 yield Static(Text("", style="dim"), id="launch-about")
@@ -137,7 +137,7 @@ class LaunchScreen(ModalScreen[str | None]):
                 yield Label("--set overrides (→ completes config keys)")
                 yield Input(placeholder="train.steps=200 train.lr=1e-3", suggester=OverrideSuggester(),
                             id="overrides")
-                yield Static(key_hint(""), id="set-hint")
+                yield Static(Text(key_hint("")), id="set-hint")
                 yield Label("recent launches on this host (ctrl+r runs the chosen one, else the last)")
                 yield Select(self._recent_options(), prompt="none yet" if not self._recent else
                              "choose one to fill the form", id="recent")
@@ -147,7 +147,7 @@ class LaunchScreen(ModalScreen[str | None]):
                 yield Button("Cancel (esc)", id="cancel")
 
     def _recent_options(self) -> list[tuple[str, int]]:
-        return [(r.label()[:70], i) for i, r in enumerate(self._recent)]
+        return [(Text(r.label()[:70]), i) for i, r in enumerate(self._recent)]  # text, never markup
 
     def _gpu_label(self, host: str) -> str:
         gpus = self._host_gpus.get(host)
@@ -263,7 +263,7 @@ class LaunchScreen(ModalScreen[str | None]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "overrides":
-            self.query_one("#set-hint", Static).update(key_hint(event.value))
+            self.query_one("#set-hint", Static).update(Text(key_hint(event.value)))  # typed text: no markup
         self._refresh_about()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

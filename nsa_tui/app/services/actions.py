@@ -78,6 +78,19 @@ class HostActions:
             reducer.run_view(self.state, self.dest, res.view)
         return res.run_id
 
+    async def ack(self, run_id: str, alert_id: str) -> str:
+        st = await self.client.ack(run_id, alert_id)
+        reducer.recorded_alert(self.state, self.dest, st)
+        return f"{st.id} acknowledged"
+
+    async def evidence(self, run_id: str, alert_id: str) -> str:
+        """The files the host's watchdog captured for an alert, as one text."""
+        res = await self.client.evidence(run_id, alert_id)
+        parts = [f"evidence of alert {res.alert} of {run_id}"] + [f"note: {n}" for n in res.notes]
+        for f in res.files:
+            parts.append(f"===== {f.name} =====\n{f.text}")
+        return "\n".join(parts)
+
     async def dump(self, run_id: str) -> str:
         from nsa_tui.stacks import dump_text
 
