@@ -127,6 +127,7 @@ class RunStore:
         launch = read_json(d / "launch.json", LaunchInfo)
         exited = read_json(d / "exit.json", ExitInfo)
         stop_requested = (d / "stop.json").exists()
+        archived = (d / "archived.json").exists()
         pgid = launch.launcher_pgid if launch else None
         same_boot = launch is None or not launch.boot_id or launch.boot_id == boot_id()
         procs: list[RunProcess] = []
@@ -154,7 +155,8 @@ class RunStore:
                        status=status, info=info, launch=launch, exit=exited, alive=alive,
                        pids=[p.pid for p in procs], stop_requested=stop_requested,
                        parent_run=info.parent_run or (launch.parent_run if launch else None),
-                       created=launch.created if launch else (info.started_at or 0.0), log_tail=tail)
+                       created=launch.created if launch else (info.started_at or 0.0), archived=archived,
+                       log_tail=tail)
 
     def views(self) -> list[RunView]:
         """Every run's view, newest first; unreadable ones are skipped."""

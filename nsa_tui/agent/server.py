@@ -24,7 +24,9 @@ from typing import Any
 from nsa.contract import PROTOCOL, Hello, Metric, RunStatusReport, RunView, decode_lines
 from nsa.contract.io import ContractError, convert, decode, encode, tail_lines
 from nsa.contract.protocol import (
+    ArchiveArgs,
     Args,
+    DeleteArgs,
     ErrorInfo,
     EventMsg,
     KillArgs,
@@ -41,6 +43,7 @@ from nsa.contract.protocol import (
     WatchHostArgs,
 )
 from nsa_tui import __version__
+from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher, OpError
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
@@ -68,6 +71,7 @@ class Agent:
         self.sampler = sampler or HostSampler(str(self.store.root))
         gpu = self.sampler.gpu
         self.launcher = Launcher(self.store, gpu_count=gpu.count(), read_gpus=gpu.read)
+        self.housekeeping = Housekeeping(self.store)
         self.summaries = SummaryCache()
         self.subs: dict[Any, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
@@ -77,6 +81,7 @@ class Agent:
             "status": (RunArgs, self.op_status), "launch": (LaunchArgs, self.op_launch),
             "kill": (KillArgs, self.op_kill), "fallback": (KillArgs, self.op_fallback),
             "resume": (ResumeArgs, self.op_resume), "dump": (RunArgs, self.op_dump),
+            "archive": (ArchiveArgs, self.op_archive), "delete": (DeleteArgs, self.op_delete),
             "read_log": (ReadLogArgs, self.op_read_log), "watch": (WatchArgs, self.op_watch),
             "watch_runs": (NoArgs, self.op_watch_runs), "watch_host": (WatchHostArgs, self.op_watch_host),
             "unwatch": (UnwatchArgs, self.op_unwatch),
@@ -231,6 +236,12 @@ class Agent:
 
     async def op_dump(self, rid: Any, a: RunArgs) -> Any:
         return await self.launcher.dump(a.run)
+
+    async def op_archive(self, rid: Any, a: ArchiveArgs) -> RunView:
+        return await asyncio.to_thread(self.housekeeping.archive, a.run, a.archived)
+
+    async def op_delete(self, rid: Any, a: DeleteArgs) -> Any:
+        return await asyncio.to_thread(self.housekeeping.delete, a.run, a.dry_run)
 
     async def op_read_log(self, rid: Any, a: ReadLogArgs) -> LogChunk:
         path = self.store.run_dir(a.run) / "train.log"
