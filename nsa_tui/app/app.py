@@ -25,12 +25,13 @@ from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
 from nsa_tui.app.screens.main import KEYS, MainScreen
 from nsa_tui.app.services.host import HostService
 from nsa_tui.app.state import PanelState
+from nsa_tui.app.view_actions import ViewActions
 from nsa_tui.app.widgets.runlist import RunList
 
 TICK_S = 0.1
 
 
-class NsaApp(App[str | None]):
+class NsaApp(ViewActions, App[str | None]):
     """The control panel for one or more hosts."""
 
     CSS_PATH = "panel.tcss"
@@ -66,6 +67,7 @@ class NsaApp(App[str | None]):
             self.set_keymap(keymap)
         for p in problems:
             self.notify(p, title="keymap", severity="warning", timeout=10)
+        self.load_view_prefs()
         self.push_screen(MainScreen(), callback=None)
         self.state.announced |= {a.key for a in self.state.alerts}
         if self.live:
