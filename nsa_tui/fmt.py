@@ -30,14 +30,16 @@ def fmt_bytes(n: Any) -> str:
     return f"{n:.0f} B"
 
 
-def fmt_pair_bytes(used: Any, total: Any) -> str:
-    """"used/total UNIT" with one unit chosen from the total."""
+def fmt_pair_bytes(used: Any, total: Any, short: bool = False) -> str:
+    """"used/total UNIT" with one unit chosen from the total; ``short``: whole GiB from 10 GiB
+    (``61/80 GiB``, for narrow places)."""
     if not is_num(used) or not is_num(total):
         return NA
     if total >= 1024 * GIB:
         return f"{used / GIB / 1024:.2f}/{total / GIB / 1024:.2f} TiB"
     if total >= GIB:
-        return f"{used / GIB:.1f}/{total / GIB:.1f} GiB"
+        digits = 0 if short and total >= 10 * GIB else 1
+        return f"{used / GIB:.{digits}f}/{total / GIB:.{digits}f} GiB"
     return f"{used / MIB:.0f}/{total / MIB:.0f} MiB"
 
 
@@ -140,7 +142,7 @@ def fmt_ticks(ticks: list[float]) -> list[str]:
     if top >= 1e4:
         div, tag = next((d, t) for d, t in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")) if top >= d)
         d = _decimals(step / div)
-        return [f"{t / div:.{d}f}{tag}" for t in ticks]
+        return ["0" if t == 0 else f"{t / div:.{d}f}{tag}" for t in ticks]
     if 0 < top < 1e-2:
         e = math.floor(math.log10(top))
         d = _decimals(step / 10**e)

@@ -45,7 +45,7 @@ def y_axis(lo: float, hi: float, rows: int, max_ticks: int) -> tuple[float, floa
     """(lower limit, upper limit, ticks) of a y axis drawn on ``rows`` text rows: round ticks
     (steps of 1, 2, 2.5, 5 × 10^k) that each fall exactly on a row, evenly spaced (a tick
     between rows is drawn a row off: uneven, jumpy labels), limits as tight around ``lo..hi``
-    as that allows, three to ``max_ticks`` ticks where the rows hold them, else two."""
+    as that allows, three to ``max_ticks`` ticks where the rows hold them well, else two."""
     if hi == lo:
         pad = abs(lo) * 0.05 or 1.0
         lo, hi = lo - pad, hi + pad
@@ -53,6 +53,7 @@ def y_axis(lo: float, hi: float, rows: int, max_ticks: int) -> tuple[float, floa
         return lo, hi, nice_ticks(lo, hi, max(1, rows))
     mag = 10 ** math.floor(math.log10(hi - lo))
     steps = [m * mag * f for f in (0.01, 0.1, 1, 10) for m in (1, 2, 2.5, 5)]
+    found: list[tuple[float, float, float, list[float]]] = []
     for min_ticks in sorted({min(3, max_ticks), 2}, reverse=True):
         best: tuple[float, float, float, list[float]] | None = None
         for step in steps:
@@ -68,20 +69,25 @@ def y_axis(lo: float, hi: float, rows: int, max_ticks: int) -> tuple[float, floa
                 if min_ticks <= len(ks) <= max_ticks:
                     best = (u, y0, y1, [round(k * step, digits) + 0.0 for k in ks])
         if best is not None:
-            return best[1], best[2], best[3]
-    return lo, hi, nice_ticks(lo, hi, max_ticks)
+            found.append(best)
+    if not found:
+        return lo, hi, nice_ticks(lo, hi, max_ticks)
+    # three ticks unless two use the rows much better (a short chart)
+    pick = found[0] if len(found) == 1 or found[0][0] <= 1.25 * found[1][0] else found[1]
+    return pick[1], pick[2], pick[3]
 
 
 def spikes(p: Points) -> list[int]:
-    """Indexes of points whose max stands far above their own mean and their neighbours':
-    a one-step spike averaged away in its bucket (thresholds: 4× the typical max-mean gap
-    and 5 % of the line's range; a steep but smooth stretch is no spike)."""
+    """Indexes of points whose max stands far above their own mean and both neighbours' (mean
+    and max): a one-step spike averaged away in its bucket (thresholds: 4× the typical
+    max-mean gap and 5 % of the line's range; a steep but smooth stretch is no spike)."""
     n = len(p.y)
-    if n == 0:
+    if n < 3:
         return []
     gaps = sorted(h - y for y, h in zip(p.y, p.hi))
     limit = max(4 * gaps[n // 2], 0.05 * (max(p.hi) - min(p.lo)))
-    return [i for i in range(n) if p.hi[i] - max(p.y[max(0, i - 1):i + 2]) > limit]
+    return [i for i in range(1, n - 1) if p.hi[i] - max(p.y[i - 1:i + 2]) > limit
+            and p.hi[i] - max(p.hi[i - 1], p.hi[i + 1]) > limit / 2]
 
 
 class MetricChart(PlotextPlot):

@@ -50,7 +50,7 @@ def _power_temp(g: GpuReading, compact: bool) -> str:
 
 def gpu_lines(g: GpuReading, on: list[int], width: int) -> list[Text]:
     """One GPU in the widest form that fits: 'GPU0 ████████ 61.2/80.0 GiB  97 % 312 W 64 °C
-    rank 0', else 'GPU0 61.2/80.0 GiB 97% 312W 64°C r0', else that on two lines."""
+    rank 0', else 'GPU0 61/80 GiB 97% 312W 64°C r0', else that on two lines."""
     used, total = g.mem_used_bytes, g.mem_total_bytes
     frac = used / total if used is not None and total else None
     mem_style = "red" if is_num(frac) and frac > 0.95 else ""
@@ -62,7 +62,7 @@ def gpu_lines(g: GpuReading, on: list[int], width: int) -> list[Text]:
     wide.append(f"  rank {ranks}" if on else "  no rank", style="cyan" if on else "dim")
     util = f"{g.util_pct:.0f}%" if is_num(g.util_pct) else "N/A"
     first = name.copy()
-    first.append(fmt_pair_bytes(used, total), style=mem_style)
+    first.append(fmt_pair_bytes(used, total, short=True), style=mem_style)
     rest = Text(f"{util} {_power_temp(g, True)}")
     rest.append(f" r{ranks}" if on else " ·", style="cyan" if on else "dim")
     one = Text(" ").join([first, rest])
@@ -72,8 +72,9 @@ def gpu_lines(g: GpuReading, on: list[int], width: int) -> list[Text]:
     return lines
 
 
-class GpuTable(Static):
-    """GPUs of the selected run's host, or 'no GPU' honestly."""
+class GpuTable(Static, can_focus=True):
+    """GPUs of the selected run's host, or 'no GPU' honestly. Focusable: a pane too short for
+    every GPU scrolls with the arrow keys (tab reaches it)."""
 
     _sig: tuple = ()
     _height: tuple = ()

@@ -39,10 +39,13 @@ def clip(text: str, width: int) -> str:
 
 
 def name_width(pane_width: int, multi_host: bool) -> int:
-    """The name column's width: what the pane leaves after status and age (cell padding 2)."""
-    fixed = sum(w + 2 for name, w in COLUMNS if name in ("", "status", "age")) + 2  # + scrollbar
-    if multi_host:
-        fixed += 12
+    """The name column's width: what the pane leaves after every other column when they all
+    fit beside a name of 20, else after mark, status and age (cell padding 2, scrollbar 2)."""
+    host = 12 if multi_host else 0
+    every = sum(w + 2 for name, w in COLUMNS if name != "name") + 2 + host
+    if pane_width - every >= 20:
+        return min(NAME_MAX, pane_width - every)
+    fixed = sum(w + 2 for name, w in COLUMNS if name in ("", "status", "age")) + 2 + host
     return max(NAME_MIN, min(NAME_MAX, pane_width - fixed - 1))
 
 
