@@ -154,7 +154,9 @@ def eight_gpus_state() -> PanelState:
         ts=NOW, cpu_pct=61.0, cpu_count=96, ram=Usage(used_bytes=int(412 * GIB), total_bytes=2015 * GIB),
         disk=Usage(used_bytes=2900 * GIB, total_bytes=7000 * GIB), gpus=gpus))
     run = state.selected_run()
-    assert run is not None
+    assert run is not None and run.view is not None
+    info = msgspec.structs.replace(run.view.info, world_size=8, batch_size=1, grad_accum=2)
+    reducer.run_view(state, "local", msgspec.structs.replace(run.view, info=info))
     for i in range(8):
         run.beats[i] = Beat(ts=NOW - 1, run_id=run.run_id, rank=i, local_rank=i, world_size=8,
                             phase=Phase.TRAIN, phase_since=NOW - 1500, step=2400, source="step",

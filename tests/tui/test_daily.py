@@ -126,7 +126,7 @@ def test_tflops_mfu_and_memory_from_the_runs_own_numbers() -> None:
     last = tflops.lines[0].points.y[-1]
     tps = run.metrics.last_train.tokens_per_s
     assert last == pytest.approx(tps * 2.1e9 / 1e12)
-    assert tflops.note == f"MFU {last * 1e12 / (989e12 * 1) * 100:.0f}%"  # world 1 on an H100
+    assert tflops.note == f"MFU {last * 1e12 / (989e12 * 8) * 100:.0f}%"  # 8 ranks on H100s
     a100 = fd.fixed_state()  # two A100s (312 TFLOP/s bf16 each) for a 2-rank run
     assert chartdata.mfu_note(a100, a100.host("local").runs["20261121T180000Z-nsa-125m"], 40.0) == "MFU 6%"
     mem = chartdata.single(state, run, "memory")

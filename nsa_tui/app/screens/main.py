@@ -232,7 +232,7 @@ class MainScreen(Screen):
             for label, color in chartdata.legend(compared):
                 t.append("━━ ", style=f"bold {rgb(color)}")
                 t.append(f"{label}   ")
-            t.append("c: back · x: step/tokens · m: (un)mark", style="dim")
+            t.append("c: back · x: step/tokens", style="dim")
             legend.update(t)
         for i in range(3):
             chart = self.query_one(f"#chart{i}", MetricChart)
