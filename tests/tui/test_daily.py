@@ -357,3 +357,26 @@ async def test_archive_and_delete_from_the_panel_never_a_live_run(runs_root: Pat
             assert (runs_root / keep).is_dir() and (runs_root / live).is_dir()
     finally:
         reap(proc)
+
+
+def test_every_key_has_its_action_for_the_palette_and_keymap() -> None:
+    """The command palette and the keymap file reach every key by its action and binding id."""
+    from nsa_tui.app.keymap import KNOWN_IDS
+    from nsa_tui.app.screens.main import KEYS, SCREEN_ACTIONS
+
+    for bid, _key, action, _label, _what in KEYS:
+        owner = MainScreen if action in SCREEN_ACTIONS else NsaApp
+        assert callable(getattr(owner, f"action_{action}", None)), action
+        assert bid in KNOWN_IDS
+
+
+def test_a_deleted_run_is_not_watched_again_while_still_selected() -> None:
+    """The service still focuses the deleted run: a new watch of it re-created it in the list."""
+    from nsa_tui.app.services.watches import plan_watches
+
+    state = fd.compare_state()
+    host = state.host("local")
+    dense = "20261121T100000Z-dense-125m"
+    assert plan_watches(host, dense)[dense] == "full"
+    reducer.run_removed(state, "local", dense)
+    assert dense not in plan_watches(host, dense, marked=[dense]) and dense not in host.runs

@@ -67,7 +67,12 @@ CHART_MIN_S = 0.5
 class PageTabs(Static):
     """The small layout's view line: ' 1 runs · log │ 2 charts │ 3 run · GPUs · alerts (1) '."""
 
+    _sig: tuple = ()
+
     def show(self, page: str, alerts: int) -> None:
+        if (page, alerts) == self._sig:
+            return
+        self._sig = (page, alerts)
         t = Text(no_wrap=True, overflow="ellipsis")
         for i, (key, label) in enumerate(PAGES):
             if i:
@@ -218,7 +223,8 @@ class MainScreen(Screen):
         if not compare and run is not None:
             while (parent := state.parent_of(lineage[-1])) is not None and parent not in lineage:
                 lineage.append(parent)
-        sig = (kinds, view.x_axis, compare, tuple((r.key, r.metrics.count, r.version) for r in lineage))
+        # a point arrived, or run.json changed (FLOPs per token, global batch): not every log line
+        sig = (kinds, view.x_axis, compare, tuple((r.key, r.metrics.count, id(r.view)) for r in lineage))
         if sig == self._chart_sig:  # series are only copied when a point arrived
             return
         mono = time.monotonic()

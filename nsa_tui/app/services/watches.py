@@ -28,7 +28,7 @@ def plan_watches(host: HostState, focused: str | None, marked: Iterable[str] = (
         run = host.runs.get(run_id)
         if run is not None and run_id not in wanted and not run.synced:
             wanted[run_id] = "chart"
-    if focused:
+    if focused and focused in host.runs:  # a deleted run is not watched again
         wanted[focused] = "full"
         run = host.runs.get(focused)
         for _ in range(ANCESTORS):
@@ -74,7 +74,9 @@ class WatchManager:
         self.tasks.clear()
 
     async def _watch(self, run_id: str, mode: str) -> None:
-        run = self.host.run(run_id)
+        run = self.host.runs.get(run_id)
+        if run is None:  # gone (deleted) since the plan was made
+            return
         n = 0
         try:
             async for ev in self.client.watch(run_id, offsets=dict(run.offsets), streams=MODES[mode]):
