@@ -41,6 +41,7 @@ from nsa.contract.records import (
     Metric,
     Relaunch,
     RunInfo,
+    SelfCheck,
     StopInfo,
     TrainMetric,
     on_gpu,
@@ -53,7 +54,7 @@ __all__ = [
     "DeviceInfo",
     "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading", "Hello", "HostSample",
     "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "Phase",
-    "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SeriesSummary", "StopInfo",
-    "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
+    "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SelfCheck", "SeriesSummary",
+    "StopInfo", "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
     "write_json_atomic",
 ]

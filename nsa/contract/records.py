@@ -19,12 +19,24 @@ class Record(msgspec.Struct, kw_only=True):
 
 
 # -- run.json (rank 0) ------------------------------------------------------------------------
+class SelfCheck(Record, kw_only=True):
+    """The Triton kernels' check against the reference before training (nsa/ops/self_check.py)."""
+
+    ok: bool
+    device: str
+    dtype: str
+    ops: list[str] = []  # checked, in order
+    failures: list[str] = []  # "op: reason" each
+    seconds: float = 0.0
+
+
 class AttentionOps(Record, kw_only=True):
     """Which attention ops a run uses; ``fallback_reason`` says why it is not what was asked."""
 
-    requested: str = "auto"  # model.attention.backend
+    requested: str = "auto"  # model.attention.backend ("sdpa" for dense models)
     backend: str = "reference"  # "triton" | "reference" | "sdpa" (dense)
     fallback_reason: str | None = None
+    self_check: SelfCheck | None = None  # None when no check ran
 
 
 class RunInfo(Record, kw_only=True):

@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             record.update(param_count=boot["param_count"], grad_accum=boot["grad_accum"],
                           global_batch=boot["global_batch"], dtype=boot["dtype"],
                           data_source=boot["data_source"], resume_note=trainer.resume_note,
+                          attention_ops=boot["attention_ops"],
                           train_flops_per_token=train_flops_per_token(cfg.model, cfg.train.seq_len))
         status = trainer.run()
         trainer.finish()
@@ -178,14 +179,18 @@ def main(argv: list[str] | None = None) -> int:
 def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: Path, world: int, device: Any,
            boot: dict[str, Any], trainer: Any, resume: Path | None) -> None:
     from nsa.config import to_dict
-    from nsa.ops import get_ops
 
     t = cfg.train
     log(f"nsa-train run {run_id} in {run_dir}")
     log(f"config {cfg.source_path} (overrides: {' '.join(args.set) or 'none'})")
     log("resolved config " + json.dumps(to_dict(cfg), sort_keys=True))
     attn = cfg.model.attention
-    ops = "sdpa" if attn.kind == "dense" else get_ops(attn.backend, device).__name__.rsplit(".", 1)[-1]
+    chosen = boot["attention_ops"]
+    ops = chosen.backend
+    if chosen.fallback_reason:
+        ops += f" (requested {chosen.requested}; FALLBACK: {chosen.fallback_reason})"
+    elif chosen.self_check:
+        ops += f" (self-check passed on {chosen.self_check.device} in {chosen.self_check.seconds:.1f} s)"
     log(f"model {attn.kind}: {boot['param_count']:,} parameters "
         f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
         f"attention ops: {ops}")
