@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from textual.geometry import Region
 
 from nsa.contract import HostSample, TrainMetric
 from nsa.contract.records import Usage
@@ -240,10 +239,12 @@ async def test_run_list_keys_filter_and_fold(private_view_prefs) -> None:
 
 # -- any terminal size ----------------------------------------------------------------------------
 def pane_lines(pane: GpuTable) -> list[str]:
-    """The lines the GPU pane draws inside its border, as on the screen."""
-    strips = pane.render_lines(Region(0, 0, *pane.outer_size))
-    drawn = ["".join(seg.text for seg in strip) for strip in strips]
-    return [line.strip("│ ") for line in drawn[1:-1]]
+    """The GPU pane's lines, checked to be all on screen: its text is as tall as its widget and
+    the pane needs no scrolling to show it."""
+    lines_widget = pane.query_one("#gpu-lines")
+    lines = text_of(lines_widget.content, lines_widget.size.width).rstrip("\n").split("\n")
+    assert lines_widget.size.height == len(lines) and pane.max_scroll_y == 0, (lines, lines_widget.size)
+    return lines
 
 
 async def test_gpu_pane_shows_its_last_line_when_a_line_grows_and_with_8_gpus() -> None:
@@ -263,12 +264,12 @@ async def test_gpu_pane_shows_its_last_line_when_a_line_grows_and_with_8_gpus() 
             ram=Usage(used_bytes=1000 * GIB, total_bytes=1500 * GIB),
             disk=Usage(used_bytes=1900 * GIB * 1024, total_bytes=2000 * GIB * 1024)))
         await pilot.pause(0.5)
-        lines = [line for line in pane_lines(pane) if line]
-        assert lines[-1].startswith("GPUs: N/A — NVML unavailable"), lines
+        lines = pane_lines(pane)
+        assert lines[-1].startswith("GPUs: N/A — NVML unavailable") and len(lines) == 3, lines
     app = app_for(fd.eight_gpus_state())
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.5)
-        lines = [line for line in pane_lines(app.screen.query_one(GpuTable)) if line]
+        lines = pane_lines(app.screen.query_one(GpuTable))
         assert [line.split()[0] for line in lines[-8:]] == [f"GPU{i}" for i in range(8)], lines
 
 

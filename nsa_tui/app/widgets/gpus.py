@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from nsa.contract import GpuReading, HostSample, on_gpu
@@ -72,20 +74,28 @@ def gpu_lines(g: GpuReading, on: list[int], width: int) -> list[Text]:
     return lines
 
 
-class GpuTable(Static, can_focus=True):
-    """GPUs of the selected run's host, or 'no GPU' honestly. Focusable: a pane too short for
-    every GPU scrolls with the arrow keys (tab reaches it)."""
+class GpuTable(VerticalScroll):
+    """GPUs of the selected run's host, or 'no GPU' honestly. A pane too short for every GPU
+    says so in its border and scrolls (tab to it, then the arrow keys)."""
+
+    DEFAULT_CSS = """
+    GpuTable > Static { height: auto; }
+    """
 
     _sig: tuple = ()
     _height: tuple = ()
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="gpu-lines")
 
     def update_from(self, state: PanelState, now: float) -> None:
         host = state.current_host()
         sample = host.sample if host else None
         run = state.selected_run()
         placed = [ranks_on(g, run) for g in (sample.gpus or [])] if sample else []
-        width = self.content_region.width or self.size.width
-        sig = (id(sample), sample.ts if sample else None, width, tuple(map(tuple, placed)))
+        width = self.scrollable_content_region.width or self.size.width  # without a scroll bar
+        more = self.max_scroll_y > 0
+        sig = (id(sample), sample.ts if sample else None, width, tuple(map(tuple, placed)), more)
         if sig == self._sig:
             return
         self._sig = sig
@@ -101,7 +111,9 @@ class GpuTable(Static, can_focus=True):
                 for g, on in zip(sample.gpus, placed):
                     lines += gpu_lines(g, on, width)
         height = (len(lines), width)
-        self.update(Group(*lines), layout=height != self._height)  # re-layout only when the height changes
+        # re-layout only when the height changes
+        self.query_one("#gpu-lines", Static).update(Group(*lines), layout=height != self._height)
         self._height = height
         count = len(sample.gpus or []) if sample else 0
-        self.border_subtitle = f"{count} GPUs" if count > 2 else None
+        subtitle = (f"{count} GPUs" if count > 2 else "") + (" · more: tab, ↓" if more else "")
+        self.border_subtitle = subtitle or None
