@@ -88,6 +88,11 @@ class GpuTable(VerticalScroll):
     def compose(self) -> ComposeResult:
         yield Static(id="gpu-lines")
 
+    @property
+    def content(self) -> object:
+        """What the pane shows (its lines' renderable), as a Static's ``content``."""
+        return self.query_one("#gpu-lines", Static).content
+
     def update_from(self, state: PanelState, now: float) -> None:
         host = state.current_host()
         sample = host.sample if host else None
