@@ -25,6 +25,7 @@ from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
 from nsa_tui.app.screens.main import KEYS, MainScreen
 from nsa_tui.app.services.host import HostService
 from nsa_tui.app.state import PanelState, recorded_key
+from nsa_tui.app.view_actions import ViewActions
 from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.settings import Settings, SettingsError, load_settings, settings_path
@@ -32,7 +33,7 @@ from nsa_tui.settings import Settings, SettingsError, load_settings, settings_pa
 TICK_S = 0.1
 
 
-class NsaApp(App[str | None]):
+class NsaApp(ViewActions, App[str | None]):
     """The control panel for one or more hosts."""
 
     CSS_PATH = "panel.tcss"
@@ -74,6 +75,7 @@ class NsaApp(App[str | None]):
             self.set_keymap(keymap)
         for p in problems:
             self.notify(p, title="keys", severity="warning", timeout=10, markup=False)
+        self.load_view_prefs()
         self.push_screen(MainScreen(), callback=None)
         self.state.announced |= {a.key for a in self.state.alerts}
         if self.live:

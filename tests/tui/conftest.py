@@ -21,6 +21,15 @@ from tests.sshd import sshd  # noqa: E402,F401  (the real OpenSSH server fixture
 SMOKE = REPO / "configs" / "smoke-cpu.yaml"
 
 
+@pytest.fixture(autouse=True)
+def private_view_prefs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The panel remembers view choices (charts, x axis) in NSA_TUI_STATE_DIR: a fresh one per
+    test, never the user's."""
+    state = tmp_path / "nsa-tui-state"
+    monkeypatch.setenv("NSA_TUI_STATE_DIR", str(state))
+    return state
+
+
 @pytest.fixture
 def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """NSA_RUNS_ROOT for the local agent; every run still alive afterwards is killed."""
