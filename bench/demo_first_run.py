@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     w, h = (int(x) for x in args.size.split("x"))
     with tempfile.TemporaryDirectory(prefix="nsa-demo-bench-") as tmp:
         os.environ["NSA_RUNS_ROOT"] = str(Path(tmp) / "runs")  # an empty runs root: the demo is offered
-        os.environ["NSA_TUI_STATE"] = str(Path(tmp) / "launches.json")
+        os.environ["NSA_TUI_STATE_DIR"] = str(Path(tmp) / "state")  # no launch history, no view choices
         os.environ["NSA_TUI_KEYMAP"] = str(Path(tmp) / "no-keymap.yaml")
         res = asyncio.run(measure(args.steps, args.timeout, (w, h)))
     import nsa_tui

@@ -1,6 +1,6 @@
 """``nsa-tui``: the control panel (no arguments, or ``connect DEST...``) and a CLI for scripts.
 
-    nsa-tui runs HOST                          nsa-tui status HOST RUN
+    nsa-tui runs HOST [--all]                  nsa-tui status HOST RUN
     nsa-tui launch HOST --config PATH [--nproc N] [--set k=v ...] [--name NAME] [--upload]
                    [--on-failure restart|fallback|stop|none]
     nsa-tui logs HOST RUN [-f]                 nsa-tui kill HOST RUN [--grace S]
@@ -8,6 +8,7 @@
     nsa-tui dump HOST RUN [--out DIR]          nsa-tui setup HOST
     nsa-tui export HOST RUN [--tensorboard DIR] [--csv PATH]
     nsa-tui alerts HOST [RUN] [--follow]       nsa-tui ack HOST RUN ALERT
+    nsa-tui archive HOST RUN [--undo]          nsa-tui delete HOST RUN [--yes]
 
 HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/config alias).
 Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) and
@@ -46,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("connect", help="open the panel on these hosts")
     c.add_argument("dests", nargs="+", metavar="DEST")
-    sub.add_parser("runs", parents=[common], help="list runs").add_argument("host")
+    rl = sub.add_parser("runs", parents=[common], help="list runs (archived ones with --all)")
+    rl.add_argument("host")
+    rl.add_argument("--all", action="store_true", help="also the archived runs")
     la = sub.add_parser("launch", parents=[common], help="validate a config on the host and start a run")
     la.add_argument("host")
     la.add_argument("--config", required=True, help="config path (on the host, or local with --upload)")
@@ -81,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("status", "status and current alerts"), ("kill", "stop a run (TERM, then KILL)"),
                        ("fallback", "stop and relaunch on one GPU from the newest checkpoint"),
                        ("resume", "relaunch a stopped run from its newest checkpoint"),
-                       ("dump", "stack dump of every rank"), ("logs", "the run's train.log")):
+                       ("dump", "stack dump of every rank"), ("logs", "the run's train.log"),
+                       ("archive", "hide a run that is not alive from the default run list"),
+                       ("delete", "remove a run that is not alive (says how much it frees)")):
         sp = sub.add_parser(name, parents=[common], help=text)
         sp.add_argument("host")
         sp.add_argument("run")
@@ -91,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
         if name == "dump":
             sp.add_argument("--out", default=None, help="also write the files into this directory")
+        if name == "archive":
+            sp.add_argument("--undo", action="store_true", help="take it out of the archive")
+        if name == "delete":
+            sp.add_argument("--yes", action="store_true", help="do not ask (scripts)")
     st = sub.add_parser("setup", parents=[common], help="install this version on an SSH host (venv)")
     st.add_argument("host")
     st.add_argument("--no-deps", action="store_true", help="pip --no-deps: install no dependency")
@@ -242,6 +251,27 @@ async def _logs(c: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _delete(c: Any, args: argparse.Namespace) -> int:
+    """Say what deleting frees, ask (unless --yes), then delete."""
+    from nsa_tui.fmt import fmt_bytes
+
+    plan = await c.delete(args.run, dry_run=True)
+    what = f"{args.run}: {fmt_bytes(plan.bytes)} in {plan.files} files"
+    if plan.children:
+        what += f" (continued by {', '.join(plan.children)}: those keep their own files)"
+    if not args.yes:
+        if args.json or not sys.stdin.isatty():
+            return _fail(args, EXIT_USAGE, "not_confirmed", f"delete {what}? add --yes to delete")
+        answer = await asyncio.to_thread(input, f"delete {what}? (yes/no) ")
+        if answer.strip().lower() != "yes":
+            print("nothing deleted", file=sys.stderr)
+            return EXIT_FAILED
+    res = await c.delete(args.run)
+    _emit(args, res, f"deleted {args.run}: freed {fmt_bytes(res.bytes)}" if res.deleted
+          else f"{args.run}: gone from the list, but part of it could not be removed (.deleting-* remains)")
+    return EXIT_OK if res.deleted else EXIT_FAILED
+
+
 async def _run_command(args: argparse.Namespace) -> int:
     from nsa_tui.client import AgentError, HostClient
     from nsa_tui.transport import TransportError
@@ -296,7 +326,15 @@ async def _resolve_run(c: Any, ref: str) -> str:
 async def _dispatch(c: Any, args: argparse.Namespace) -> int:
     if args.cmd == "runs":
         runs = await c.runs()
-        _emit(args, runs, runs_table(runs, time.time()))
+        shown = runs if args.all else [r for r in runs if not r.archived]
+        hidden = len(runs) - len(shown)
+        note = f"\n({hidden} archived: --all lists them)" if hidden else ""
+        _emit(args, shown, runs_table(shown, time.time()) + note)
+    elif args.cmd == "archive":
+        view = await c.archive(args.run, archived=not args.undo)
+        _emit(args, view, f"{args.run}: {'archived' if view.archived else 'no longer archived'}")
+    elif args.cmd == "delete":
+        return await _delete(c, args)
     elif args.cmd == "launch":
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
                              upload=args.upload, on_failure=args.on_failure, force=args.force)

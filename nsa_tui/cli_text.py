@@ -36,7 +36,8 @@ def runs_table(runs: Sequence[RunView], now: float) -> str:
     for r in runs:
         i = r.info
         age = fmt_duration(now - r.created) if r.created else "-"
-        rows.append([short[r.run_id], age, r.name, r.status.value, _step(r), str(i.world_size),
+        status = r.status.value + (" (archived)" if r.archived else "")
+        rows.append([short[r.run_id], age, r.name, status, _step(r), str(i.world_size),
                      fmt_count(i.param_count) if i.param_count else "-"])
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     others = sum(widths) - widths[2] + 2 * (len(widths) - 1)

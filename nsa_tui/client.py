@@ -17,6 +17,8 @@
     await client.fallback(run_id) # LaunchResult of the new run (``again``: an earlier fallback's run)
     await client.resume(run_id)   # LaunchResult, same world size as before
     await client.dump(run_id)     # DumpResult
+    await client.archive(run_id, archived=True)   # RunView (hidden from the default list)
+    await client.delete(run_id, dry_run=False)    # DeleteResult: bytes it frees / freed
     await client.read_log(run_id, offset=0, max_bytes=1 << 20)  # LogChunk
     await client.alerts(run_id=None)  # AlertList: the host's recorded alerts (alerts.jsonl)
     await client.ack(run_id, alert)   # AlertState, acknowledged
@@ -63,6 +65,7 @@ from nsa.contract.protocol import (
     AlertList,
     AlertState,
     ConfigSummary,
+    DeleteResult,
     DumpResult,
     ErrorInfo,
     EventEnvelope,
@@ -411,6 +414,14 @@ class HostClient:
 
     async def dump(self, run_id: str) -> DumpResult:
         return await self.request("dump", DumpResult, run=run_id)
+
+    async def archive(self, run_id: str, archived: bool = True) -> RunView:
+        """Hide a run that is not alive from the default run list (False: show it again)."""
+        return await self.request("archive", RunView, run=run_id, archived=archived)
+
+    async def delete(self, run_id: str, dry_run: bool = False) -> DeleteResult:
+        """Remove a run that is not alive; ``dry_run``: only say how many bytes that frees."""
+        return await self.request("delete", DeleteResult, run=run_id, dry_run=dry_run)
 
     async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20,
                        file: str = "train.log") -> LogChunk:

@@ -4,9 +4,10 @@ Why: the launch dialog used to preselect the alphabetically first config (a 125M
 FineWeb from the Hub), also on a CPU box without network. It now preselects the config last
 launched on that host (else the demo), and offers that host's recent launches to run again
 with one key. Kept on the client (a host may be reached from several machines, each with its
-own files to upload) in ``$NSA_TUI_STATE``, else ``$XDG_STATE_HOME/nsa-tui/launches.json``
-(``~/.local/state/nsa-tui/launches.json``), private to its user. Separate from the settings
-file (alerts, thresholds) on purpose: this is history, not configuration.
+own files to upload) in ``launches.json`` of the panel's state directory
+(``$NSA_TUI_STATE_DIR``, else ``$XDG_STATE_HOME/nsa-tui``, else ``~/.local/state/nsa-tui``),
+private to its user. Separate from the settings file (alerts, thresholds) on purpose: this is
+history, not configuration.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ class LaunchHistory(msgspec.Struct, kw_only=True):
 
 
 def state_path() -> Path:
-    env = os.environ.get("NSA_TUI_STATE")
-    if env:
-        return Path(env).expanduser()
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return base / "nsa-tui" / "launches.json"
+    """launches.json in the panel's state directory (beside view.json: nsa_tui/app/viewprefs.py)."""
+    env = os.environ.get("NSA_TUI_STATE_DIR")
+    base = Path(env).expanduser() if env else Path(
+        os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "nsa-tui"
+    return base / "launches.json"
 
 
 def recent(dest: str, path: Path | None = None) -> list[RecentLaunch]:

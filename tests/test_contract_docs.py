@@ -18,12 +18,12 @@ ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:
 STRUCTS = {name: obj for mod in (records, series, protocol) for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
 RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch",
-                 "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
+                 "Archived", "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData", "AlertEvent", "Alert"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",
-            "MissingRank", "ConfigSummary", "ActionPlan", "LogChunk", "RunView", "RunStatusReport",
-            "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading", "AlertState", "AlertList",
-            "Evidence", "LaunchArgs"]
+            "MissingRank", "ConfigSummary", "ActionPlan", "DeleteResult", "LogChunk", "RunView",
+            "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading",
+            "AlertState", "AlertList", "Evidence", "LaunchArgs"]
 
 
 def documented_tables(text: str) -> dict[str, set[str]]:

@@ -83,6 +83,7 @@ class RunView(Record, kw_only=True):
     stop_requested: bool = False
     parent_run: str | None = None
     created: float = 0.0  # when it was launched (or started, for a run started by hand)
+    archived: bool = False  # archived.json exists: hidden from the default run list
     log_tail: list[str] = []  # the end of train.log, for crashed and failed runs
     launcher_alive: bool = False  # the run's supervisor (the parent of torchrun) is alive
     watchdog: bool = False  # the host records its alerts (alerts.jsonl): its watchdog runs or ran to the end
@@ -237,6 +238,16 @@ class ResumeArgs(Args, kw_only=True, forbid_unknown_fields=True):
     nproc: int | None = None
 
 
+class ArchiveArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    archived: bool = True  # False: take it out of the archive
+
+
+class DeleteArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    dry_run: bool = False  # only say what deleting would free
+
+
 class ReadLogArgs(Args, kw_only=True, forbid_unknown_fields=True):
     run: str
     offset: int = 0
@@ -360,6 +371,16 @@ class KillResult(Record, kw_only=True):
     was_running: bool
     forced: bool = False
     remaining: list[int] = []
+
+
+class DeleteResult(Record, kw_only=True):
+    """``delete``: what the run's directory held (what deleting frees) and whether it is gone."""
+
+    run_id: str
+    bytes: int
+    files: int
+    deleted: bool
+    children: list[str] = []  # runs that continue this one (fallback/resume): they keep their own files
 
 
 class LogChunk(Record, kw_only=True):

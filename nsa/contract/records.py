@@ -87,6 +87,7 @@ class RunInfo(Record, kw_only=True):
     telemetry_overhead: float | None = None
     attention_ops: AttentionOps | None = None
     cpu_threads: CpuThreads | None = None
+    train_flops_per_token: float | None = None  # model FLOPs of one trained token (nsa.stats)
 
 
 # -- files the agent writes -------------------------------------------------------------------
@@ -134,6 +135,14 @@ class Relaunch(Record, kw_only=True):
     child_run: str
     resume_from: str
     ts: float
+
+
+class Archived(Record, kw_only=True):
+    """archived.json: the run is hidden from the default run list (the panel's and ``nsa-tui
+    runs``); its files stay. Why: finished runs pile up, and deleting is not always wanted."""
+
+    ts: float
+    by: str = "nsa-tui agent"
 
 
 # -- heartbeats/rank-R.jsonl (every rank) -----------------------------------------------------

@@ -159,10 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         banner(log, cfg, args, run_id, run_dir, world, device, boot, trainer, resume)
         log(threads.describe(cpu))
         if record:
+            from nsa.stats import train_flops_per_token
+
             record.update(param_count=boot["param_count"], grad_accum=boot["grad_accum"],
                           global_batch=boot["global_batch"], dtype=boot["dtype"],
                           data_source=boot["data_source"], resume_note=trainer.resume_note,
-                          attention_ops=boot["attention_ops"])
+                          attention_ops=boot["attention_ops"],
+                          train_flops_per_token=train_flops_per_token(cfg.model, cfg.train.seq_len))
         status = trainer.run()
         trainer.finish()
         overhead = trainer.telemetry_s / trainer.train_s if trainer.train_s else 0.0

@@ -127,6 +127,7 @@ class RunStore:
         launch = read_json(d / "launch.json", LaunchInfo)
         exited = read_json(d / "exit.json", ExitInfo)
         stop_requested = (d / "stop.json").exists()
+        archived = (d / "archived.json").exists()
         pgid = launch.launcher_pgid if launch else None
         same_boot = launch is None or not launch.boot_id or launch.boot_id == boot_id()
         procs: list[RunProcess] = []
@@ -162,8 +163,8 @@ class RunStore:
                        status=status, info=info, launch=launch, exit=exited, alive=alive,
                        pids=[p.pid for p in procs], stop_requested=stop_requested,
                        parent_run=info.parent_run or (launch.parent_run if launch else None),
-                       created=launch.created if launch else (info.started_at or 0.0), log_tail=tail,
-                       launcher_alive=launcher_alive,
+                       created=launch.created if launch else (info.started_at or 0.0), archived=archived,
+                       log_tail=tail, launcher_alive=launcher_alive,
                        watchdog=launcher_alive or (exited is not None and exited.watchdog))
 
     def views(self) -> list[RunView]:

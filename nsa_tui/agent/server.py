@@ -28,7 +28,9 @@ from nsa.contract.protocol import (
     AlertList,
     AlertsArgs,
     AlertState,
+    ArchiveArgs,
     Args,
+    DeleteArgs,
     DescribeArgs,
     DumpFile,
     ErrorInfo,
@@ -50,6 +52,7 @@ from nsa.contract.protocol import (
     WatchHostArgs,
 )
 from nsa_tui import __version__
+from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher, OpError, run_lock
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
@@ -95,6 +98,7 @@ class Agent:
         self.sampler = sampler or HostSampler(str(self.store.root))
         gpu = self.sampler.gpu
         self.launcher = Launcher(self.store, gpu_count=gpu.count(), read_gpus=gpu.read)
+        self.housekeeping = Housekeeping(self.store)
         self.summaries = SummaryCache()
         self.books = AlertBooks()
         self.subs: dict[Any, asyncio.Task[None]] = {}
@@ -105,6 +109,7 @@ class Agent:
             "status": (RunArgs, self.op_status), "launch": (LaunchArgs, self.op_launch),
             "kill": (KillArgs, self.op_kill), "fallback": (KillArgs, self.op_fallback),
             "resume": (ResumeArgs, self.op_resume), "dump": (RunArgs, self.op_dump),
+            "archive": (ArchiveArgs, self.op_archive), "delete": (DeleteArgs, self.op_delete),
             "read_log": (ReadLogArgs, self.op_read_log), "watch": (WatchArgs, self.op_watch),
             "watch_runs": (NoArgs, self.op_watch_runs), "watch_host": (WatchHostArgs, self.op_watch_host),
             "unwatch": (UnwatchArgs, self.op_unwatch), "alerts": (AlertsArgs, self.op_alerts),
@@ -272,6 +277,12 @@ class Agent:
 
     async def op_dump(self, rid: Any, a: RunArgs) -> Any:
         return await self.launcher.dump(a.run)
+
+    async def op_archive(self, rid: Any, a: ArchiveArgs) -> RunView:
+        return await asyncio.to_thread(self.housekeeping.archive, a.run, a.archived)
+
+    async def op_delete(self, rid: Any, a: DeleteArgs) -> Any:
+        return await asyncio.to_thread(self.housekeeping.delete, a.run, a.dry_run)
 
     async def op_read_log(self, rid: Any, a: ReadLogArgs) -> LogChunk:
         path = self.store.run_dir(a.run) / a.file  # one of two names, never a path from the client

@@ -279,7 +279,7 @@ async def watch_runs(store: RunStore, sub_id: Any, send: Send, every_s: float = 
 
 def _stamp(d: Path) -> tuple[float, ...]:
     out = []
-    for name in ("run.json", "launch.json", "exit.json", "stop.json"):
+    for name in ("run.json", "launch.json", "exit.json", "stop.json", "archived.json"):
         try:
             out.append(os.stat(d / name).st_mtime)
         except OSError:

@@ -26,6 +26,7 @@ from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
 from nsa_tui.app.screens.main import KEYS, MainScreen
 from nsa_tui.app.services.host import HostService
 from nsa_tui.app.state import PanelState, recorded_key
+from nsa_tui.app.view_actions import ViewActions
 from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.header import why_not_connected
 from nsa_tui.app.widgets.runlist import RunList
@@ -37,7 +38,7 @@ KILL_GRACE_S = 60.0  # what the agent's kill waits before KILL (its default)
 PALETTE_TITLES = {"quit": "Quit", "help": "Keys"}  # Textual has commands of these names: ours replace them
 
 
-class NsaApp(App[str | None]):
+class NsaApp(ViewActions, App[str | None]):
     """The control panel for one or more hosts."""
 
     CSS_PATH = "panel.tcss"
@@ -79,6 +80,7 @@ class NsaApp(App[str | None]):
             self.set_keymap(keymap)
         for p in problems:
             self.notify(p, title="keys", severity="warning", timeout=10, markup=False)
+        self.load_view_prefs()
         self.push_screen(MainScreen(), callback=None)
         self.state.announced |= {a.key for a in self.state.alerts}
         if self.live:

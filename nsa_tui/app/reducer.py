@@ -55,8 +55,10 @@ def runs_list(state: PanelState, dest: str, runs: RunsList) -> None:
     """The whole list (a subscription's start, also after a reconnect): runs not in it are gone."""
     host = state.host(dest)
     ids = {v.run_id for v in runs.runs}
-    for rid in [r for r in host.runs if r not in ids and host.runs[r].view is not None]:
+    gone = [r for r in host.runs if r not in ids and host.runs[r].view is not None]
+    for rid in gone:
         del host.runs[rid]
+    _forget_view(state, {(dest, r) for r in gone})
     for v in runs.runs:
         run_view(state, dest, v)
     host.runs_loaded = True
@@ -66,6 +68,16 @@ def run_removed(state: PanelState, dest: str, run_id: str) -> None:
     state.host(dest).runs.pop(run_id, None)
     if state.selected == (dest, run_id):
         state.selected = None
+    _forget_view(state, {(dest, run_id)})
+
+
+def _forget_view(state: PanelState, gone: set[tuple[str, str]]) -> None:
+    """A deleted run leaves the marks (and the comparison, when fewer than two remain)."""
+    v = state.view
+    v.marks = [k for k in v.marks if k not in gone]
+    v.expanded -= gone
+    if len(v.marks) < 2:
+        v.compare = False
 
 
 def watch_event(state: PanelState, dest: str, ev: Event) -> None:
@@ -175,3 +187,43 @@ def _bound(recorded: dict[tuple[str, str], AlertState]) -> None:
 
 def select(state: PanelState, host: str, run_id: str) -> None:
     state.selected = (host, run_id)
+
+
+# -- what the user chose to see (state.view) ---------------------------------------------------
+def toggle_mark(state: PanelState, host: str, run_id: str) -> bool:
+    """Mark a run for comparison, or unmark it; returns whether it is marked now."""
+    v, key = state.view, (host, run_id)
+    if key in v.marks:
+        v.marks.remove(key)
+        if len(v.marks) < 2:
+            v.compare = False
+        return False
+    v.marks.append(key)
+    return True
+
+
+def set_compare(state: PanelState, on: bool) -> bool:
+    """Overlay the marked runs (two or more); returns whether the comparison is on."""
+    state.view.compare = on and len(state.marked_runs()) >= 2
+    return state.view.compare
+
+
+def set_x_axis(state: PanelState, axis: str) -> None:
+    state.view.x_axis = "tokens" if axis == "tokens" else "step"
+
+
+def set_charts(state: PanelState, charts: tuple[str, ...]) -> None:
+    state.view.charts = tuple(charts)
+
+
+def set_filter(state: PanelState, text: str) -> None:
+    state.view.filter = " ".join(text.split())
+
+
+def toggle_expanded(state: PanelState, root: tuple[str, str]) -> bool:
+    """Unfold a lineage (by its root run) or fold it; returns whether it is unfolded now."""
+    if root in state.view.expanded:
+        state.view.expanded.discard(root)
+        return False
+    state.view.expanded.add(root)
+    return True

@@ -15,7 +15,7 @@ from tests.train.trainrun import REPO, SMOKE, beats, metrics, run_json, run_trai
 RUN_KEYS = {"run_id", "name", "status", "exit_reason", "config_path", "config", "param_count", "world_size",
             "batch_size", "grad_accum", "global_batch", "seq_len", "dtype", "device", "data_source",
             "command", "versions", "host", "started_at", "updated_at", "ended_at", "step", "total_steps",
-            "tokens", "resumed_from", "parent_run", "attention_ops"}
+            "tokens", "resumed_from", "parent_run", "attention_ops", "train_flops_per_token"}
 BEAT_KEYS = {"ts", "run_id", "rank", "local_rank", "world_size", "pid", "host", "device", "phase",
              "phase_since", "step", "source"}
 TRAIN_KEYS = {"kind", "ts", "step", "loss", "lr", "tokens", "tokens_per_s", "step_time_s", "grad_norm",
@@ -72,6 +72,12 @@ def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path:
     assert run["attention_ops"] == {"backend": "reference", "requested": "auto", "fallback_reason": None,
                                     "self_check": None}
     assert "attention ops: reference" in out
+    from nsa.config import load_config
+    from nsa.stats import model_stats
+
+    cfg = load_config(str(SMOKE), sets)  # the panel's TFLOP/s and MFU come from this number
+    want = model_stats(cfg.model, cfg.train.seq_len).train_flops_per_token
+    assert run["train_flops_per_token"] == pytest.approx(want)
     b = beats(rd, 0)
     assert all(BEAT_KEYS <= set(x) for x in b)
     assert {x["phase"] for x in b} >= {"boot", "data", "train", "eval", "checkpoint", "done"}

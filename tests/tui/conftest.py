@@ -22,11 +22,18 @@ SMOKE = REPO / "configs" / "smoke-cpu.yaml"
 
 
 @pytest.fixture(autouse=True)
-def private_user_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The panel's launch history (nsa_tui/userstate.py) in the test's own directory."""
-    path = tmp_path / "user-state" / "launches.json"
-    monkeypatch.setenv("NSA_TUI_STATE", str(path))
-    return path
+def private_view_prefs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The panel remembers view choices (charts, x axis) in NSA_TUI_STATE_DIR: a fresh one per
+    test, never the user's."""
+    state = tmp_path / "nsa-tui-state"
+    monkeypatch.setenv("NSA_TUI_STATE_DIR", str(state))
+    return state
+
+
+@pytest.fixture
+def private_user_state(private_view_prefs: Path) -> Path:
+    """The panel's launch history (nsa_tui/userstate.py): in the same private state directory."""
+    return private_view_prefs / "launches.json"
 
 
 @pytest.fixture

@@ -73,7 +73,9 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         text = plain(summary)
         assert "watched.yaml" in str(info(run).config_path) or "watched" in text
         assert info(run).param_count and info(run).global_batch == 2
-        assert app.screen.query_one("#loss")._lines[0][1], "the loss chart has points"
+        chart = app.screen.query_one("#chart0")
+        await wait_for(pilot, lambda: chart.data.lines and len(chart.data.lines[0].points) >= 3, 10,
+                       "the loss chart to have points")
         # search the log, then follow again
         log = app.screen.query_one(LogView)
         await pilot.press("slash")

@@ -156,4 +156,5 @@ class HostService:
 
     def _ensure_watches(self) -> None:
         if self.watches is not None and self.host.conn == "connected":
-            self.watches.ensure(self.focused)
+            marked = [rid for host, rid in self.state.view.marks if host == self.dest]
+            self.watches.ensure(self.focused, marked)
