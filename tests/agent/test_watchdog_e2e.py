@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nsa.contract import AlertEvent, LaunchInfo, Relaunch, TrainMetric, decode_lines, read_json
+from bench.watchdog_faults import events as alert_events
+from bench.watchdog_faults import steps
+from nsa.contract import LaunchInfo, Relaunch, read_json
 from nsa_tui.agent.procs import run_processes
-from nsa_tui.alertlog import ALERTS_FILE
 from nsa_tui.client import HostClient
 from tests.agent.e2e import LONG, SMOKE
 
@@ -53,21 +54,6 @@ async def launch(root: Path, *overrides: str, on_failure: str | None = None) -> 
     finally:
         await c.close()
     return res.run_id
-
-
-def steps(d: Path) -> dict[int, float]:
-    try:
-        lines = (d / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return {}
-    return {m.step: m.loss for m in decode_lines(lines, TrainMetric) if isinstance(m, TrainMetric)}
-
-
-def alert_events(d: Path) -> list[AlertEvent]:
-    try:
-        return decode_lines((d / ALERTS_FILE).read_text().splitlines(), AlertEvent)
-    except FileNotFoundError:
-        return []
 
 
 def rank_pid(run_id: str, rank: int) -> int:
@@ -137,9 +123,13 @@ async def test_a_stopped_rank_is_alerted_with_evidence_and_delivered_then_falls_
 
 async def test_kill_9_of_a_rank_names_it_and_restart_resumes_with_the_same_losses(host) -> None:
     root, _ = host
-    rid = await launch(root, "train.steps=60", "on_failure.backoff_s=0.5", on_failure="restart")
+    rid = await launch(root, "train.steps=60", "train.save_every=10", "on_failure.backoff_s=0.5",
+                       on_failure="restart")
     d = root / rid
-    await until(lambda: len(steps(d)) >= 12, 120, "step 12")
+    # killed just past a checkpoint, so that steps after it are lost and must be redone (killed right
+    # after a save, nothing would be redone and there would be nothing to compare)
+    await until(lambda: max(steps(d), default=0) >= 12 and 1 <= max(steps(d)) % 10 <= 4, 120,
+                "a step just past a checkpoint")
     os.kill(rank_pid(rid, 1), signal.SIGKILL)
     killed = time.time()
     crash = await until(lambda: next((e for e in alert_events(d) if e.alert.kind == "crash"), None), 60,
@@ -158,6 +148,7 @@ async def test_kill_9_of_a_rank_names_it_and_restart_resumes_with_the_same_losse
     crashed_at = max(parent)
     await until(lambda: max(steps(child), default=0) >= crashed_at, 180, "the restarted run past the crash")
     redone = {s: loss for s, loss in steps(child).items() if ck < s <= crashed_at}
+    assert ck < crashed_at, (ck, crashed_at)
     assert redone and all(redone[s] == parent[s] for s in redone), (redone, parent)  # bit-identical
     print(f"MEASURE restart: steps {ck + 1}..{crashed_at} redone, bit-identical losses ({len(redone)} steps)")
     assert read_json(child / "launch.json", LaunchInfo).parent_run == rid
