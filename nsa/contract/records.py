@@ -27,6 +27,13 @@ class AttentionOps(Record, kw_only=True):
     fallback_reason: str | None = None
 
 
+class PgTimeouts(Record, kw_only=True):
+    """The process-group timeouts by phase (docs/training.md, "Timeouts")."""
+
+    start_s: float  # train.pg_timeout_start_s: joining, boot, compile, first step, checkpoints
+    steady_s: float  # train.pg_timeout_s: every other collective
+
+
 class RunInfo(Record, kw_only=True):
     """run.json: identity, resolved config, trainer status, progress."""
 
@@ -61,6 +68,8 @@ class RunInfo(Record, kw_only=True):
     parent_run: str | None = None
     telemetry_overhead: float | None = None
     attention_ops: AttentionOps | None = None
+    pg_timeouts: PgTimeouts | None = None
+    nnodes: int = 1  # nodes (hosts) the ranks run on
 
 
 # -- files the agent writes -------------------------------------------------------------------
