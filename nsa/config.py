@@ -91,7 +91,7 @@ class TrainConfig:
     # first eval; ``pg_timeout_s`` every other collective (steady state).
     pg_timeout_s: float = 300.0
     pg_timeout_start_s: float = 1800.0
-    checkpoint_async: bool = False  # write checkpoints in a background thread (DCP async_save)
+    checkpoint_async: bool = True  # write checkpoints in a background thread (DCP async_save)
     heartbeat_interval_s: float = 2.0
 
 

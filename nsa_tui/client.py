@@ -12,8 +12,11 @@
     await client.status(run_id)   # RunStatusReport: the view and every rank's newest beat
     await client.launch(config_path, nproc=None, overrides=(), name=None, upload=False)  # LaunchResult
     await client.kill(run_id)     # KillResult
-    await client.fallback(run_id) # LaunchResult of the new run (``again``: an earlier fallback's run)
+    await client.fallback(run_id, nproc=None, checkpoint=None)  # LaunchResult of the new run
+                                  # (``again``: an earlier fallback's run)
     await client.resume(run_id)   # LaunchResult, same world size as before
+    await client.preflight(...)   # PreflightResult: versions, rendezvous port, config (runs over hosts)
+    await client.checkpoints(run_id)  # CheckpointList; read_/write_checkpoint_file move shards
     await client.dump(run_id)     # DumpResult
     await client.read_log(run_id, offset=0, max_bytes=1 << 20)  # LogChunk
     async for ev in client.watch(run_id): ...     # Event, survives reconnects (below)
@@ -49,16 +52,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from nsa.contract import PROTOCOL, Hello, HostSample, RunStatusReport, RunView
+from nsa.contract import PROTOCOL, Hello, HostSample, NodeLayout, RunStatusReport, RunView
 from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
+    CheckpointList,
     DumpResult,
     ErrorInfo,
     EventEnvelope,
+    FileChunk,
     KillResult,
     LaunchResult,
     LogChunk,
+    PreflightResult,
 )
 from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
@@ -365,25 +371,61 @@ class HostClient:
         return await self.request("status", RunStatusReport, run=run_id)
 
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
-                     name: str | None = None, upload: bool = False) -> LaunchResult:
-        """Validate on the host and start; ``upload`` sends this machine's file text along."""
+                     name: str | None = None, upload: bool = False, config_text: str | None = None,
+                     run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+        """Validate on the host and start; ``upload`` sends this machine's file text along (or
+        ``config_text`` as given). ``run_id``/``nodes``: one node of a run over several hosts."""
         args: dict[str, Any] = {"nproc": nproc, "overrides": list(overrides), "name": name}
-        if upload:
-            try:
-                args["config_text"] = Path(config_path).expanduser().read_text()
-            except OSError as exc:
-                raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
+        if upload and config_text is None:
+            config_text = read_config_text(config_path)
+        if config_text is not None:
+            args["config_text"] = config_text
         args["config_path"] = config_path
+        if run_id is not None:
+            args["run_id"] = run_id
+        if nodes is not None:
+            args["nodes"] = nodes
         return await self.request("launch", LaunchResult, **args)
+
+    async def preflight(self, *, port: int | None = None, want_port: bool = False,
+                        config_path: str | None = None, config_text: str | None = None,
+                        overrides: Sequence[str] = ()) -> PreflightResult:
+        """What the host says about taking part in a run; starts nothing."""
+        return await self.request("preflight", PreflightResult, port=port, want_port=want_port,
+                                  config_path=config_path, config_text=config_text, overrides=list(overrides))
 
     async def kill(self, run_id: str, grace_s: float = 60.0) -> KillResult:
         return await self.request("kill", KillResult, run=run_id, grace_s=grace_s)
 
-    async def fallback(self, run_id: str, grace_s: float = 60.0) -> LaunchResult:
-        return await self.request("fallback", LaunchResult, run=run_id, grace_s=grace_s)
+    async def fallback(self, run_id: str, grace_s: float = 60.0, nproc: int | None = None,
+                       checkpoint: str | None = None) -> LaunchResult:
+        return await self.request("fallback", LaunchResult, run=run_id, grace_s=grace_s, nproc=nproc,
+                                  checkpoint=checkpoint)
 
-    async def resume(self, run_id: str) -> LaunchResult:
-        return await self.request("resume", LaunchResult, run=run_id)
+    async def resume(self, run_id: str, nproc: int | None = None, checkpoint: str | None = None,
+                     new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+        args: dict[str, Any] = {"run": run_id, "nproc": nproc, "checkpoint": checkpoint, "run_id": new_run_id}
+        if nodes is not None:
+            args["nodes"] = nodes
+        return await self.request("resume", LaunchResult, **args)
+
+    async def checkpoints(self, run_id: str) -> CheckpointList:
+        return await self.request("checkpoints", CheckpointList, run=run_id)
+
+    async def read_checkpoint_file(self, run_id: str, checkpoint: str, file: str, offset: int = 0,
+                                   max_bytes: int = 4 << 20) -> FileChunk:
+        return await self.request("read_checkpoint_file", FileChunk, run=run_id, checkpoint=checkpoint,
+                                  file=file, offset=offset, max_bytes=max_bytes)
+
+    async def write_checkpoint_file(self, run_id: str, checkpoint: str, file: str, offset: int, data: bytes,
+                                    final: bool = False) -> dict[str, int]:
+        return await self.request("write_checkpoint_file", dict[str, int], run=run_id, checkpoint=checkpoint,
+                                  file=file, offset=offset, data=data, final=final)
+
+    def peer_address(self) -> str | None:
+        """The address this client reached the host at (SSH: the peer's IP), None for local."""
+        get = getattr(self.transport, "peer_address", None)
+        return get() if get is not None else None
 
     async def dump(self, run_id: str) -> DumpResult:
         return await self.request("dump", DumpResult, run=run_id)
@@ -445,6 +487,14 @@ class HostClient:
     def host_events(self, interval_s: float = 1.0) -> AsyncIterator[Event]:
         """Host samples as Events (kind ``host``)."""
         return self._stream(_Sub("watch_host", {"interval_s": interval_s}))
+
+
+def read_config_text(config_path: str) -> str:
+    """This machine's config file, to send along (``--upload``)."""
+    try:
+        return Path(config_path).expanduser().read_text()
+    except OSError as exc:
+        raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
 
 
 def _hello(line: bytes) -> Hello | None:

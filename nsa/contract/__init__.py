@@ -38,6 +38,7 @@ from nsa.contract.records import (
     HostSample,
     LaunchInfo,
     Metric,
+    NodeLayout,
     PgTimeouts,
     Relaunch,
     RunInfo,
@@ -51,8 +52,8 @@ from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
 __all__ = [
     "PROTOCOL", "TRAINER_STATUSES", "Alert", "AttentionOps", "Beat", "ContractError", "DeviceInfo",
     "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading", "Hello", "HostSample",
-    "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "PgTimeouts",
-    "Phase", "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SeriesSummary", "StopInfo",
-    "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
+    "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "NodeLayout",
+    "PgTimeouts", "Phase", "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SeriesSummary",
+    "StopInfo", "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
     "write_json_atomic",
 ]

@@ -73,6 +73,17 @@ class RunInfo(Record, kw_only=True):
 
 
 # -- files the agent writes -------------------------------------------------------------------
+class NodeLayout(Record, kw_only=True):
+    """One run over several hosts (docs/multi-node.md): this host's place in it. Every host runs
+    one torchrun with the same run id; they meet at ``rdzv_endpoint`` (c10d rendezvous)."""
+
+    nnodes: int
+    node_rank: int  # this host's index in ``hosts`` (torchrun's c10d assigns the ranks itself)
+    hosts: list[str]  # the destinations, as the launching client named them; the first hosts the rendezvous
+    rdzv_endpoint: str  # "addr:port" on hosts[0], reachable from every host
+    node_addr: str | None = None  # the address the other hosts reach this one by (torchrun --local-addr)
+
+
 class LaunchInfo(Record, kw_only=True):
     """launch.json: how the agent started the run (absent when nsa-train ran by hand)."""
 
@@ -89,6 +100,7 @@ class LaunchInfo(Record, kw_only=True):
     resume_from: str | None = None
     config_file: str | None = None
     cuda_visible_devices: str | None = None
+    nodes: NodeLayout | None = None  # several hosts: this host's place among them (None: one host)
 
 
 class ExitInfo(Record, kw_only=True):

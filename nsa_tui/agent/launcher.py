@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import re
 import secrets
@@ -28,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import nsa_tui
-from nsa.contract import LaunchInfo, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
+from nsa.contract import LaunchInfo, NodeLayout, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
 from nsa.contract.protocol import DumpFile, DumpResult, KillResult, LaunchResult
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
-from nsa_tui.agent.runs import RunStore
+from nsa_tui.agent.runs import RUN_ID_RE, RunStore
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
@@ -67,6 +68,34 @@ def validate_config(path: str, overrides: list[str]) -> Any:
         return load_config(path, overrides)
     except ConfigError as exc:
         raise OpError("bad_config", str(exc)) from exc
+
+
+def torchrun_command(python: str, nproc: int, run_id: str, nodes: NodeLayout | None,
+                     join_timeout_s: float) -> list[str]:
+    """torchrun's argv up to the script: one host (``--standalone``), or one node of several
+    meeting at the c10d rendezvous on the first host (docs/multi-node.md)."""
+    cmd = [python, "-m", "torch.distributed.run"]
+    if nodes is None:
+        return [*cmd, "--standalone", f"--nproc_per_node={nproc}"]
+    # is_host: only the first host serves the rendezvous store (on one machine, as in the
+    # tests, every node would otherwise think the endpoint is its own)
+    conf = f"is_host={'true' if nodes.node_rank == 0 else 'false'},join_timeout={int(join_timeout_s)}"
+    cmd += [f"--nnodes={nodes.nnodes}", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={run_id}", f"--rdzv-conf={conf}",
+            "--max-restarts=0"]
+    if nodes.node_addr:
+        cmd.append(f"--local-addr={nodes.node_addr}")
+    return cmd
+
+
+def validate_nodes(nodes: NodeLayout | None) -> None:
+    if nodes is None:
+        return
+    if nodes.nnodes < 2 or len(nodes.hosts) != nodes.nnodes or not 0 <= nodes.node_rank < nodes.nnodes:
+        raise OpError("bad_request", f"inconsistent node layout: {nodes}")
+    host, _, port = nodes.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise OpError("bad_request", f"rdzv_endpoint must be ADDR:PORT, got {nodes.rdzv_endpoint!r}")
 
 
 @contextlib.contextmanager
@@ -114,22 +143,9 @@ class Launcher:
         """Collect exited supervisors so they do not linger as zombies."""
         self.children = [p for p in self.children if p.poll() is None]
 
-    def launch(
-        self,
-        config_path: str | None = None,
-        *,
-        config_text: str | None = None,
-        nproc: int | None = None,
-        overrides: list[str] | None = None,
-        name: str | None = None,
-        parent_run: str | None = None,
-        resume_from: str | None = None,
-        gpu: int | None = None,
-    ) -> LaunchResult:
-        """Validate, create the run directory (0700), copy the config, start detached."""
-        overrides = [str(o) for o in (overrides or [])]
-        if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
-            raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
+    def validated(self, config_path: str | None, config_text: str | None,
+                  overrides: list[str]) -> tuple[Any, str, str]:
+        """(config, its text, where it came from), validated on this host; nothing started."""
         self.store.ensure()
         if config_text is not None:
             fd, tmp = _private_temp(self.store.root)
@@ -142,20 +158,50 @@ class Launcher:
             raise OpError("bad_request", "launch needs config_path or config_text")
         try:
             cfg = validate_config(tmp or source, overrides)
-            run_id = new_run_id(name or cfg.name)
-            run_dir = self.store.root / run_id
-            run_dir.mkdir(mode=0o700)
-            os.chmod(run_dir, 0o700)
             text = Path(tmp or source).read_text()
         finally:
             if tmp:
                 os.unlink(tmp)
+        return cfg, text, source
+
+    def launch(
+        self,
+        config_path: str | None = None,
+        *,
+        config_text: str | None = None,
+        nproc: int | None = None,
+        overrides: list[str] | None = None,
+        name: str | None = None,
+        parent_run: str | None = None,
+        resume_from: str | None = None,
+        gpu: int | None = None,
+        run_id: str | None = None,
+        nodes: NodeLayout | None = None,
+    ) -> LaunchResult:
+        """Validate, create the run directory (0700), copy the config, start detached.
+        Several hosts: the client gives every host the same ``run_id`` and its ``nodes``."""
+        overrides = [str(o) for o in (overrides or [])]
+        if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
+            raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
+        if run_id is not None and not RUN_ID_RE.match(run_id):
+            raise OpError("bad_request", f"bad run id {run_id!r}")
+        validate_nodes(nodes)
+        self.store.ensure()
+        cfg, text, source = self.validated(config_path, config_text, overrides)
+        run_id = run_id or new_run_id(name or cfg.name)
+        run_dir = self.store.root / run_id
+        try:
+            run_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise OpError("run_exists", f"{run_dir} already exists on this host (two hosts of one run "
+                          "sharing a runs root? each host needs its own)") from None
+        os.chmod(run_dir, 0o700)
         cfg_copy = run_dir / "config.yaml"
         fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         n = nproc or max(1, self.gpu_count)
-        command = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+        command = torchrun_command(self.python, n, run_id, nodes, cfg.train.pg_timeout_start_s)
         command += ["-m", "nsa.train", "--config", str(cfg_copy), "--run-dir", str(run_dir)]
         if overrides:
             command += ["--set", *overrides]
@@ -169,11 +215,11 @@ class Launcher:
             overrides=overrides, boot_id=boot_id(), parent_run=parent_run, resume_from=resume_from,
             config_file=source,
             # applied only when the agent's own environment does not already pin GPUs
-            cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"))
+            cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
         write_json_atomic(run_dir / "launch.json", launch)
         import nsa
 
-        env = dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, NSA_RUN_ID=run_id, NSA_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
         # RANK in a process's environment is what marks a rank (kill TERMs ranks first, dump
         # sends them SIGUSR1, fatal to torchrun): an agent started where RANK is set (a
         # PyTorchJob pod) must not hand it to the supervisor and torchrun. torchrun sets it
@@ -218,7 +264,7 @@ class Launcher:
         """
         launch = read_json(run_dir / "launch.json", LaunchInfo)
         pgid = launch.launcher_pgid if launch else None
-        procs = await asyncio.to_thread(run_processes, run_id)
+        procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
         if not procs:
             return KillResult(run_id=run_id, was_running=False)
         write_json_atomic(run_dir / "stop.json", StopInfo(ts=time.time()))
@@ -233,7 +279,7 @@ class Launcher:
         while procs and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             self.reap()
-            procs = await asyncio.to_thread(run_processes, run_id)
+            procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
             if group_termed or not procs:
                 continue
             if any(p.rank is not None for p in procs):
@@ -250,7 +296,7 @@ class Launcher:
             while procs and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
                 self.reap()
-                procs = await asyncio.to_thread(run_processes, run_id)
+                procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
         if procs:
             raise OpError("kill_incomplete", f"processes of {run_id} remain: {[p.pid for p in procs]}")
         return KillResult(run_id=run_id, was_running=True, forced=forced)
@@ -269,63 +315,106 @@ class Launcher:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _relaunch(self, run_id: str, nproc: int | None, op: str) -> LaunchResult:
-        """Relaunch from the newest checkpoint as a new run linked to ``run_id`` (lock held)."""
+    def _checkpoint(self, run_id: str, name: str | None) -> tuple[str, dict[str, Any]]:
+        """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one."""
+        if name:
+            try:
+                path = self.store.checkpoint_dir(run_id, name)
+            except KeyError:
+                raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint {name!r}") from None
+        else:
+            latest = self.store.latest_checkpoint(run_id)
+            if latest is None:
+                raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
+            path = Path(latest)
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise OpError("no_checkpoint", f"{path}: unreadable meta.json ({exc})") from exc
+        return str(path), meta
+
+    def _batch(self, run_id: str) -> tuple[int | None, int | None]:
+        """(global batch, per-rank batch) of the run: run.json, else its newest checkpoint."""
+        run = read_json(self.store.run_dir(run_id) / "run.json", RunInfo)
+        if run is not None and run.global_batch and run.batch_size:
+            return run.global_batch, run.batch_size
+        try:
+            meta = self._checkpoint(run_id, None)[1]
+        except OpError:
+            return None, None
+        return meta.get("global_batch"), meta.get("batch_size")
+
+    def _check_fits(self, run_id: str, world: int) -> None:
+        """Refuse (before stopping anything) a world size that cannot keep the global batch."""
+        g, b = self._batch(run_id)
+        if g and b and g % (b * world):
+            raise OpError("bad_request", f"global batch {g} is not a multiple of batch_size {b} x {world} "
+                          f"rank(s): it cannot be kept on {world} rank(s)")
+
+    def _relaunch(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
+                  new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+        """Relaunch from a checkpoint (default: the newest complete one) as a new run linked to
+        ``run_id``, with the gradient accumulation that keeps its global batch (lock held)."""
         run_dir = self.store.run_dir(run_id)
-        ckpt = self.store.latest_checkpoint(run_id)
-        if ckpt is None:
-            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
+        ckpt, meta = self._checkpoint(run_id, checkpoint)
         launch = read_json(run_dir / "launch.json", LaunchInfo)
         run = read_json(run_dir / "run.json", RunInfo)
         old = launch.overrides if launch else []
         overrides = [o for o in old if not o.startswith("train.grad_accum=")]
-        world = (run.world_size if run else None) or (launch.nproc if launch else 1)
-        if op == "fallback":
-            cfg = validate_config(str(run_dir / "config.yaml"), old)
-            accum = (run.grad_accum if run else None) or cfg.train.grad_accum
-            overrides.append(f"train.grad_accum={accum * world}")  # same global batch on 1 rank
-        else:
-            nproc = nproc or world
-            if run is not None and run.grad_accum:
-                overrides.append(f"train.grad_accum={run.grad_accum}")
+        nproc = nproc or (int(meta.get("world_size") or 1) if op == "resume" else 1)  # resume: as before
+        world = nproc * (nodes.nnodes if nodes else 1)
+        g, b = meta.get("global_batch"), meta.get("batch_size")
+        if g and b:
+            if g % (b * world):
+                raise OpError("bad_request", f"global batch {g} is not a multiple of batch_size {b} x "
+                              f"{world} rank(s): {op} cannot keep it")
+            overrides.append(f"train.grad_accum={g // (b * world)}")  # the same global batch
         name = launch.name if launch else (run.name if run else run_id)
         res = self.launch(
             str(run_dir / "config.yaml"), nproc=nproc, overrides=overrides, name=relaunch_name(name, op),
-            parent_run=run_id, resume_from=ckpt, gpu=self.freest_gpu() if op == "fallback" else None,
+            parent_run=run_id, resume_from=ckpt,
+            gpu=self.freest_gpu() if op == "fallback" and nproc == 1 else None, run_id=new_run_id,
+            nodes=nodes,
         )
         write_json_atomic(run_dir / "relaunch.json",
                           Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
         return res
 
-    async def fallback(self, run_id: str, grace_s: float = 60.0) -> LaunchResult:
-        """Stop the run, relaunch on one GPU from its newest checkpoint, same global batch.
-        Idempotent: a fallback already done (or under way in another agent) returns its run."""
+    async def fallback(self, run_id: str, grace_s: float = 60.0, nproc: int | None = None,
+                       checkpoint: str | None = None) -> LaunchResult:
+        """Stop the run, relaunch on ``nproc`` processes (default 1: one GPU) of this host from
+        its newest (or the given) checkpoint, same global batch. Idempotent: a fallback already
+        done (or under way in another agent) returns its run."""
         run_dir = self.store.run_dir(run_id)
+        n = nproc or 1
         async with run_lock_async(run_dir):
             done = self._done_before(run_dir, "fallback")
             if done is not None:
                 return done
+            self._check_fits(run_id, n)
             killed = await self._kill(run_id, run_dir, grace_s)
-            res = await asyncio.to_thread(self._relaunch, run_id, 1, "fallback")
+            res = await asyncio.to_thread(self._relaunch, run_id, n, "fallback", checkpoint)
             res.killed = killed
             return res
 
-    def resume(self, run_id: str, nproc: int | None = None) -> LaunchResult:
-        """Relaunch a stopped run from its newest checkpoint as a new run linked to it.
-        Idempotent: a run resumed before returns the run that resume started."""
+    def resume(self, run_id: str, nproc: int | None = None, checkpoint: str | None = None,
+               new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+        """Relaunch a stopped run from its newest (or the given) checkpoint as a new run linked
+        to it. Idempotent: a run resumed before returns the run that resume started."""
         run_dir = self.store.run_dir(run_id)
         with run_lock(run_dir):
             done = self._done_before(run_dir, "resume")
             if done is not None:
                 return done
-            if run_processes(run_id):
+            if run_processes(run_id, run_dir=str(run_dir)):
                 raise OpError("running", f"{run_id} is still running: kill it first")
-            return self._relaunch(run_id, nproc, "resume")
+            return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)
 
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
         run_dir = self.store.run_dir(run_id)
-        ranks = [p for p in await asyncio.to_thread(run_processes, run_id) if p.rank is not None]
+        ranks = [p for p in await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
+                 if p.rank is not None]
         if not ranks:
             raise OpError("not_running", f"{run_id} has no live rank to dump")
         stacks = run_dir / "stacks"

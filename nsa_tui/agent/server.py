@@ -25,12 +25,15 @@ from nsa.contract import PROTOCOL, Hello, Metric, RunStatusReport, RunView, deco
 from nsa.contract.io import ContractError, convert, decode, encode, tail_lines
 from nsa.contract.protocol import (
     Args,
+    CheckpointFileArgs,
     ErrorInfo,
     EventMsg,
+    FallbackArgs,
     KillArgs,
     LaunchArgs,
     LogChunk,
     NoArgs,
+    PreflightArgs,
     ReadLogArgs,
     Reply,
     Request,
@@ -39,9 +42,12 @@ from nsa.contract.protocol import (
     UnwatchArgs,
     WatchArgs,
     WatchHostArgs,
+    WriteCheckpointFileArgs,
 )
 from nsa_tui import __version__
+from nsa_tui.agent import ckptfiles
 from nsa_tui.agent.launcher import Launcher, OpError
+from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
 from nsa_tui.agent.sampler import HostSampler
@@ -75,11 +81,14 @@ class Agent:
         self.ops: dict[str, tuple[type[Args], Callable[[Any, Any], Awaitable[Any]]]] = {
             "ping": (NoArgs, self.op_ping), "runs": (NoArgs, self.op_runs), "run": (RunArgs, self.op_run),
             "status": (RunArgs, self.op_status), "launch": (LaunchArgs, self.op_launch),
-            "kill": (KillArgs, self.op_kill), "fallback": (KillArgs, self.op_fallback),
+            "kill": (KillArgs, self.op_kill), "fallback": (FallbackArgs, self.op_fallback),
             "resume": (ResumeArgs, self.op_resume), "dump": (RunArgs, self.op_dump),
             "read_log": (ReadLogArgs, self.op_read_log), "watch": (WatchArgs, self.op_watch),
             "watch_runs": (NoArgs, self.op_watch_runs), "watch_host": (WatchHostArgs, self.op_watch_host),
-            "unwatch": (UnwatchArgs, self.op_unwatch),
+            "unwatch": (UnwatchArgs, self.op_unwatch), "preflight": (PreflightArgs, self.op_preflight),
+            "checkpoints": (RunArgs, self.op_checkpoints),
+            "read_checkpoint_file": (CheckpointFileArgs, self.op_read_checkpoint_file),
+            "write_checkpoint_file": (WriteCheckpointFileArgs, self.op_write_checkpoint_file),
         }
 
     def send(self, msg: Any) -> None:
@@ -218,16 +227,29 @@ class Agent:
 
     async def op_launch(self, rid: Any, a: LaunchArgs) -> Any:
         return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
-                                       nproc=a.nproc, overrides=a.overrides, name=a.name)
+                                       nproc=a.nproc, overrides=a.overrides, name=a.name, run_id=a.run_id,
+                                       nodes=a.nodes)
+
+    async def op_preflight(self, rid: Any, a: PreflightArgs) -> Any:
+        return await asyncio.to_thread(preflight, self.launcher, self.hello(), a)
 
     async def op_kill(self, rid: Any, a: KillArgs) -> Any:
         return await self.launcher.kill(a.run, float(a.grace_s))
 
-    async def op_fallback(self, rid: Any, a: KillArgs) -> Any:
-        return await self.launcher.fallback(a.run, float(a.grace_s))
+    async def op_fallback(self, rid: Any, a: FallbackArgs) -> Any:
+        return await self.launcher.fallback(a.run, float(a.grace_s), a.nproc, a.checkpoint)
 
     async def op_resume(self, rid: Any, a: ResumeArgs) -> Any:
-        return await asyncio.to_thread(self.launcher.resume, a.run, a.nproc)
+        return await asyncio.to_thread(self.launcher.resume, a.run, a.nproc, a.checkpoint, a.run_id, a.nodes)
+
+    async def op_checkpoints(self, rid: Any, a: RunArgs) -> Any:
+        return await asyncio.to_thread(ckptfiles.checkpoint_list, self.store, a.run)
+
+    async def op_read_checkpoint_file(self, rid: Any, a: CheckpointFileArgs) -> Any:
+        return await asyncio.to_thread(ckptfiles.read_chunk, self.store, a)
+
+    async def op_write_checkpoint_file(self, rid: Any, a: WriteCheckpointFileArgs) -> Any:
+        return await asyncio.to_thread(ckptfiles.write_chunk, self.store, a)
 
     async def op_dump(self, rid: Any, a: RunArgs) -> Any:
         return await self.launcher.dump(a.run)

@@ -78,7 +78,7 @@ def test_two_rank_checkpoint_resumes_on_three_ranks(tmp_path: Path) -> None:
 
 def test_fsdp2_shards_reshard_from_two_ranks_to_three(tmp_path: Path) -> None:
     src = tmp_path / "fsdp2"
-    sets = BASE + ["train.strategy=fsdp"]
+    sets = BASE + ["train.strategy=fsdp", "train.checkpoint_async=false"]  # the synchronous path
     first = run_train(src, sets + ["debug.stop_at_step=3"])
     assert first.rc == 0, first.output[-3000:]
     saved = debug(src, 0, "param_digest")[-1]
