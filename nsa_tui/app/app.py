@@ -170,7 +170,14 @@ class NsaApp(App[str | None]):
 
     # -- actions ------------------------------------------------------------------------------------
     async def submit_launch(self, host: str, opts: dict[str, Any]) -> str:
-        """Launch through the host's service; raises with the host's message on a bad config."""
+        """Launch through the host's service; raises with the host's message on a bad config.
+        ``opts["hosts"]``: one run over these hosts (services/multiactions.py)."""
+        if len(opts.get("hosts") or []) > 1:
+            from nsa_tui.app.services import multiactions
+
+            run_id = await multiactions.launch(self.state, self.services, opts["hosts"], opts)
+            self.select(opts["hosts"][0], run_id)
+            return run_id
         svc = self.services.get(host)
         if svc is None:
             raise RuntimeError(f"not connected to {host}")
@@ -239,8 +246,14 @@ class NsaApp(App[str | None]):
         if svc is None:
             self.notify(f"not connected to {host}", severity="error")
             return
+        run = self.state.host(host).runs.get(run_id)
         try:
-            result = await getattr(svc.actions, op)(run_id)
+            if run is not None and len(self.state.parts_of(run)) > 1:  # a run over several hosts
+                from nsa_tui.app.services import multiactions
+
+                result, host = await multiactions.act(op, self.state, self.services, run)
+            else:
+                result = await getattr(svc.actions, op)(run_id)
         except Exception as exc:
             self.notify(str(exc) or type(exc).__name__, title=f"{op} failed", severity="error", timeout=15)
             return

@@ -64,6 +64,7 @@ class LaunchScreen(ModalScreen[str | None]):
                 yield Label("host")
                 yield Select([(h, h) for h in self._hosts], value=self._host, allow_blank=False,
                              id="host")
+                yield Input(placeholder="…or one run over several: " + ",".join(self._hosts[:2]), id="hosts")
             yield Label("config (local files are uploaded with the run)")
             if self._configs:
                 yield Select([(c, c) for c in self._configs], value=self._config, allow_blank=False,
@@ -108,6 +109,11 @@ class LaunchScreen(ModalScreen[str | None]):
         name = self.query_one("#name", Input).value.strip()
         if name:
             opts["name"] = name
+        if len(self._hosts) > 1:  # several hosts, comma-separated: the first serves the rendezvous
+            several = [h.strip() for h in self.query_one("#hosts", Input).value.split(",") if h.strip()]
+            if len(several) > 1:
+                opts["hosts"] = several
+                host = several[0]
         return str(host), opts
 
     def show_error(self, message: str) -> None:

@@ -1,4 +1,5 @@
-"""Run list: every host's runs with status, age, config, parameters, world size, parent."""
+"""Run list: every host's runs with status, age, config, parameters, world size, parent. A run
+over several hosts is one row: its hosts joined with "+", the status of the merged run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from textual.widgets import DataTable
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.app.widgets.header import STATUS_STYLE
 from nsa_tui.fmt import NA, fmt_count, fmt_duration
+from nsa_tui.multihost import MergedRun, hosts_of
 
 COLUMNS = (("status", 8), ("name", 14), ("age", 6), ("params", 7), ("world", 5), ("config", 18),
            ("parent", 18))
@@ -64,7 +66,7 @@ class RunList(DataTable):
         """Rebuild rows when the set of runs or their shown fields change."""
         runs = state.all_runs()
         multi = len(state.hosts) > 1
-        rows = [self._row(r, now, multi) for r in runs]
+        rows = [self._row(r, now, multi, state.merged(r) if hosts_of(r.view) else None) for r in runs]
         signature = (multi, tuple(row_key(r) for r in runs), tuple(tuple(map(str, row)) for row in rows))
         if signature == self._signature:
             self._follow_selection(state)
@@ -89,8 +91,9 @@ class RunList(DataTable):
             self.clear()
             for run, row in zip(runs, rows):
                 self.add_row(*row, key=row_key(run))
-            if state.selected is not None:
-                key = f"{state.selected[0]}\x1f{state.selected[1]}"
+            selected = state.selected_run()
+            if selected is not None:
+                key = row_key(selected)
                 try:
                     self.move_cursor(row=self.get_row_index(key), animate=False)
                 except Exception:
@@ -100,9 +103,10 @@ class RunList(DataTable):
 
     def _follow_selection(self, state: PanelState) -> None:
         """Put the cursor on the selected run when the app selected it (fallback, resume)."""
-        if state.selected is None or not self.row_count:
+        selected = state.selected_run()
+        if selected is None or not self.row_count:
             return
-        key = f"{state.selected[0]}\x1f{state.selected[1]}"
+        key = row_key(selected)
         try:
             index = self.get_row_index(key)
         except Exception:
@@ -116,8 +120,9 @@ class RunList(DataTable):
         self._suppress = False
 
     @staticmethod
-    def _row(run: RunState, now: float, multi: bool) -> list:
-        """Cells as Text: names and paths from a host are never parsed as markup."""
+    def _row(run: RunState, now: float, multi: bool, merged: MergedRun | None = None) -> list:
+        """Cells as Text: names and paths from a host are never parsed as markup. ``merged``: the
+        run over several hosts that ``run`` is rank 0's part of."""
         view = run.view
         started = run.created or None
         age = fmt_duration(now - started) if started else NA
@@ -126,12 +131,12 @@ class RunList(DataTable):
             config = view.info.config_path or (view.launch.config_file if view.launch else None)
         config = os.path.basename(str(config)) if config else NA
         info = view.info if view else None
-        status = run.status.value
+        status = merged.status.value if merged is not None else run.status.value
         row = [Text(status, style=STATUS_STYLE.get(status, "")), Text(clip(run.name, 14)), Text(age),
                Text(fmt_count(info.param_count) if info else NA), Text(str(info.world_size) if info else NA),
                Text(clip(config, 18)), Text(clip(run.parent_run or "", 18))]
         if multi:
-            row.insert(0, Text(run.host))
+            row.insert(0, Text("+".join(merged.hosts) if merged is not None else run.host))
         return row
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
