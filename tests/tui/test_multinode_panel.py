@@ -14,6 +14,7 @@ from nsa_tui.agent.procs import run_processes
 from nsa_tui.app.app import NsaApp
 from nsa_tui.app.screens.dialogs import ConfirmScreen
 from nsa_tui.app.screens.launch import LaunchScreen
+from nsa_tui.app.widgets.gpus import GpuTable
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.app.widgets.summary import RunSummary
 from nsa_tui.client import HostClient
@@ -57,6 +58,9 @@ async def test_one_run_over_two_hosts_in_the_panel(sshd_nodes: SshNodes, make_co
             summary = plain(app.screen.query_one(RunSummary))
             assert f"r0@{merged.primary}" in summary and "(rank 0)" in summary, summary
             assert "timeouts" in summary and "steady 60 s" in summary
+            gpus = await wait_for(pilot, lambda: (t := plain(app.screen.query_one(GpuTable))).count(
+                "GPUs: N/A —") == 2 and t, 30, "both hosts' GPU tables")
+            assert all(h in gpus for h in hosts), gpus  # per host, each with its own sample
             await pilot.press("k")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
             await pilot.press("y")

@@ -51,34 +51,45 @@ def gpu_line(g: GpuReading, on: list[int], wide: bool) -> Text:
 
 
 class GpuTable(Static):
-    """GPUs of the selected run's host, or 'no GPU' honestly."""
+    """GPUs of the selected run's host (of each of its hosts for a run over several hosts), or
+    'no GPU' honestly."""
 
     _sig: tuple = ()
     _lines: tuple = ()
 
     def update_from(self, state: PanelState, now: float) -> None:
-        host = state.current_host()
-        sample = host.sample if host else None
         run = state.selected_run()
-        placed = [ranks_on(g, run) for g in (sample.gpus or [])] if sample else []
-        sig = (id(sample), sample.ts if sample else None, self.size.width, tuple(map(tuple, placed)))
+        parts = state.parts_of(run) if run is not None else []
+        if len(parts) > 1:  # each host's GPUs with that host's ranks
+            shown = [(state.hosts.get(p.host), p) for p in parts]
+        else:
+            shown = [(state.current_host(), run)]
+        samples = [h.sample if h else None for h, _ in shown]
+        placed = [[ranks_on(g, r) for g in (s.gpus or [])] if s else [] for s, (_, r) in zip(samples, shown)]
+        sig = (tuple((id(s), s.ts if s else None) for s in samples), self.size.width,
+               tuple(tuple(map(tuple, p)) for p in placed))
         if sig == self._sig:
             return
         self._sig = sig
-        parts: list[Any] = []
-        if sample is None:
-            parts.append(Text("GPUs: N/A (no sample yet)", style="dim"))
-        else:
-            parts.append(host_line(sample))
-            if not sample.gpus:
-                why = (sample.gpu_message or "none on this host").split(":")[0]
-                parts.append(Text(f"GPUs: N/A — {why}", style="dim"))
-            else:
-                wide = self.size.width >= 60
-                for g, on in zip(sample.gpus, placed):
-                    parts.append(gpu_line(g, on, wide))
+        out: list[Any] = []
+        for (host, _r), sample, on_gpus in zip(shown, samples, placed):
+            if len(shown) > 1:
+                out.append(Text(host.dest if host else "?", style="bold underline"))
+            out += self._host_lines(sample, on_gpus)
         from rich.console import Group
 
-        lines = (sum(str(p).count("\n") + 1 if isinstance(p, Text) else 1 for p in parts), self.size.width)
-        self.update(Group(*parts), layout=lines != self._lines)  # re-layout only when the height changes
+        lines = (sum(str(p).count("\n") + 1 if isinstance(p, Text) else 1 for p in out), self.size.width)
+        self.update(Group(*out), layout=lines != self._lines)  # re-layout only when the height changes
         self._lines = lines
+
+    def _host_lines(self, sample: HostSample | None, placed: list[list[int]]) -> list[Any]:
+        if sample is None:
+            return [Text("GPUs: N/A (no sample yet)", style="dim")]
+        out: list[Any] = [host_line(sample)]
+        if not sample.gpus:
+            why = (sample.gpu_message or "none on this host").split(":")[0]
+            out.append(Text(f"GPUs: N/A — {why}", style="dim"))
+        else:
+            wide = self.size.width >= 60
+            out += [gpu_line(g, on, wide) for g, on in zip(sample.gpus, placed)]
+        return out
