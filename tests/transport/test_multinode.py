@@ -1,7 +1,8 @@
 """One run over two hosts: two real OpenSSH servers on 127.0.0.1 (own ports, HOMEs, runs
 roots), gloo on CPU, one process per host: world size 2 across two nodes.
 
-Launch across both and see both ranks in one run; kill leaves nothing on either; kill -9 of
+Launch across both and see both ranks in one run; dump, logs, kill (nothing left on either)
+and resume over both (the checkpoint's shards gathered onto each host); kill -9 of
 one host's torchrun makes the run crashed naming that host and its ranks while the other
 rank stops; a host whose sshd dies is shown as lost, not the run as crashed; fallback from
 2 nodes to 1 keeps the global batch and trains bit-identically to a 1-node run from the
@@ -112,6 +113,7 @@ async def test_launch_across_two_hosts_see_one_run_kill_leaves_nothing(
     r = cli(sshd_nodes, "launch", hosts, "--config", SMOKE, "--nproc-per-node", "1", "--set", *LONG, "--json")
     assert r.returncode == 0, r.stderr
     rid = json.loads(r.stdout)["run_id"]
+    resumed: list[str] = []
     try:
         for i, root in enumerate(roots(sshd_nodes)):  # a directory of its own on each host
             launch = json.loads((root / rid / "launch.json").read_text())
@@ -142,8 +144,24 @@ async def test_launch_across_two_hosts_see_one_run_kill_leaves_nothing(
         assert m.status == RunStatus.STOPPED and not m.problem
         names = [sorted(e.name for e in (await c.checkpoints(rid)).checkpoints) for c in clients.values()]
         assert names[0] == names[1] and names[0]  # every node committed the same checkpoints
+        logs = cli(sshd_nodes, "logs", hosts, rid)
+        assert logs.returncode == 0 and all(f"[{h}] " in logs.stdout for h in sshd_nodes.aliases)
+        # resume over both hosts: the newest checkpoint's files gathered onto each, one new run
+        res = cli(sshd_nodes, "resume", sshd_nodes.aliases[0], rid, "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        new = json.loads(res.stdout)["run_id"]
+        resumed.append(new)
+        step = max(int(n.split("-")[1]) for n in names[0])
+        for root in roots(sshd_nodes):
+            launch = json.loads((root / new / "launch.json").read_text())
+            assert launch["parent_run"] == rid and launch["resume_from"] == str(root / rid / "checkpoints" /
+                                                                                  f"step-{step}")
+            assert sorted(p.name for p in Path(launch["resume_from"]).iterdir()) == [
+                ".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"]
+        await until("both ranks past the checkpoint", stepped(step + 2, clients, new))
+        assert (await merged(clients, new)).status == RunStatus.RUNNING
     finally:
-        await cleanup(clients, rid)
+        await cleanup(clients, rid, *resumed)
 
 
 def torchrun_of(root: Path, run_id: str) -> psutil.Process:
