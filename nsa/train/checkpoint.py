@@ -33,6 +33,7 @@ import os
 import pickle
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import Future
 from datetime import timedelta
@@ -247,10 +248,13 @@ class SafeReader(FileSystemReader):
 
 # -- save -------------------------------------------------------------------------------------
 class _Pending:
-    """An async save under way: its future and what the commit will need."""
+    """An async save under way: committed by its future's callback the moment the write ends
+    (also while the training thread is busy or failing); ``done`` is set after the commit."""
 
-    def __init__(self, future: Future, tmp: Path, final: Path, meta: dict[str, Any], t0: float) -> None:
-        self.future, self.tmp, self.final, self.meta, self.t0 = future, tmp, final, meta, t0
+    def __init__(self, final: Path) -> None:
+        self.final = final
+        self.done = threading.Event()
+        self.error: BaseException | None = None
 
 
 class Checkpointer:
@@ -258,7 +262,7 @@ class Checkpointer:
 
     ``committer``: this rank commits its node's directory (its node's local rank 0).
     ``use_async``: DCP ``async_save`` (tensors are copied to CPU memory, then written by a
-    thread while training goes on; the commit happens at a later step boundary, ``poll``).
+    thread while training goes on; the commit follows as soon as the write ends).
     Checkpoint collectives run on a gloo group of their own, so a background write never
     interleaves with the training step's collectives (and works under NCCL too).
     """
@@ -283,28 +287,37 @@ class Checkpointer:
         state.update(rng_tensors(rank, device))
         meta = {**meta, "step": step}
         if self.use_async and not block:
+            pending = _Pending(final)
+
+            def written(fut: Future) -> None:
+                try:
+                    self._commit(tmp, final, meta, fut.result(), t0)
+                except BaseException as exc:  # handed to the training thread by wait()
+                    pending.error = exc
+                finally:
+                    pending.done.set()
+
             fut = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
-            self.pending = _Pending(fut, tmp, final, meta, t0)  # type: ignore[arg-type]
+            self.pending = pending
+            fut.add_done_callback(written)  # type: ignore[union-attr]
             return
         metadata = dcp.save(state, checkpoint_id=str(tmp), process_group=self.group)
         self._commit(tmp, final, meta, metadata, t0)
 
     def poll(self) -> None:
-        """Commit an async save that has finished (every step; cheap when none is pending)."""
-        if self.pending is not None and self.pending.future.done():
+        """Raise the error of an async save that failed (every step; cheap)."""
+        if self.pending is not None and self.pending.done.is_set():
             self.wait()
 
     def wait(self) -> None:
-        """Block until the pending async save (if any) is written, then commit it."""
+        """Block until the pending async save (if any) is written and committed."""
         p, self.pending = self.pending, None
         if p is None:
             return
-        try:
-            metadata = p.future.result()
-        except Exception as exc:
+        p.done.wait()
+        if p.error is not None:
             raise CheckpointError(f"checkpoint {p.final.name} failed while being written: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        self._commit(p.tmp, p.final, p.meta, metadata, p.t0)
+                                  f"{type(p.error).__name__}: {p.error}") from p.error
 
     def _commit(self, tmp: Path, final: Path, meta: dict[str, Any], metadata: Any, t0: float) -> None:
         """DCP has written every shard and ``.metadata``: write meta.json, rename, point latest."""

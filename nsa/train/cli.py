@@ -214,6 +214,12 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     step = trainer.step if trainer is not None else 0
+    if isinstance(exc, NonFiniteLoss) and trainer is not None:
+        try:  # every rank stopped together: a checkpoint still being written is finished and kept
+            trainer.ckpt.wait()
+            trainer.sync_last_checkpoint()
+        except Exception:
+            pass
     print(f"[rank {rank}] FAILED at step {step}:\n{tb}", file=sys.stderr, flush=True)
     tail = "\n".join(tb.strip().splitlines()[-6:])
     if isinstance(exc, NonFiniteLoss):

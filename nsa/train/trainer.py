@@ -314,10 +314,11 @@ class Trainer:
                     "strategy": self.cfg.train.strategy, "device_type": self.info.device.type}
             self.ckpt.save(self.step, self.model, self.optimizer, meta, self.info.rank, self.info.device,
                            block=block)
-        self._saved()
+        self.sync_last_checkpoint()
         self.hb.set_phase("train")
 
-    def _saved(self) -> None:
+    def sync_last_checkpoint(self) -> None:
+        """``last_ckpt``: the newest committed checkpoint (async saves commit in the background)."""
         if self.ckpt.last_saved:
             self.last_ckpt = self.ckpt.last_saved
 
@@ -339,7 +340,7 @@ class Trainer:
             loss, grad_norm = self.train_step()
             self.timeouts.steady()  # joined, compiled, one step done: hangs now fail fast
             self.ckpt.poll()  # a background save that finished is committed here
-            self._saved()
+            self.sync_last_checkpoint()
             now = time.perf_counter()
             step_time, last_end = now - last_end, now
             self.train_s += step_time
@@ -394,7 +395,7 @@ class Trainer:
 
     def finish(self) -> None:
         self.ckpt.close()
-        self._saved()
+        self.sync_last_checkpoint()
         if self.metrics:
             self.metrics.close()
         if self.debug_log:
