@@ -309,12 +309,14 @@ class Checkpointer:
         if self.pending is not None and self.pending.done.is_set():
             self.wait()
 
-    def wait(self) -> None:
-        """Block until the pending async save (if any) is written and committed."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the pending async save (if any) is written and committed (or ``timeout``
+        seconds have passed: then it is left to finish, or not, on its own)."""
         p, self.pending = self.pending, None
         if p is None:
             return
-        p.done.wait()
+        if not p.done.wait(timeout):
+            return
         if p.error is not None:
             raise CheckpointError(f"checkpoint {p.final.name} failed while being written: "
                                   f"{type(p.error).__name__}: {p.error}") from p.error

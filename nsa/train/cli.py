@@ -23,6 +23,7 @@ from typing import Any
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+SAVE_IN_FLIGHT_S = 120.0  # a failing rank waits at most this long for its checkpoint in flight
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -214,9 +215,14 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     step = trainer.step if trainer is not None else 0
-    if isinstance(exc, NonFiniteLoss) and trainer is not None:
-        try:  # every rank stopped together: a checkpoint still being written is finished and kept
-            trainer.ckpt.wait()
+    if trainer is not None and getattr(trainer, "ckpt", None) is not None:
+        # a checkpoint still being written in the background is finished and kept where the other
+        # ranks can finish it with us (they are healthy, or stopped together: a NaN); bounded, for
+        # a peer that is gone or hung
+        bound = min(SAVE_IN_FLIGHT_S, trainer.cfg.train.pg_timeout_s)
+        wait_s = None if isinstance(exc, NonFiniteLoss) else bound
+        try:
+            trainer.ckpt.wait(wait_s)
             trainer.sync_last_checkpoint()
         except Exception:
             pass

@@ -177,3 +177,16 @@ def test_single_file_checkpoint_of_an_earlier_version_still_resumes(tmp_path: Pa
     assert "single-file checkpoint of an earlier version" in done.output
     assert debug(done.run_dir, 0, "param_digest")[0] == saved
     assert sorted(losses(done.run_dir)) == [2]
+
+
+def test_a_crash_right_after_an_async_save_keeps_that_checkpoint(tmp_path: Path) -> None:
+    """Rank 1 fails one step after an async save began: the failing rank finishes the write with
+    its healthy peer before it exits, so the checkpoint is committed and resumable."""
+    sets = ["train.save_every=3", "train.eval_every=100", "train.checkpoint_async=true",
+            "debug.crash_at_step=4", "debug.crash_rank=1"]
+    done = run_train(tmp_path / "run", sets)
+    assert done.rc != 0 and run_json(done.run_dir)["status"] == "failed"
+    ck = done.run_dir / "checkpoints"
+    assert (ck / "latest").read_text().strip() == "step-3"
+    assert json.loads((ck / "step-3" / "meta.json").read_text())["files"] == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
