@@ -76,6 +76,11 @@ def derive_status(info: RunInfo | None, launch: LaunchInfo | None, alive: bool, 
                   stop_requested: bool, exited: ExitInfo | None = None) -> RunStatus:
     """The status a user sees (docs/agent-protocol.md, "Run view")."""
     trainer = info.status if info is not None else None
+    if (not alive and launch is not None and launch.nodes is not None and exited is not None and exited.signal
+            and not stop_requested):
+        # one host's torchrun of a run over several hosts was killed (nobody asked): its ranks may
+        # have stopped cleanly (they get SIGTERM when it dies), but the run lost a node
+        return RunStatus.CRASHED
     if alive:
         if trainer is not None and trainer.is_terminal():
             return RunStatus.STOPPING

@@ -170,15 +170,16 @@ def torchrun_of(root: Path, run_id: str) -> psutil.Process:
     return next(p for p in kids if "torch.distributed.run" in " ".join(p.cmdline()))
 
 
+@pytest.mark.parametrize("victim_rank", [0, 1])
 async def test_kill_9_of_one_hosts_torchrun_crashes_the_run_naming_host_and_rank(
-        sshd_nodes: SshNodes, clients: dict[str, HostClient]) -> None:
+        sshd_nodes: SshNodes, clients: dict[str, HostClient], victim_rank: int) -> None:
+    """The host of rank 0 (run.json's host: its rank writes `stopped`) or the other one."""
     res = await co.launch(clients, SMOKE, nproc=1, overrides=LONG)
     rid = res.run_id
     try:
         m = await until("2 steps on both ranks", stepped(2, clients, rid))
-        victim = sshd_nodes.aliases[1]
-        victim_rank = next(b.rank for h, b in m.ranks if h == victim)
-        torchrun_of(roots(sshd_nodes)[1], rid).send_signal(signal.SIGKILL)
+        victim = next(h for h, b in m.ranks if b.rank == victim_rank)
+        torchrun_of(roots(sshd_nodes)[sshd_nodes.aliases.index(victim)], rid).send_signal(signal.SIGKILL)
 
         async def crashed() -> MergedRun | None:
             m = await merged(clients, rid)
