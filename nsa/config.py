@@ -127,12 +127,30 @@ class DebugConfig:
 
 
 @dataclass
+class FailurePolicy:
+    """What the host's watchdog does when this run fails (docs/host-agent.md, "Policies").
+
+    ``none``: alert only. ``restart``: after a crash or failure, resume from the newest
+    complete checkpoint as a new run linked to this one, at most ``max_restarts`` times in a
+    row, waiting ``backoff_s`` doubled per restart. ``fallback``: after a hang or a rank crash,
+    stop the run and relaunch it on one GPU (the fallback key, done by the watchdog). ``stop``:
+    after a hang, stop the run so its GPUs are free (TERM, KILL after ``grace_s``: a hung rank
+    never ends on TERM, and its peers cannot checkpoint without it)."""
+
+    action: Literal["none", "restart", "fallback", "stop"] = "none"
+    max_restarts: int = 3
+    backoff_s: float = 30.0
+    grace_s: float = 15.0
+
+
+@dataclass
 class Config:
     name: str
     model: ModelConfig
     train: TrainConfig
     data: DataConfig
     debug: DebugConfig = field(default_factory=DebugConfig)
+    on_failure: FailurePolicy = field(default_factory=FailurePolicy)
     source_path: str = field(default="", metadata={"internal": True})
 
 
@@ -161,6 +179,13 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     cfg.source_path = str(p.resolve())
     validate(cfg, where)
     return cfg
+
+
+def build_section(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
+    """A dataclass ``cls`` from parsed YAML with this module's strictness (unknown keys and
+    wrong types are errors naming ``where``, the key and the expected type). Other files with
+    a schema (nsa-tui's settings.yaml) use it too."""
+    return _build(cls, raw, prefix, where)
 
 
 def config_from_dict(raw: dict[str, Any], where: str = "<dict>") -> Config:
@@ -378,3 +403,9 @@ def validate(cfg: Config, where: str) -> None:
         if value is not None:
             _require(value >= 0, where, key, "a non-negative integer", value)
     _require(dbg.slow_data_s >= 0, where, "debug.slow_data_s", "a non-negative number", dbg.slow_data_s)
+    pol = cfg.on_failure
+    _require(pol.max_restarts >= 0, where, "on_failure.max_restarts", "a non-negative integer",
+             pol.max_restarts)
+    _require(pol.backoff_s >= 0, where, "on_failure.backoff_s", "a non-negative number of seconds",
+             pol.backoff_s)
+    _require(pol.grace_s > 0, where, "on_failure.grace_s", "a positive number of seconds", pol.grace_s)

@@ -1,10 +1,13 @@
 """``nsa-tui``: the control panel (no arguments, or ``connect DEST...``) and a CLI for scripts.
 
-    nsa-tui runs HOST                          nsa-tui status HOST RUN
+    nsa-tui runs HOST [--all]                  nsa-tui status HOST RUN
     nsa-tui launch HOST --config PATH [--nproc N] [--set k=v ...] [--name NAME] [--upload]
+                   [--on-failure restart|fallback|stop|none]
     nsa-tui logs HOST RUN [-f]                 nsa-tui kill HOST RUN [--grace S]
     nsa-tui fallback HOST RUN [--nproc N]      nsa-tui resume HOST RUN
     nsa-tui dump HOST RUN [--out DIR]          nsa-tui setup HOST
+    nsa-tui alerts HOST [RUN] [--follow]       nsa-tui ack HOST RUN ALERT
+    nsa-tui archive HOST RUN [--undo]          nsa-tui delete HOST RUN [--yes]
     nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
 
 HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/config alias);
@@ -12,7 +15,7 @@ HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/conf
 a command on one host of such a run reaches all of its hosts.
 Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) and
 ``--runs-root DIR``. Exit codes (EXIT_* below): 0 ok, 1 the operation failed, 2 usage,
-3 bad config, 4 no such run, 5 cannot reach the host (network, host key, no agent),
+3 bad config, 4 no such run (or alert), 5 cannot reach the host (network, host key, no agent),
 6 ``status`` found the run unhealthy (critical alert, crashed, failed or lost).
 """
 
@@ -43,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("connect", help="open the panel on these hosts")
     c.add_argument("dests", nargs="+", metavar="DEST")
-    sub.add_parser("runs", parents=[common], help="list runs").add_argument("host")
+    rl = sub.add_parser("runs", parents=[common], help="list runs (archived ones with --all)")
+    rl.add_argument("host")
+    rl.add_argument("--all", action="store_true", help="also the archived runs")
     la = sub.add_parser("launch", parents=[common], help="validate a config on the host and start a run")
     la.add_argument("host", help="HOST, or HOST1,HOST2,... for one run over several hosts")
     la.add_argument("--config", required=True, help="config path (on the host, or local with --upload)")
@@ -56,10 +61,23 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--set", nargs="+", action="extend", default=[], metavar="K=V", help="config overrides")
     la.add_argument("--name", default=None, help="run name (default: the config's name)")
     la.add_argument("--upload", action="store_true", help="send this machine's config file to the host")
+    la.add_argument("--on-failure", default=None, choices=["none", "restart", "fallback", "stop"],
+                    help="what the host's watchdog does when the run fails (config on_failure.action)")
+    al = sub.add_parser("alerts", parents=[common], help="the host's recorded alerts (every run, or one)")
+    al.add_argument("host")
+    al.add_argument("run", nargs="?", default=None)
+    al.add_argument("-f", "--follow", action="store_true", help="keep printing changes as they happen")
+    al.add_argument("--history", type=int, default=100, help="resolved alerts shown per run (default 100)")
+    ak = sub.add_parser("ack", parents=[common], help="acknowledge an alert (its id, or its kind)")
+    ak.add_argument("host")
+    ak.add_argument("run")
+    ak.add_argument("alert")
     for name, text in (("status", "status and current alerts"), ("kill", "stop a run (TERM, then KILL)"),
                        ("fallback", "stop and relaunch on one GPU from the newest checkpoint"),
                        ("resume", "relaunch a stopped run from its newest checkpoint"),
-                       ("dump", "stack dump of every rank"), ("logs", "the run's train.log")):
+                       ("dump", "stack dump of every rank"), ("logs", "the run's train.log"),
+                       ("archive", "hide a run that is not alive from the default run list"),
+                       ("delete", "remove a run that is not alive (says how much it frees)")):
         sp = sub.add_parser(name, parents=[common], help=text)
         sp.add_argument("host")
         sp.add_argument("run")
@@ -72,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
         if name == "dump":
             sp.add_argument("--out", default=None, help="also write the files into this directory")
+        if name == "archive":
+            sp.add_argument("--undo", action="store_true", help="take it out of the archive")
+        if name == "delete":
+            sp.add_argument("--yes", action="store_true", help="do not ask (scripts)")
     st = sub.add_parser("setup", parents=[common], help="install this version on an SSH host (venv)")
     st.add_argument("host")
     st.add_argument("--no-deps", action="store_true", help="pip --no-deps: install no dependency")
@@ -99,7 +121,8 @@ def _fail(args: argparse.Namespace, code: int, kind: str, message: str) -> int:
 
 
 async def _ask_host_key(host: str, fingerprint: str) -> bool:
-    """Interactive yes/no for an unknown host key; never yes without a terminal."""
+    """Interactive yes/no for an unknown host key; never yes without a terminal (the refusal
+    then says how to accept the key: nsa_tui/transport/ssh.py)."""
     if not sys.stdin.isatty():
         return False
     print(f"The host {host} is not known.\nIts key fingerprint is {fingerprint}.", file=sys.stderr)
@@ -112,7 +135,8 @@ def _runs_table(runs: list[RunView]) -> str:
     for r in runs:
         i = r.info
         step = f"{i.step}/{i.total_steps if i.total_steps is not None else '-'}"
-        rows.append((r.run_id, r.name, r.status.value, step, str(i.world_size), str(i.global_batch or "-"),
+        status = r.status.value + (" (archived)" if r.archived else "")
+        rows.append((r.run_id, r.name, status, step, str(i.world_size), str(i.global_batch or "-"),
                      fmt_count(i.param_count) if i.param_count else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
@@ -134,6 +158,9 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     for b in rep.beats:
         det.feed_beat(args.run, b, received=now)  # a beat read just now: its age on the host clock
     alerts = det.check(now)
+    if rep.run.watchdog:  # the host records this run's alerts: show those (unresolved), not a guess
+        recorded = await c.alerts(args.run, 0)
+        alerts = [st.alert for st in recorded.alerts if st.state != "resolved"]
     info = rep.run.info
     step = max([info.step, *(b.step for b in rep.beats)])  # run.json is rewritten every ~10 s
     lines = [f"{rep.run.run_id}  {rep.run.name}  status={rep.run.status.value}  "
@@ -154,6 +181,49 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
     bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
     return EXIT_UNHEALTHY if bad else EXIT_OK
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def alert_lines(st: Any) -> list[str]:
+    """One alert for a terminal: when, run, id, state, what; then its message and evidence."""
+    a = st.alert
+    rank = f" rank {a.rank}" if a.rank is not None else ""
+    state = st.state
+    if st.state == "resolved":
+        state += f" {_when(st.resolved_at)}"
+    if st.acked_at:
+        state += f", acknowledged by {st.acked_by or '?'}"
+    out = [f"{_when(st.raised_at)}  {st.run}  {st.id}  [{a.severity.upper()}] {a.kind}{rank}  ({state})",
+           f"    {a.message}"]
+    if a.evidence:
+        out.append(f"    evidence: {', '.join(a.evidence)}")
+    return out
+
+
+async def _alerts(c: Any, args: argparse.Namespace) -> int:
+    """Recorded alerts, oldest first: each unresolved one and the newest resolved ones."""
+    if not args.follow:
+        lst = await c.alerts(args.run, args.history)
+        text = "\n".join(ln for st in lst.alerts for ln in alert_lines(st)) or "no alerts"
+        if lst.bad_lines:
+            text += f"\n({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)"
+        _emit(args, lst, text)
+        return EXIT_OK
+    from nsa.contract.io import to_builtins
+
+    if args.run:
+        await c.run(args.run)  # a run that does not exist is an error, not an empty stream
+    async for ev in c.watch_alerts(args.history, args.run):
+        states = ev.data.alerts if ev.kind == "alerts" else [ev.data]
+        for st in states:
+            if args.json:
+                print(json.dumps(to_builtins(st)), flush=True)
+            else:
+                print("\n".join(alert_lines(st)), flush=True)
+    return EXIT_OK
 
 
 async def _logs(c: Any, args: argparse.Namespace) -> int:
@@ -201,6 +271,27 @@ async def _logs(c: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _delete(c: Any, args: argparse.Namespace) -> int:
+    """Say what deleting frees, ask (unless --yes), then delete."""
+    from nsa_tui.fmt import fmt_bytes
+
+    plan = await c.delete(args.run, dry_run=True)
+    what = f"{args.run}: {fmt_bytes(plan.bytes)} in {plan.files} files"
+    if plan.children:
+        what += f" (continued by {', '.join(plan.children)}: those keep their own files)"
+    if not args.yes:
+        if args.json or not sys.stdin.isatty():
+            return _fail(args, EXIT_USAGE, "not_confirmed", f"delete {what}? add --yes to delete")
+        answer = await asyncio.to_thread(input, f"delete {what}? (yes/no) ")
+        if answer.strip().lower() != "yes":
+            print("nothing deleted", file=sys.stderr)
+            return EXIT_FAILED
+    res = await c.delete(args.run)
+    _emit(args, res, f"deleted {args.run}: freed {fmt_bytes(res.bytes)}" if res.deleted
+          else f"{args.run}: gone from the list, but part of it could not be removed (.deleting-* remains)")
+    return EXIT_OK if res.deleted else EXIT_FAILED
+
+
 async def _run_command(args: argparse.Namespace) -> int:
     from nsa_tui.client import AgentError, HostClient
     from nsa_tui.transport import TransportError
@@ -222,7 +313,7 @@ async def _run_command(args: argparse.Namespace) -> int:
     if len(dests) > 1:
         return await _multi(args, dests)
     c = HostClient(args.host, runs_root=args.runs_root, confirm_host_key=_ask_host_key)
-    c.reconnect = args.cmd == "logs"  # only a follower waits out a dropped link
+    c.reconnect = args.cmd == "logs" or getattr(args, "follow", False)  # only followers wait out a drop
     try:
         await c.start()
     except TransportError as exc:
@@ -237,7 +328,8 @@ async def _run_command(args: argparse.Namespace) -> int:
                 return await _multi(args, hosts)
         return await _dispatch(c, args)
     except AgentError as exc:
-        code = {"bad_config": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN, "bad_request": EXIT_USAGE}
+        code = {"bad_config": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN, "bad_request": EXIT_USAGE,
+                "no_such_alert": EXIT_NO_RUN}
         return _fail(args, code.get(exc.code, EXIT_FAILED), exc.code, exc.message)
     finally:
         await c.close()
@@ -246,11 +338,24 @@ async def _run_command(args: argparse.Namespace) -> int:
 async def _dispatch(c: Any, args: argparse.Namespace) -> int:
     if args.cmd == "runs":
         runs = await c.runs()
-        _emit(args, runs, _runs_table(runs))
+        shown = runs if args.all else [r for r in runs if not r.archived]
+        hidden = len(runs) - len(shown)
+        note = f"\n({hidden} archived: --all lists them)" if hidden else ""
+        _emit(args, shown, _runs_table(shown) + note)
+    elif args.cmd == "archive":
+        view = await c.archive(args.run, archived=not args.undo)
+        _emit(args, view, f"{args.run}: {'archived' if view.archived else 'no longer archived'}")
+    elif args.cmd == "delete":
+        return await _delete(c, args)
     elif args.cmd == "launch":
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
-                             upload=args.upload)
+                             upload=args.upload, on_failure=args.on_failure)
         _emit(args, res, res.run_id)
+    elif args.cmd == "alerts":
+        return await _alerts(c, args)
+    elif args.cmd == "ack":
+        st = await c.ack(args.run, args.alert)
+        _emit(args, st, f"{args.run} {st.id}: acknowledged ({st.state})")
     elif args.cmd == "status":
         return await _status(c, args)
     elif args.cmd == "logs":

@@ -136,6 +136,8 @@ async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreacha
         return fail(5, "unreachable", f"{host}: {why}")
     try:
         if cmd == "launch":
+            if getattr(args, "on_failure", None):  # a config value, refused where it cannot work
+                args.set = [*args.set, f"on_failure.action={args.on_failure}"]
             res = await co.launch(clients, args.config, nproc=args.nproc, overrides=args.set, name=args.name,
                                   upload=args.upload, rdzv_host=args.rdzv_host, rdzv_port=args.rdzv_port)
             doc = {"run_id": res.run_id, "rdzv_endpoint": res.rdzv_endpoint,

@@ -18,7 +18,13 @@
     await client.preflight(...)   # PreflightResult: versions, rendezvous port, config (runs over hosts)
     await client.checkpoints(run_id)  # CheckpointList; read_/write_checkpoint_file move shards
     await client.dump(run_id)     # DumpResult
+    await client.archive(run_id, archived=True)   # RunView (hidden from the default list)
+    await client.delete(run_id, dry_run=False)    # DeleteResult: bytes it frees / freed
     await client.read_log(run_id, offset=0, max_bytes=1 << 20)  # LogChunk
+    await client.alerts(run_id=None)  # AlertList: the host's recorded alerts (alerts.jsonl)
+    await client.ack(run_id, alert)   # AlertState, acknowledged
+    await client.evidence(run_id, alert)  # Evidence: the files captured for it
+    async for ev in client.watch_alerts(): ...    # "alerts" once, then "alert" per change
     async for ev in client.watch(run_id): ...     # Event, survives reconnects (below)
     async for ev in client.watch_runs(): ...      # "runs" once, then "run" / "run_removed"
     async for sample in client.host_samples(): ... # HostSample per second
@@ -56,10 +62,14 @@ from nsa.contract import PROTOCOL, Hello, HostSample, NodeLayout, RunStatusRepor
 from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
+    AlertList,
+    AlertState,
     CheckpointList,
+    DeleteResult,
     DumpResult,
     ErrorInfo,
     EventEnvelope,
+    Evidence,
     FileChunk,
     KillResult,
     LaunchResult,
@@ -372,10 +382,14 @@ class HostClient:
 
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
                      name: str | None = None, upload: bool = False, config_text: str | None = None,
-                     run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+                     run_id: str | None = None, nodes: NodeLayout | None = None,
+                     on_failure: str | None = None) -> LaunchResult:
         """Validate on the host and start; ``upload`` sends this machine's file text along (or
-        ``config_text`` as given). ``run_id``/``nodes``: one node of a run over several hosts."""
+        ``config_text`` as given); ``on_failure``: the watchdog's policy for the run (restart,
+        fallback, stop, none). ``run_id``/``nodes``: one node of a run over several hosts."""
         args: dict[str, Any] = {"nproc": nproc, "overrides": list(overrides), "name": name}
+        if on_failure is not None:
+            args["on_failure"] = on_failure
         if upload and config_text is None:
             config_text = read_config_text(config_path)
         if config_text is not None:
@@ -430,8 +444,25 @@ class HostClient:
     async def dump(self, run_id: str) -> DumpResult:
         return await self.request("dump", DumpResult, run=run_id)
 
+    async def archive(self, run_id: str, archived: bool = True) -> RunView:
+        """Hide a run that is not alive from the default run list (False: show it again)."""
+        return await self.request("archive", RunView, run=run_id, archived=archived)
+
+    async def delete(self, run_id: str, dry_run: bool = False) -> DeleteResult:
+        """Remove a run that is not alive; ``dry_run``: only say how many bytes that frees."""
+        return await self.request("delete", DeleteResult, run=run_id, dry_run=dry_run)
+
     async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20) -> LogChunk:
         return await self.request("read_log", LogChunk, run=run_id, offset=offset, max_bytes=max_bytes)
+
+    async def alerts(self, run_id: str | None = None, history: int = 100) -> AlertList:
+        return await self.request("alerts", AlertList, run=run_id, history=history)
+
+    async def ack(self, run_id: str, alert: str, by: str | None = None) -> AlertState:
+        return await self.request("ack", AlertState, run=run_id, alert=alert, by=by)
+
+    async def evidence(self, run_id: str, alert: str) -> Evidence:
+        return await self.request("evidence", Evidence, run=run_id, alert=alert)
 
     # -- streams ------------------------------------------------------------------
     async def _subscribe(self, sub: _Sub) -> None:
@@ -478,6 +509,11 @@ class HostClient:
         """The run list (a ``runs`` event), then ``run`` for every change, ``run_removed``; after
         a reconnect the whole list again."""
         return self._stream(_Sub("watch_runs", {}))
+
+    def watch_alerts(self, history: int = 100, run_id: str | None = None) -> AsyncIterator[Event]:
+        """The host's recorded alerts: an ``alerts`` event (AlertList), then ``alert`` (AlertState)
+        for every change; after a reconnect the whole list again."""
+        return self._stream(_Sub("watch_alerts", {"history": history, "run": run_id}))
 
     async def host_samples(self, interval_s: float = 1.0) -> AsyncIterator[HostSample]:
         """Host samples, one per ``interval_s``; resumes after reconnects."""

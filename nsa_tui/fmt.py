@@ -5,6 +5,7 @@ The one place numbers become text, for the panel and the CLI alike.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 NA = "N/A"
@@ -29,14 +30,16 @@ def fmt_bytes(n: Any) -> str:
     return f"{n:.0f} B"
 
 
-def fmt_pair_bytes(used: Any, total: Any) -> str:
-    """"used/total UNIT" with one unit chosen from the total."""
+def fmt_pair_bytes(used: Any, total: Any, short: bool = False) -> str:
+    """"used/total UNIT" with one unit chosen from the total; ``short``: whole GiB from 10 GiB
+    (``61/80 GiB``, for narrow places)."""
     if not is_num(used) or not is_num(total):
         return NA
     if total >= 1024 * GIB:
         return f"{used / GIB / 1024:.2f}/{total / GIB / 1024:.2f} TiB"
     if total >= GIB:
-        return f"{used / GIB:.1f}/{total / GIB:.1f} GiB"
+        digits = 0 if short and total >= 10 * GIB else 1
+        return f"{used / GIB:.{digits}f}/{total / GIB:.{digits}f} GiB"
     return f"{used / MIB:.0f}/{total / MIB:.0f} MiB"
 
 
@@ -97,3 +100,62 @@ def fmt_short(v: float) -> str:
     if a >= 1:
         return f"{v:.2f}"
     return f"{v:.2g}"
+
+
+def nice_ticks(lo: float, hi: float, n: int = 4, integer: bool = False) -> list[float]:
+    """Up to ``n`` round values (multiples of 1, 2, 2.5 or 5 × 10^k) inside ``lo..hi``, as many
+    as fit: the axis labels of a chart whose limits are ``lo..hi``, so every label is drawn
+    inside the frame and they move only when the range does. ``integer``: whole numbers only
+    (steps: never ``1 1 2 2``)."""
+    if not (is_num(lo) and is_num(hi)) or math.isinf(lo) or math.isinf(hi) or n < 1:
+        return []
+    if hi < lo:
+        lo, hi = hi, lo
+    if hi == lo:
+        return [lo]
+    mag = 10 ** math.floor(math.log10((hi - lo) / max(1, n)))
+    for step in (m * mag * f for f in (0.1, 1, 10, 100) for m in (1, 2, 2.5, 5)):
+        if integer and (step < 1 or step != int(step)):
+            continue
+        first = math.ceil(lo / step - 1e-9)
+        count = math.floor(hi / step + 1e-9) - first + 1
+        if count <= n:
+            return [_clean((first + k) * step, step) for k in range(count)]
+    return [lo, hi]
+
+
+def _clean(x: float, step: float) -> float:
+    """``x`` rounded to the step's precision (no 0.30000000000000004 labels, no -0.0)."""
+    digits = max(0, -math.floor(math.log10(step)) + 2)
+    return round(x, digits) + 0.0
+
+
+def fmt_ticks(ticks: list[float]) -> list[str]:
+    """Labels for evenly spaced axis values: one precision for all of them, as much as the
+    spacing needs (``1.9 2.0 2.1``, ``41.0k 41.5k``, ``2e-4 4e-4``), so no two are alike
+    and no label has digits the axis cannot resolve."""
+    if not ticks:
+        return []
+    gaps = [abs(b - a) for a, b in zip(ticks, ticks[1:]) if b != a]
+    top = max(abs(t) for t in ticks)
+    step = min(gaps) if gaps else (top or 1.0)
+    if top >= 1e4:
+        div, tag = next((d, t) for d, t in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")) if top >= d)
+        d = _decimals(step / div)
+        return ["0" if t == 0 else f"{t / div:.{d}f}{tag}" for t in ticks]
+    if 0 < top < 1e-2:
+        e = math.floor(math.log10(top))
+        d = _decimals(step / 10**e)
+        return ["0" if t == 0 else f"{t / 10**e:.{d}f}e{e}" for t in ticks]
+    d = _decimals(step)
+    return [f"{t:.{d}f}" for t in ticks]
+
+
+def _decimals(step: float) -> int:
+    """Decimals that show a multiple of ``step`` exactly (2.5 needs one more than 2)."""
+    if step <= 0:
+        return 0
+    for d in range(0, 12):
+        if abs(round(step, d) - step) <= step * 1e-6:
+            return d
+    return 12

@@ -6,7 +6,7 @@ same; tests/test_contract_docs.py checks that they agree). Depends on msgspec on
 panel imports it without torch.
 
 - ``status``: :class:`RunStatus` (with its order and ``is_terminal``), :class:`Phase`;
-- ``records``: run.json, launch.json, exit.json, stop.json, relaunch.json, heartbeats,
+- ``records``: run.json, launch.json, exit.json, stop.json, relaunch.json, archived.json, heartbeats,
   metrics lines, host samples, alerts;
 - ``series``: bounded metric summaries (metrics-summary.json);
 - ``protocol``: hello, requests, replies, events and the agent's view of a run;
@@ -27,6 +27,8 @@ from nsa.contract.io import (
 from nsa.contract.protocol import PROTOCOL, Hello, RunStatusReport, RunView
 from nsa.contract.records import (
     Alert,
+    AlertEvent,
+    Archived,
     AttentionOps,
     Beat,
     DeviceInfo,
@@ -42,6 +44,7 @@ from nsa.contract.records import (
     PgTimeouts,
     Relaunch,
     RunInfo,
+    SelfCheck,
     StopInfo,
     TrainMetric,
     on_gpu,
@@ -50,10 +53,11 @@ from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
 from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
 
 __all__ = [
-    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AttentionOps", "Beat", "ContractError", "DeviceInfo",
-    "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading", "Hello", "HostSample",
+    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat",
+    "ContractError", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
+    "Hello", "HostSample",
     "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "NodeLayout",
-    "PgTimeouts", "Phase", "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SeriesSummary",
-    "StopInfo", "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu", "read_json",
-    "write_json_atomic",
+    "PgTimeouts", "Phase", "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SelfCheck",
+    "SeriesSummary", "StopInfo", "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu",
+    "read_json", "write_json_atomic",
 ]

@@ -175,6 +175,23 @@ def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
         raise
 
 
+def write_json_in_place(path: Path, obj: Any) -> None:
+    """Last resort on a full disk (ENOSPC): overwrite the existing file's own blocks with the
+    compact record, then cut the file to its length. A new file (the atomic writer's) needs
+    blocks the disk no longer has; the old file's are already allocated. Not atomic: a reader
+    may see a half-written file for an instant and skips it (``read_json`` returns None)."""
+    data = encode(obj) + b"\n"
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_json(path: Path, typ: type[T] | Any) -> T | None:
     """A record from a JSON file, or None when absent, half-written or not of ``typ``."""
     try:

@@ -84,7 +84,10 @@ class RunView(Record, kw_only=True):
     stop_requested: bool = False
     parent_run: str | None = None
     created: float = 0.0  # when it was launched (or started, for a run started by hand)
+    archived: bool = False  # archived.json exists: hidden from the default run list
     log_tail: list[str] = []  # the end of train.log, for crashed and failed runs
+    launcher_alive: bool = False  # the run's supervisor (the parent of torchrun) is alive
+    watchdog: bool = False  # the host records its alerts (alerts.jsonl): its watchdog runs or ran to the end
 
 
 class RunStatusReport(Record, kw_only=True):
@@ -127,6 +130,29 @@ class RunRemoved(Record, kw_only=True):
     run_id: str
 
 
+class AlertState(Record, kw_only=True):
+    """One alert of a run as its alerts.jsonl tells it (every event of that id folded):
+    ``state`` is ``open`` until it is acknowledged or its condition ends (``resolved``)."""
+
+    id: str
+    run: str
+    state: Literal["open", "acknowledged", "resolved"]
+    raised_at: float
+    updated_at: float
+    resolved_at: float | None = None
+    acked_at: float | None = None
+    acked_by: str | None = None
+    alert: Alert
+
+
+class AlertList(Record, kw_only=True):
+    """Alerts of one run or of every run: every open one and the newest resolved ones, oldest
+    first; ``bad_lines``: malformed lines of alerts.jsonl skipped."""
+
+    alerts: list[AlertState]
+    bad_lines: int = 0
+
+
 # event name -> the type of its ``data``
 EVENT_DATA: dict[str, Any] = {
     "status": RunView,
@@ -140,10 +166,12 @@ EVENT_DATA: dict[str, Any] = {
     "runs": RunsList,
     "run": RunView,
     "run_removed": RunRemoved,
+    "alerts": AlertList,
+    "alert": AlertState,
     "error": ErrorInfo,
 }
 EventKind = Literal["status", "beats", "metrics", "summary", "log", "gap", "synced", "host", "runs", "run",
-                    "run_removed", "error"]
+                    "run_removed", "alerts", "alert", "error"]
 
 
 class EventMsg(Record, kw_only=True):
@@ -227,6 +255,16 @@ class FallbackArgs(Args, kw_only=True, forbid_unknown_fields=True):
     checkpoint: str | None = None
 
 
+class ArchiveArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    archived: bool = True  # False: take it out of the archive
+
+
+class DeleteArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    dry_run: bool = False  # only say what deleting would free
+
+
 class ReadLogArgs(Args, kw_only=True, forbid_unknown_fields=True):
     run: str
     offset: int = 0
@@ -249,6 +287,7 @@ class LaunchArgs(Args, kw_only=True, forbid_unknown_fields=True):
     name: str | None = None
     run_id: str | None = None  # several hosts: the id the client chose for every host
     nodes: NodeLayout | None = None  # several hosts: this host's place among them
+    on_failure: str | None = None  # the config's on_failure.action for this run
 
 
 class PreflightArgs(Args, kw_only=True, forbid_unknown_fields=True):
@@ -326,6 +365,25 @@ class WriteCheckpointFileArgs(Args, kw_only=True, forbid_unknown_fields=True):
     final: bool = False
 
 
+class AlertsArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``alerts`` and ``watch_alerts``: one run's or every run's; at most ``history`` resolved
+    ones per run besides every open one."""
+
+    run: str | None = None
+    history: int = 100
+
+
+class AckArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    alert: str  # its id, or its kind when one open alert of the run has it
+    by: str | None = None
+
+
+class EvidenceArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    alert: str
+
+
 class LaunchResult(Record, kw_only=True):
     """``launch``, ``fallback`` and ``resume``: the new run (``view``: as the agent sees it now)."""
 
@@ -348,6 +406,16 @@ class KillResult(Record, kw_only=True):
     remaining: list[int] = []
 
 
+class DeleteResult(Record, kw_only=True):
+    """``delete``: what the run's directory held (what deleting frees) and whether it is gone."""
+
+    run_id: str
+    bytes: int
+    files: int
+    deleted: bool
+    children: list[str] = []  # runs that continue this one (fallback/resume): they keep their own files
+
+
 class LogChunk(Record, kw_only=True):
     text: str
     offset: int
@@ -357,6 +425,15 @@ class LogChunk(Record, kw_only=True):
 class DumpFile(Record, kw_only=True):
     name: str
     text: str
+
+
+class Evidence(Record, kw_only=True):
+    """``evidence``: the files the watchdog captured for an alert (each at most 1 MiB shown)."""
+
+    run_id: str
+    alert: str
+    files: list[DumpFile] = []
+    notes: list[str] = []
 
 
 class DumpResult(Record, kw_only=True):

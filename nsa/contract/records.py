@@ -19,12 +19,24 @@ class Record(msgspec.Struct, kw_only=True):
 
 
 # -- run.json (rank 0) ------------------------------------------------------------------------
+class SelfCheck(Record, kw_only=True):
+    """The Triton kernels' check against the reference before training (nsa/ops/self_check.py)."""
+
+    ok: bool
+    device: str
+    dtype: str
+    ops: list[str] = []  # checked, in order
+    failures: list[str] = []  # "op: reason" each
+    seconds: float = 0.0
+
+
 class AttentionOps(Record, kw_only=True):
     """Which attention ops a run uses; ``fallback_reason`` says why it is not what was asked."""
 
-    requested: str = "auto"  # model.attention.backend
+    requested: str = "auto"  # model.attention.backend ("sdpa" for dense models)
     backend: str = "reference"  # "triton" | "reference" | "sdpa" (dense)
     fallback_reason: str | None = None
+    self_check: SelfCheck | None = None  # None when no check ran
 
 
 class PgTimeouts(Record, kw_only=True):
@@ -68,6 +80,7 @@ class RunInfo(Record, kw_only=True):
     parent_run: str | None = None
     telemetry_overhead: float | None = None
     attention_ops: AttentionOps | None = None
+    train_flops_per_token: float | None = None  # model FLOPs of one trained token (nsa.stats)
     pg_timeouts: PgTimeouts | None = None
     nnodes: int = 1  # nodes (hosts) the ranks run on
 
@@ -110,6 +123,7 @@ class ExitInfo(Record, kw_only=True):
     signal: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    watchdog: bool = False  # the supervisor's watchdog ran and wrote its final alerts before this file
 
 
 class StopInfo(Record, kw_only=True):
@@ -124,10 +138,18 @@ class Relaunch(Record, kw_only=True):
     from it. Why: a second request for the same relaunch returns this run instead of
     starting another from the same checkpoint."""
 
-    op: Literal["fallback", "resume"]
+    op: Literal["fallback", "resume", "restart"]
     child_run: str
     resume_from: str
     ts: float
+
+
+class Archived(Record, kw_only=True):
+    """archived.json: the run is hidden from the default run list (the panel's and ``nsa-tui
+    runs``); its files stay. Why: finished runs pile up, and deleting is not always wanted."""
+
+    ts: float
+    by: str = "nsa-tui agent"
 
 
 # -- heartbeats/rank-R.jsonl (every rank) -----------------------------------------------------
@@ -265,7 +287,23 @@ class Alert(Record, kw_only=True):
     log_tail: list[str] = []
     message: str = ""
     suggested_actions: list[str] = []
+    evidence: list[str] = []  # files captured for it, relative to the run directory
 
     @property
     def key(self) -> str:
         return f"{self.host}|{self.run}|{self.kind}|{self.rank}"
+
+
+AlertAction = Literal["raised", "updated", "resolved", "acknowledged"]
+
+
+class AlertEvent(Record, kw_only=True):
+    """One line of alerts.jsonl: an alert was raised, updated (new evidence, severity, step),
+    resolved (its condition ended) or acknowledged (by a person, through the agent)."""
+
+    ts: float
+    action: AlertAction
+    id: str  # unique within the run: "<n>-<kind>"
+    alert: Alert
+    by: str = ""  # who wrote it: "watchdog", or the user who acknowledged it
+    note: str = ""  # e.g. what an automatic action did, or why a delivery failed

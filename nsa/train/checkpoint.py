@@ -280,6 +280,8 @@ class Checkpointer:
              rank: int, device: torch.device, block: bool = False) -> None:
         """Write step ``step``. ``block``: return only once it is committed (a stop, the end)."""
         self.wait()  # one save at a time: the previous one is committed first
+        if self.committer:
+            remove_interrupted(self.root)  # a save killed half-way: its space back before this one
         t0 = time.time()
         stamp = broadcast_object(f"{int(t0 * 1000)}-{os.getpid()}", self.group)  # one name per node
         tmp, final = self.root / f"{TMP_PREFIX}{step}-{stamp}", self.root / f"step-{step}"
@@ -294,6 +296,7 @@ class Checkpointer:
                     self._commit(tmp, final, meta, fut.result(), t0)
                 except BaseException as exc:  # handed to the training thread by wait()
                     pending.error = exc
+                    self._discard(tmp)
                 finally:
                     pending.done.set()
 
@@ -301,8 +304,18 @@ class Checkpointer:
             self.pending = pending
             fut.add_done_callback(written)  # type: ignore[union-attr]
             return
-        metadata = dcp.save(state, checkpoint_id=str(tmp), process_group=self.group)
-        self._commit(tmp, final, meta, metadata, t0)
+        try:
+            metadata = dcp.save(state, checkpoint_id=str(tmp), process_group=self.group)
+            self._commit(tmp, final, meta, metadata, t0)
+        except BaseException:
+            self._discard(tmp)
+            raise
+
+    def _discard(self, tmp: Path) -> None:
+        """A save that failed (a full disk): its partial files must not keep the disk full and
+        block a resume."""
+        if self.committer:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def poll(self) -> None:
         """Raise the error of an async save that failed (every step; cheap)."""

@@ -152,9 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         boot = trainer.setup()
         banner(log, cfg, args, run_id, run_dir, world, device, boot, trainer, resume)
         if record:
+            from nsa.stats import train_flops_per_token
+
             record.update(param_count=boot["param_count"], grad_accum=boot["grad_accum"],
                           global_batch=boot["global_batch"], dtype=boot["dtype"],
-                          data_source=boot["data_source"], resume_note=trainer.resume_note)
+                          data_source=boot["data_source"], resume_note=trainer.resume_note,
+                          attention_ops=boot["attention_ops"],
+                          train_flops_per_token=train_flops_per_token(cfg.model, cfg.train.seq_len))
         status = trainer.run()
         trainer.finish()
         overhead = trainer.telemetry_s / trainer.train_s if trainer.train_s else 0.0
@@ -178,14 +182,18 @@ def main(argv: list[str] | None = None) -> int:
 def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: Path, world: int, device: Any,
            boot: dict[str, Any], trainer: Any, resume: Path | None) -> None:
     from nsa.config import to_dict
-    from nsa.ops import get_ops
 
     t = cfg.train
     log(f"nsa-train run {run_id} in {run_dir}")
     log(f"config {cfg.source_path} (overrides: {' '.join(args.set) or 'none'})")
     log("resolved config " + json.dumps(to_dict(cfg), sort_keys=True))
     attn = cfg.model.attention
-    ops = "sdpa" if attn.kind == "dense" else get_ops(attn.backend, device).__name__.rsplit(".", 1)[-1]
+    chosen = boot["attention_ops"]
+    ops = chosen.backend
+    if chosen.fallback_reason:
+        ops += f" (requested {chosen.requested}; FALLBACK: {chosen.fallback_reason})"
+    elif chosen.self_check:
+        ops += f" (self-check passed on {chosen.self_check.device} in {chosen.self_check.seconds:.1f} s)"
     log(f"model {attn.kind}: {boot['param_count']:,} parameters "
         f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
         f"attention ops: {ops}")
@@ -226,15 +234,24 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
             trainer.sync_last_checkpoint()
         except Exception:
             pass
-    print(f"[rank {rank}] FAILED at step {step}:\n{tb}", file=sys.stderr, flush=True)
+    try:
+        print(f"[rank {rank}] FAILED at step {step}:\n{tb}", file=sys.stderr, flush=True)
+    except OSError:
+        pass  # train.log on a full disk: run.json and the heartbeat still say it
     tail = "\n".join(tb.strip().splitlines()[-6:])
-    if isinstance(exc, NonFiniteLoss):
+    phase = getattr(hb.phase, "value", hb.phase)
+    no_space = "" if isinstance(exc, NonFiniteLoss) else out_of_space(exc, run_dir)
+    if no_space:
+        # kept short: there may be room for nothing but run.json's own blocks
+        reason = (f"rank {rank} failed during {phase} after step {step}: no space left on device (ENOSPC): "
+                  f"{no_space}; free space on the run directory's disk, then resume")
+    elif isinstance(exc, NonFiniteLoss):
         kept = trainer.last_ckpt if trainer and trainer.last_ckpt else None
         ck = f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was saved yet"
         reason = f"{exc}; every rank stopped; {ck}"
     else:
-        where = f"at step {step + 1}" if hb.phase in ("train", "compile", "data") and trainer and \
-            getattr(trainer, "loader", None) else f"during {hb.phase} (after step {step})"
+        where = f"at step {step + 1}" if phase in ("train", "compile", "data") and trainer and \
+            getattr(trainer, "loader", None) else f"during {phase} (after step {step})"
         reason = f"rank {rank} failed {where}: {type(exc).__name__}: {exc}\n{tail}"
         if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
             reason = (f"rank {rank} failed {where}: a collective timed out (train.pg_timeout_s in steady "
@@ -248,7 +265,7 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
     if record is not None:
         time.sleep(1.0)  # let a peer that failed first write its beat, then name it
         first = first_peer_failure(run_dir, rank)
-        if first and not isinstance(exc, NonFiniteLoss):
+        if first and not isinstance(exc, NonFiniteLoss) and not no_space:
             reason = f"{first}\n(rank {rank} then failed: {type(exc).__name__}: {str(exc)[:300]})"
         try:
             record.update(status="failed", exit_reason=reason, ended_at=time.time(),
@@ -259,6 +276,32 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_FAILED)  # no teardown handshakes with dead or hung peers
+
+
+def out_of_space(exc: BaseException, run_dir: Path) -> str:
+    """Why ``exc`` is a full disk ("" when it is not): an ENOSPC anywhere in its chain; a failed
+    write (torch.save says only "file write failed") while the disk has next to nothing free; or
+    any failure on a disk that is full (a peer that ran out of space first could not say so)."""
+    import errno
+    import shutil
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    write_failed = False
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text:
+            return f"{type(e).__name__}: {text[:200]}"
+        write_failed = write_failed or isinstance(e, OSError) or "write failed" in text
+        e = e.__cause__ or e.__context__
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return ""
+    if free < (16 << 20 if write_failed else 1 << 20):
+        return f"only {free} bytes free; {type(exc).__name__}: {str(exc)[:200]}"
+    return ""
 
 
 def first_peer_failure(run_dir: Path, me: int) -> str | None:

@@ -10,6 +10,7 @@ week-long run's beats cost a bounded amount of disk and reading the latest is O(
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -32,7 +33,7 @@ from nsa.contract import (
     read_json,
     write_json_atomic,
 )
-from nsa.contract.io import JsonlWriter, decode_lines, private_dir, read_lines
+from nsa.contract.io import JsonlWriter, decode_lines, private_dir, read_lines, write_json_in_place
 
 HEARTBEAT_ROTATE_BYTES = 32 << 20
 SUMMARY_EVERY_S = 10.0
@@ -145,8 +146,22 @@ class RunRecord:
 
     def write(self, durable: bool = True) -> None:
         self.info.updated_at = time.time()
-        write_json_atomic(self.path, self.info, durable)
+        try:
+            write_json_atomic(self.path, self.info, durable)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.path.exists():
+                raise
+            self._write_on_full_disk()
         self._last_write = time.time()
+
+    def _write_on_full_disk(self) -> None:
+        """The disk is full: the record goes into run.json's own blocks (compact, then with a
+        shorter reason if even that does not fit), so a failure for want of space is still said."""
+        try:
+            write_json_in_place(self.path, self.info)
+        except OSError:
+            reason = (self.info.exit_reason or "")[:200]
+            write_json_in_place(self.path, msgspec.structs.replace(self.info, exit_reason=reason))
 
 
 class MetricsLog:

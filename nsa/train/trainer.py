@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nsa.config import Config, to_dict
-from nsa.contract import EpochMetric, EvalMetric, GateShares, TrainMetric
+from nsa.contract import AttentionOps, EpochMetric, EvalMetric, GateShares, TrainMetric
 from nsa.contract.io import JsonlWriter
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
@@ -89,6 +89,7 @@ class Trainer:
         self.use_bf16 = t.dtype == "bf16" or (t.dtype == "auto" and info.device.type == "cuda")
         if self.use_bf16 and info.device.type != "cuda":
             raise RuntimeError("train.dtype bf16 needs CUDA here; use dtype auto or fp32 on CPU")
+        self.attention_ops = self._choose_attention_ops()
         from nsa import build_model
 
         torch.manual_seed(t.seed)  # identical initial weights on every rank
@@ -114,8 +115,47 @@ class Trainer:
         self.global_batch = t.batch_size * info.world_size * self.grad_accum
         self._setup_data(positions)
         return {"param_count": self.param_count, "grad_accum": self.grad_accum,
-                "global_batch": self.global_batch, "dtype": "bf16 autocast, fp32 params" if self.use_bf16
-                else "fp32", "data_source": self.source.description, "n_streams": self.n_streams}
+                "attention_ops": self.attention_ops, "global_batch": self.global_batch,
+                "dtype": "bf16 autocast, fp32 params" if self.use_bf16 else "fp32",
+                "data_source": self.source.description, "n_streams": self.n_streams}
+
+    def _choose_attention_ops(self) -> AttentionOps:
+        """Settle the attention ops before anything trains, the same on every rank
+        (``nsa.ops.choose_ops``: on CUDA the kernels must pass a self-check first).
+        Returns run.json's ``attention_ops``."""
+        m = self.cfg.model
+        if m.attention.kind != "nsa":
+            return AttentionOps(backend="sdpa", requested="sdpa")
+        from nsa.ops import AttentionShape, choose_ops, fall_back
+
+        requested, device = m.attention.backend, self.info.device
+        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
+        choice, error = None, None
+        checks = requested == "triton" or (requested == "auto" and device.type == "cuda")
+        if checks:
+            self.hb.set_phase("compile")  # the check compiles the kernels for this GPU
+        try:
+            choice = choose_ops(requested, device, dtype, AttentionShape.of_model(m))
+        except Exception as exc:  # backend triton and a failing check: an error on every rank (no hang)
+            error = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
+        finally:
+            if checks:
+                self.hb.set_phase("boot")
+        ranks = D.all_gather_objects((error, choice.record() if choice else None))
+        for rank, (err, _) in enumerate(ranks):
+            if err:
+                raise RuntimeError(err if rank == self.info.rank else f"rank {rank}: {err}")
+        assert choice is not None
+        if not choice.fallback_reason:
+            for rank, (_, rec) in enumerate(ranks):
+                if rec.fallback_reason:  # every rank must run the same ops
+                    reason = f"rank {rank}: {rec.fallback_reason}"
+                    choice = fall_back(requested, device, reason, choice.check)
+                    break
+        if choice.fallback_reason:
+            self.log(f"WARNING: attention backend {requested!r}: training on the PyTorch reference ops, far "
+                     f"slower than the Triton kernels, because: {choice.fallback_reason}")
+        return choice.record()
 
     def _load_checkpoint(self, path: Path) -> dict[int, StreamPos]:
         cfg, info = self.cfg, self.info

@@ -31,6 +31,7 @@ from typing import Any
 import nsa_tui
 from nsa.contract import LaunchInfo, NodeLayout, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
 from nsa.contract.protocol import DumpFile, DumpResult, KillResult, LaunchResult
+from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RUN_ID_RE, RunStore
 from nsa_tui.pkgpath import env_with_package_path
@@ -86,6 +87,15 @@ def torchrun_command(python: str, nproc: int, run_id: str, nodes: NodeLayout | N
     if nodes.node_addr:
         cmd.append(f"--local-addr={nodes.node_addr}")
     return cmd
+
+
+def check_policy_over_hosts(cfg: Any) -> None:
+    """A run over several hosts: each host's watchdog sees only its part, so it may alert and
+    stop, never relaunch (``restart``/``fallback`` are done with every host: the CLI, the panel)."""
+    action = cfg.on_failure.action
+    if action in ("restart", "fallback"):
+        raise OpError("bad_config", f"on_failure.action={action} relaunches on one host: a run over several "
+                      "hosts supports none or stop (fall back or resume it with nsa-tui and all its hosts)")
 
 
 def validate_nodes(nodes: NodeLayout | None) -> None:
@@ -149,8 +159,12 @@ class Launcher:
         self.store.ensure()
         if config_text is not None:
             fd, tmp = _private_temp(self.store.root)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(config_text)
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(config_text)
+            except OSError as exc:
+                os.unlink(tmp)
+                raise no_space(exc, self.store.root) from exc
             source = config_path or "<uploaded>"
         elif config_path:
             tmp, source = None, os.path.expanduser(config_path)
@@ -164,6 +178,7 @@ class Launcher:
                 os.unlink(tmp)
         return cfg, text, source
 
+    @launch_safely
     def launch(
         self,
         config_path: str | None = None,
@@ -179,6 +194,7 @@ class Launcher:
         nodes: NodeLayout | None = None,
     ) -> LaunchResult:
         """Validate, create the run directory (0700), copy the config, start detached.
+        On a full disk nothing is left behind: no run directory, no temporary file.
         Several hosts: the client gives every host the same ``run_id`` and its ``nodes``."""
         overrides = [str(o) for o in (overrides or [])]
         if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
@@ -187,7 +203,11 @@ class Launcher:
             raise OpError("bad_request", f"bad run id {run_id!r}")
         validate_nodes(nodes)
         self.store.ensure()
+        need_room(self.store.root, MIN_FREE_BYTES + (dir_size(Path(resume_from)) if resume_from else 0),
+                  f"the checkpoint {resume_from}" if resume_from else "a new run")
         cfg, text, source = self.validated(config_path, config_text, overrides)
+        if nodes is not None:
+            check_policy_over_hosts(cfg)
         run_id = run_id or new_run_id(name or cfg.name)
         run_dir = self.store.root / run_id
         try:
@@ -195,6 +215,7 @@ class Launcher:
         except FileExistsError:
             raise OpError("run_exists", f"{run_dir} already exists on this host (two hosts of one run "
                           "sharing a runs root? each host needs its own)") from None
+        creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
         os.chmod(run_dir, 0o700)
         cfg_copy = run_dir / "config.yaml"
         fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -410,6 +431,21 @@ class Launcher:
                 raise OpError("running", f"{run_id} is still running: kill it first")
             return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)
 
+    def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
+        """The relaunch a run's own watchdog asks for (its ``on_failure`` policy: ``restart`` or
+        ``fallback``), under the run's lock and idempotent like a person's. No liveness check:
+        the asking supervisor, the run's last process, is still there."""
+        run_dir = self.store.run_dir(run_id)
+        with run_lock(run_dir):
+            done = self._done_before(run_dir, op)
+            if done is not None:
+                return done
+            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            if launch is not None and launch.nodes is not None:
+                raise OpError("bad_request", f"{run_id} runs over several hosts: one host's watchdog does "
+                              "not relaunch it (nsa-tui fallback/resume with its hosts does)")
+            return self._relaunch(run_id, 1 if op == "fallback" else nproc, op)
+
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
         run_dir = self.store.run_dir(run_id)
@@ -457,7 +493,7 @@ class Launcher:
 def relaunch_name(name: str, op: str) -> str:
     """``<name>-fallback`` / ``<name>-resume``, without snowballing (``x-fallback-resume-resume``):
     an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
-    base = re.sub(r"(-(fallback|resume)(-\d+)?)+$", "", name) or name
+    base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
     return f"{base}-{op}"
 
 

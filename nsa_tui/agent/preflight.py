@@ -13,7 +13,7 @@ from typing import Any
 
 from nsa.contract import Hello
 from nsa.contract.protocol import PreflightArgs, PreflightResult
-from nsa_tui.agent.launcher import Launcher, OpError
+from nsa_tui.agent.launcher import Launcher, OpError, check_policy_over_hosts
 
 PORTS = range(29400, 29500)  # torchrun's usual c10d port first, then its neighbours
 
@@ -52,6 +52,7 @@ def preflight(launcher: Launcher, hello: Hello, a: PreflightArgs) -> PreflightRe
     if a.config_path or a.config_text is not None:
         try:
             cfg: Any = launcher.validated(a.config_path, a.config_text, list(a.overrides))[0]
+            check_policy_over_hosts(cfg)
         except OpError as exc:
             res.config_error = exc.message
         else:

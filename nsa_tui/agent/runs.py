@@ -137,15 +137,24 @@ class RunStore:
         launch = read_json(d / "launch.json", LaunchInfo)
         exited = read_json(d / "exit.json", ExitInfo)
         stop_requested = (d / "stop.json").exists()
+        archived = (d / "archived.json").exists()
         pgid = launch.launcher_pgid if launch else None
         same_boot = launch is None or not launch.boot_id or launch.boot_id == boot_id()
         procs: list[RunProcess] = []
+        launcher = launch.launcher_pid if launch else None
+        launcher_alive = False
         if same_boot and launch is not None:
             procs = run_processes(run_id, pgid, run_dir=str(d))  # no pgid yet (launching): every group
             if not procs and pgid and _younger_than(d / "launch.json", 2 * GROUPS_MAX_AGE_S + 1.0):
                 # the shared /proc scan may predate this launch: a run started a moment ago
                 # would read as crashed (a false crash alert, `logs -f` ending at once)
                 procs = run_processes(run_id, pgid, fresh=True, run_dir=str(d))
+            launcher_alive = any(p.pid == launcher for p in procs) or (
+                launcher is not None and not procs and run_process(launcher, run_id, str(d)) is not None)
+            if exited is not None:
+                # torchrun has ended: a supervisor still finishing (its last alerts, deliveries,
+                # a policy's backoff) is no process of the run
+                procs = [p for p in procs if p.pid != launcher]
             if not procs and not (info is not None and info.status.is_terminal()):
                 procs = _orphan_ranks(d, run_id)  # launcher and torchrun gone, ranks still up
         alive = bool(procs)
@@ -166,7 +175,9 @@ class RunStore:
                        status=status, info=info, launch=launch, exit=exited, alive=alive,
                        pids=[p.pid for p in procs], stop_requested=stop_requested,
                        parent_run=info.parent_run or (launch.parent_run if launch else None),
-                       created=launch.created if launch else (info.started_at or 0.0), log_tail=tail)
+                       created=launch.created if launch else (info.started_at or 0.0), archived=archived,
+                       log_tail=tail, launcher_alive=launcher_alive,
+                       watchdog=launcher_alive or (exited is not None and exited.watchdog))
 
     def views(self) -> list[RunView]:
         """Every run's view, newest first; unreadable ones are skipped."""

@@ -24,10 +24,19 @@ from typing import Any
 from nsa.contract import PROTOCOL, Hello, Metric, RunStatusReport, RunView, decode_lines
 from nsa.contract.io import ContractError, convert, decode, encode, tail_lines
 from nsa.contract.protocol import (
+    AckArgs,
+    AlertList,
+    AlertsArgs,
+    AlertState,
+    ArchiveArgs,
     Args,
     CheckpointFileArgs,
+    DeleteArgs,
+    DumpFile,
     ErrorInfo,
     EventMsg,
+    Evidence,
+    EvidenceArgs,
     FallbackArgs,
     KillArgs,
     LaunchArgs,
@@ -46,16 +55,35 @@ from nsa.contract.protocol import (
 )
 from nsa_tui import __version__
 from nsa_tui.agent import ckptfiles
-from nsa_tui.agent.launcher import Launcher, OpError
+from nsa_tui.agent.housekeeping import Housekeeping
+from nsa_tui.agent.launcher import Launcher, OpError, run_lock
 from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
 from nsa_tui.agent.sampler import HostSampler
-from nsa_tui.agent.watch import METRIC_LINE_BYTES, RunWatch, SummaryCache, watch_host, watch_runs
+from nsa_tui.agent.watch import (
+    METRIC_LINE_BYTES,
+    RunWatch,
+    SummaryCache,
+    watch_alerts,
+    watch_host,
+    watch_runs,
+)
+from nsa_tui.alertlog import AlertBooks, acknowledge, bounded
 
 MAX_LINE = 16 << 20  # a request line longer than this is refused (and skipped), never fatal
 _LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*(\d+|"[^"]{0,64}")')
 STATUS_METRICS = 64  # metric lines in a status report: enough for the median step time
+EVIDENCE_FILE_BYTES = 1 << 20
+
+
+def _user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no name for this uid: its number
+        return str(os.getuid())
 
 
 def _version(dist: str) -> str | None:
@@ -74,7 +102,9 @@ class Agent:
         self.sampler = sampler or HostSampler(str(self.store.root))
         gpu = self.sampler.gpu
         self.launcher = Launcher(self.store, gpu_count=gpu.count(), read_gpus=gpu.read)
+        self.housekeeping = Housekeeping(self.store)
         self.summaries = SummaryCache()
+        self.books = AlertBooks()
         self.subs: dict[Any, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.gone = False
@@ -83,9 +113,12 @@ class Agent:
             "status": (RunArgs, self.op_status), "launch": (LaunchArgs, self.op_launch),
             "kill": (KillArgs, self.op_kill), "fallback": (FallbackArgs, self.op_fallback),
             "resume": (ResumeArgs, self.op_resume), "dump": (RunArgs, self.op_dump),
+            "archive": (ArchiveArgs, self.op_archive), "delete": (DeleteArgs, self.op_delete),
             "read_log": (ReadLogArgs, self.op_read_log), "watch": (WatchArgs, self.op_watch),
             "watch_runs": (NoArgs, self.op_watch_runs), "watch_host": (WatchHostArgs, self.op_watch_host),
-            "unwatch": (UnwatchArgs, self.op_unwatch), "preflight": (PreflightArgs, self.op_preflight),
+            "unwatch": (UnwatchArgs, self.op_unwatch), "alerts": (AlertsArgs, self.op_alerts),
+            "watch_alerts": (AlertsArgs, self.op_watch_alerts), "ack": (AckArgs, self.op_ack),
+            "evidence": (EvidenceArgs, self.op_evidence), "preflight": (PreflightArgs, self.op_preflight),
             "checkpoints": (RunArgs, self.op_checkpoints),
             "read_checkpoint_file": (CheckpointFileArgs, self.op_read_checkpoint_file),
             "write_checkpoint_file": (WriteCheckpointFileArgs, self.op_write_checkpoint_file),
@@ -226,8 +259,11 @@ class Agent:
         return await asyncio.to_thread(report)
 
     async def op_launch(self, rid: Any, a: LaunchArgs) -> Any:
+        overrides = list(a.overrides)
+        if a.on_failure is not None:  # validated with the config: a wrong value is a bad_config naming it
+            overrides.append(f"on_failure.action={a.on_failure}")
         return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
-                                       nproc=a.nproc, overrides=a.overrides, name=a.name, run_id=a.run_id,
+                                       nproc=a.nproc, overrides=overrides, name=a.name, run_id=a.run_id,
                                        nodes=a.nodes)
 
     async def op_preflight(self, rid: Any, a: PreflightArgs) -> Any:
@@ -253,6 +289,12 @@ class Agent:
 
     async def op_dump(self, rid: Any, a: RunArgs) -> Any:
         return await self.launcher.dump(a.run)
+
+    async def op_archive(self, rid: Any, a: ArchiveArgs) -> RunView:
+        return await asyncio.to_thread(self.housekeeping.archive, a.run, a.archived)
+
+    async def op_delete(self, rid: Any, a: DeleteArgs) -> Any:
+        return await asyncio.to_thread(self.housekeeping.delete, a.run, a.dry_run)
 
     async def op_read_log(self, rid: Any, a: ReadLogArgs) -> LogChunk:
         path = self.store.run_dir(a.run) / "train.log"
@@ -281,6 +323,73 @@ class Agent:
     async def op_watch_host(self, rid: Any, a: WatchHostArgs) -> dict[str, str]:
         self._subscribe(rid, watch_host(self.sampler, rid, self.send, max(0.2, float(a.interval_s))))
         return {"watching": "host"}
+
+    async def op_alerts(self, rid: Any, a: AlertsArgs) -> AlertList:
+        """One run's alerts, or every run's: each unresolved one and the newest resolved ones."""
+
+        def listing() -> AlertList:
+            ids = [a.run] if a.run else self.store.ids()
+            out: list[AlertState] = []
+            bad = 0
+            for run_id in ids:
+                book = self.books.book(self.store.run_dir(run_id))
+                book.refresh()
+                out += book.listing(a.history)
+                bad += book.stats.bad
+            return AlertList(alerts=bounded(out, a.history * max(1, len(ids))), bad_lines=bad)
+
+        return await asyncio.to_thread(listing)
+
+    async def op_watch_alerts(self, rid: Any, a: AlertsArgs) -> dict[str, str]:
+        self._subscribe(rid, watch_alerts(self.store, self.books, rid, self.send, a.history, a.run))
+        return {"watching": "alerts"}
+
+    async def op_ack(self, rid: Any, a: AckArgs) -> AlertState:
+        """An ``acknowledged`` line in the run's alerts.jsonl, under the run's lock."""
+        run_dir = self.store.run_dir(a.run)
+        by = a.by or f"{_user()}@{socket.gethostname()}"
+
+        def ack() -> AlertState:
+            with run_lock(run_dir):
+                try:
+                    return acknowledge(run_dir, a.alert, by)
+                except KeyError:
+                    raise OpError("no_such_alert", f"{a.run} has no alert {a.alert!r} (nsa-tui alerts HOST "
+                                                   f"{a.run} lists them)") from None
+
+        return await asyncio.to_thread(ack)
+
+    async def op_evidence(self, rid: Any, a: EvidenceArgs) -> Evidence:
+        """The files captured for an alert (only paths inside the run directory)."""
+        run_dir = self.store.run_dir(a.run)
+
+        def read() -> Evidence:
+            book = self.books.book(run_dir)
+            book.refresh()
+            st = book.find(a.alert)
+            if st is None:
+                raise OpError("no_such_alert", f"{a.run} has no alert {a.alert!r}")
+            files, notes = [], []
+            root = run_dir.resolve()
+            for name in st.alert.evidence:
+                path = (run_dir / name).resolve()
+                if root not in path.parents:
+                    notes.append(f"{name}: outside the run directory, not read")
+                    continue
+                try:
+                    with open(path, "rb") as fh:
+                        size = os.fstat(fh.fileno()).st_size
+                        fh.seek(max(0, size - EVIDENCE_FILE_BYTES))
+                        text = fh.read().decode("utf-8", "replace")
+                except OSError as exc:
+                    notes.append(f"{name}: {exc.strerror or exc}")
+                    continue
+                files.append(DumpFile(name=name, text=text))
+            if not st.alert.evidence:
+                notes.append("no evidence was captured for this alert")
+            return Evidence(run_id=a.run, alert=st.id, files=files, notes=notes)
+
+        return await asyncio.to_thread(read)
 
     async def op_unwatch(self, rid: Any, a: UnwatchArgs) -> dict[str, bool]:
         task = self.subs.pop(a.sub, None)

@@ -27,12 +27,13 @@ from nsa.contract import (
     read_json,
 )
 from nsa.contract.io import LineStats, read_lines, tail_with_offset
-from nsa.contract.protocol import EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced, WatchArgs
+from nsa.contract.protocol import AlertList, EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced, WatchArgs
 from nsa_tui.agent.runs import RunStore, beat_files, latest_beat
 
 POLL_S = 0.25
 STATUS_EVERY_S = 1.0
 RUNS_EVERY_S = 1.0
+ALERTS_EVERY_S = 0.5
 BEATS_RESUME_BYTES = 64 << 10  # a rank's missed beats sent exactly when fewer; else its newest
 METRICS_RESUME_BYTES = 1 << 20
 METRIC_LINE_BYTES = 1024  # budget per line when reading the last N metric lines
@@ -278,7 +279,7 @@ async def watch_runs(store: RunStore, sub_id: Any, send: Send, every_s: float = 
 
 def _stamp(d: Path) -> tuple[float, ...]:
     out = []
-    for name in ("run.json", "launch.json", "exit.json", "stop.json"):
+    for name in ("run.json", "launch.json", "exit.json", "stop.json", "archived.json"):
         try:
             out.append(os.stat(d / name).st_mtime)
         except OSError:
@@ -320,3 +321,41 @@ async def watch_host(sampler: Any, sub_id: Any, send: Send, interval_s: float = 
         sample = await asyncio.to_thread(sampler.sample)
         send(EventMsg(id=sub_id, event="host", stream="host", offset=seq, data=sample))
         await asyncio.sleep(interval_s)
+
+
+async def watch_alerts(store: RunStore, books: Any, sub_id: Any, send: Send, history: int = 100,
+                       run: str | None = None, every_s: float = ALERTS_EVERY_S) -> None:
+    """Every run's alerts (or one run's): an ``alerts`` event with each unresolved alert and the
+    newest ``history`` resolved ones per run, then an ``alert`` event for every change of a
+    run's alerts.jsonl (new runs included). A stat per run per poll; only new bytes are read."""
+    from nsa_tui.alertlog import bounded
+
+    def first() -> AlertList:
+        states = []
+        ids = [run] if run else store.ids()
+        for rid in ids:
+            try:
+                book = books.book(store.run_dir(rid))
+            except KeyError:
+                continue
+            book.refresh()
+            states += book.listing(history)
+        return AlertList(alerts=bounded(states, history * max(1, len(ids))))
+
+    def changes() -> list[Any]:
+        out = []
+        ids = [run] if run else store.ids()
+        for rid in ids:
+            try:
+                out += books.refresh(store.run_dir(rid))
+            except KeyError:
+                continue
+        if run is None:
+            books.forget({str(store.root / rid) for rid in ids})
+        return out
+
+    send(EventMsg(id=sub_id, event="alerts", stream="alerts", data=await asyncio.to_thread(first)))
+    while True:
+        await asyncio.sleep(every_s)
+        for st in await asyncio.to_thread(changes):
+            send(EventMsg(id=sub_id, event="alert", run=st.run, stream="alerts", data=st))

@@ -18,19 +18,22 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from nsa_tui.app import reducer
-from nsa_tui.app.keymap import keymap_path, load_keymap
+from nsa_tui.app.keymap import load_keymap
 from nsa_tui.app.messages import AskHostKey, SelectRun, Toast
 from nsa_tui.app.screens.dialogs import ConfirmScreen, HelpScreen, StacksScreen
 from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
 from nsa_tui.app.screens.main import KEYS, MainScreen
 from nsa_tui.app.services.host import HostService
-from nsa_tui.app.state import PanelState
+from nsa_tui.app.state import PanelState, recorded_key
+from nsa_tui.app.view_actions import ViewActions
+from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.runlist import RunList
+from nsa_tui.settings import Settings, SettingsError, load_settings, settings_path
 
 TICK_S = 0.1
 
 
-class NsaApp(App[str | None]):
+class NsaApp(ViewActions, App[str | None]):
     """The control panel for one or more hosts."""
 
     CSS_PATH = "panel.tcss"
@@ -52,7 +55,8 @@ class NsaApp(App[str | None]):
         self.alert_thresholds = alert_thresholds
         self.clients = clients or {}  # dest -> a HostClient built elsewhere (tests, custom transports)
         self._keymap_file = keymap_file
-        self.keymap: dict[str, str] = {}  # binding id -> key(s), from the user's keymap file
+        self.keymap: dict[str, str] = {}  # binding id -> key(s), from the user's settings (keys:)
+        self.settings = Settings()
         self.services: dict[str, HostService] = {}
         self.tick_count = 0
         self.last_tick_at = 0.0
@@ -60,12 +64,18 @@ class NsaApp(App[str | None]):
 
     # -- life cycle -------------------------------------------------------------------------------
     def on_mount(self) -> None:
-        keymap, problems = load_keymap(self._keymap_file)
+        try:
+            self.settings = load_settings()
+        except SettingsError as exc:  # the panel still starts, with the defaults, and says why
+            self.notify(f"{exc}; using the defaults", title="settings", severity="error", timeout=30,
+                        markup=False)
+        keymap, problems = load_keymap(self._keymap_file, self.settings)
         if keymap:
             self.keymap = keymap
             self.set_keymap(keymap)
         for p in problems:
-            self.notify(p, title="keymap", severity="warning", timeout=10)
+            self.notify(p, title="keys", severity="warning", timeout=10, markup=False)
+        self.load_view_prefs()
         self.push_screen(MainScreen(), callback=None)
         self.state.announced |= {a.key for a in self.state.alerts}
         if self.live:
@@ -100,13 +110,16 @@ class NsaApp(App[str | None]):
         self._maybe_offer_demo()
 
     def _announce_alerts(self) -> None:
-        for alert in self.state.open_alerts():
-            if alert.key in self.state.announced:
+        """A toast (and the bell, unless settings say ``notify: {bell: false}``) for each new open alert."""
+        for item in self.state.shown_alerts(history=0):
+            if item.state != "open" or item.key in self.state.announced:
                 continue
-            self.state.announced.add(alert.key)
+            self.state.announced.add(item.key)
+            alert = item.alert
             self.notify(alert.message or alert.key, title=f"alert: {alert.kind}", markup=False,
                         severity="error" if alert.severity == "critical" else "warning", timeout=8)
-            self.bell()
+            if self.settings.notify.bell:
+                self.bell()
 
     def select(self, host: str, run_id: str) -> None:
         """Show `run_id` of `host` everywhere; its service streams it in full."""
@@ -231,10 +244,38 @@ class NsaApp(App[str | None]):
         if run is not None:
             self._do("resume", run.host, run.run_id)
 
+    def _focused_alert(self) -> Any:
+        focused = self.focused
+        return focused.selected() if isinstance(focused, AlertsPane) else None
+
     def action_dump(self) -> None:
+        """``d``: on an alert (alerts pane focused) the evidence captured for it; else a dump of
+        every rank of the selected run, now."""
+        item = self._focused_alert()
+        if item is not None:
+            if item.id and item.alert.evidence and item.alert.run:
+                self._evidence(item.dest, item.alert.run, item.id)
+                return
+            self.notify("no evidence was captured for this alert (the watchdog captures stacks on a stall); "
+                        "d in the run list dumps the selected run now", title="evidence", markup=False)
+            return
         run = self._selected_or_warn("dump")
         if run is not None:
             self._do("dump", run.host, run.run_id)
+
+    @work(group="actions")
+    async def _evidence(self, host: str, run_id: str, alert_id: str) -> None:
+        svc = self.services.get(host)
+        if svc is None:
+            self.notify(f"not connected to {host}", severity="error")
+            return
+        try:
+            text = await svc.actions.evidence(run_id, alert_id)
+        except Exception as exc:
+            self.notify(str(exc) or type(exc).__name__, title="evidence failed", severity="error", timeout=15,
+                        markup=False)
+            return
+        self.push_screen(StacksScreen(f"evidence of alert {alert_id} of {run_id}", text))
 
     def _confirmed(self, op: str, host: str, run_id: str, yes: bool | None) -> None:
         if yes:
@@ -266,11 +307,33 @@ class NsaApp(App[str | None]):
             self.notify(f"{op}: {run_id} — {result}" if result else f"{op}: {run_id}", title=op)
 
     def action_ack(self) -> None:
-        open_alerts = self.state.open_alerts()
-        if not open_alerts:
-            self.notify("no open alerts")
+        """``a``: acknowledge the chosen alert (alerts pane focused), else the newest open one. A
+        recorded alert is acknowledged on its host (an ``acknowledged`` line in alerts.jsonl)."""
+        item = self._focused_alert()
+        if item is None:
+            items = [s for s in self.state.shown_alerts(history=0) if s.state == "open"]
+            if not items:
+                self.notify("no open alerts")
+                return
+            item = items[0]
+        if item.id is None:
+            reducer.acknowledge(self.state, item.alert.key)
+        else:
+            self._ack_on_host(item.dest, item.alert.run or "", item.id)
+
+    @work(group="actions")
+    async def _ack_on_host(self, host: str, run_id: str, alert_id: str) -> None:
+        svc = self.services.get(host)
+        if svc is None:
+            self.notify(f"not connected to {host}", severity="error")
             return
-        reducer.acknowledge(self.state, open_alerts[0].key)
+        try:
+            await svc.actions.ack(run_id, alert_id)
+        except Exception as exc:
+            self.notify(str(exc) or type(exc).__name__, title="acknowledge failed", severity="error",
+                        timeout=15, markup=False)
+            return
+        self.state.announced.add(recorded_key(host, run_id, alert_id))
 
     def action_help(self) -> None:
         keys = []
@@ -279,7 +342,7 @@ class NsaApp(App[str | None]):
             keys.append((self.get_key_display_for(mapped), what))
         keys += [("n / N", "next / previous search match"), ("↑ ↓ tab", "move; switch pane"),
                  ("ctrl+p", "command palette")]
-        self.push_screen(HelpScreen(keys, f"remap keys in {keymap_path()} (binding id: key)"))
+        self.push_screen(HelpScreen(keys, f"remap keys under `keys:` in {settings_path()} (binding id: key)"))
 
     def get_key_display_for(self, key: str) -> str:
         return ",".join({"slash": "/", "question_mark": "?"}.get(k, k) for k in key.split(","))

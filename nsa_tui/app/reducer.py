@@ -12,11 +12,12 @@ from __future__ import annotations
 import msgspec
 
 from nsa.contract import Alert, Hello, HostSample, RunView
-from nsa.contract.protocol import Gap, LogLines, RunsList
-from nsa_tui.app.state import LogBuffer, PanelState, RunState
+from nsa.contract.protocol import AlertList, AlertState, Gap, LogLines, RunsList
+from nsa_tui.app.state import LogBuffer, PanelState, RunState, recorded_key
 from nsa_tui.client import ConnectionState, Event
 
 MAX_ALERTS = 200
+MAX_RECORDED = 2_000  # recorded alerts kept per host (the oldest resolved ones go first)
 MAX_LINE_CHARS = 4_000  # with 20,000 lines kept, a log costs at most ~80 MB however wide
 
 
@@ -54,8 +55,10 @@ def runs_list(state: PanelState, dest: str, runs: RunsList) -> None:
     """The whole list (a subscription's start, also after a reconnect): runs not in it are gone."""
     host = state.host(dest)
     ids = {v.run_id for v in runs.runs}
-    for rid in [r for r in host.runs if r not in ids and host.runs[r].view is not None]:
+    gone = [r for r in host.runs if r not in ids and host.runs[r].view is not None]
+    for rid in gone:
         del host.runs[rid]
+    _forget_view(state, {(dest, r) for r in gone})
     for v in runs.runs:
         run_view(state, dest, v)
     host.runs_loaded = True
@@ -65,6 +68,16 @@ def run_removed(state: PanelState, dest: str, run_id: str) -> None:
     state.host(dest).runs.pop(run_id, None)
     if state.selected == (dest, run_id):
         state.selected = None
+    _forget_view(state, {(dest, run_id)})
+
+
+def _forget_view(state: PanelState, gone: set[tuple[str, str]]) -> None:
+    """A deleted run leaves the marks (and the comparison, when fewer than two remain)."""
+    v = state.view
+    v.marks = [k for k in v.marks if k not in gone]
+    v.expanded -= gone
+    if len(v.marks) < 2:
+        v.compare = False
 
 
 def watch_event(state: PanelState, dest: str, ev: Event) -> None:
@@ -142,5 +155,75 @@ def acknowledge(state: PanelState, key: str) -> None:
     state.acked.add(key)
 
 
+def recorded_alerts(state: PanelState, dest: str, lst: AlertList) -> tuple[int, int]:
+    """The host's recorded alerts, whole (a subscription's start, also after a reconnect).
+    The first list of a panel is old news: shown, not announced (a panel opened in the morning
+    lists the night's alerts without ringing for each). Returns (alerts, still open)."""
+    host = state.host(dest)
+    first = not host.alerts_loaded
+    host.recorded = {(st.run, st.id): st for st in lst.alerts}
+    host.alerts_loaded = True
+    if first:
+        state.announced |= {recorded_key(dest, st.run, st.id) for st in lst.alerts}
+    _bound(host.recorded)
+    return len(lst.alerts), sum(1 for st in lst.alerts if st.state == "open")
+
+
+def recorded_alert(state: PanelState, dest: str, st: AlertState) -> None:
+    """One alert of the host changed (raised, updated, resolved, acknowledged)."""
+    recorded = state.host(dest).recorded
+    recorded[(st.run, st.id)] = st
+    _bound(recorded)
+
+
+def _bound(recorded: dict[tuple[str, str], AlertState]) -> None:
+    if len(recorded) <= MAX_RECORDED:
+        return
+    done = sorted((k for k, st in recorded.items() if st.state == "resolved"),
+                  key=lambda k: recorded[k].raised_at)
+    for k in done[: len(recorded) - MAX_RECORDED]:
+        del recorded[k]
+
+
 def select(state: PanelState, host: str, run_id: str) -> None:
     state.selected = (host, run_id)
+
+
+# -- what the user chose to see (state.view) ---------------------------------------------------
+def toggle_mark(state: PanelState, host: str, run_id: str) -> bool:
+    """Mark a run for comparison, or unmark it; returns whether it is marked now."""
+    v, key = state.view, (host, run_id)
+    if key in v.marks:
+        v.marks.remove(key)
+        if len(v.marks) < 2:
+            v.compare = False
+        return False
+    v.marks.append(key)
+    return True
+
+
+def set_compare(state: PanelState, on: bool) -> bool:
+    """Overlay the marked runs (two or more); returns whether the comparison is on."""
+    state.view.compare = on and len(state.marked_runs()) >= 2
+    return state.view.compare
+
+
+def set_x_axis(state: PanelState, axis: str) -> None:
+    state.view.x_axis = "tokens" if axis == "tokens" else "step"
+
+
+def set_charts(state: PanelState, charts: tuple[str, ...]) -> None:
+    state.view.charts = tuple(charts)
+
+
+def set_filter(state: PanelState, text: str) -> None:
+    state.view.filter = " ".join(text.split())
+
+
+def toggle_expanded(state: PanelState, root: tuple[str, str]) -> bool:
+    """Unfold a lineage (by its root run) or fold it; returns whether it is unfolded now."""
+    if root in state.view.expanded:
+        state.view.expanded.discard(root)
+        return False
+    state.view.expanded.add(root)
+    return True

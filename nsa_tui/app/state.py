@@ -8,13 +8,14 @@ records are the contract's (nsa.contract): a run's ``view`` is exactly what its 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nsa.contract import Alert, Beat, Hello, HostSample, MetricsFolder, RunStatus, RunView, TrainMetric
-from nsa.contract.protocol import Gap
+from nsa.contract.protocol import AlertState, Gap
 from nsa.contract.records import Metric
 from nsa.contract.series import metric_values
 from nsa_tui.multihost import MergedRun, Part, hosts_of, merge, primary_of
@@ -26,18 +27,68 @@ RECENT_POINTS = 512  # metric lines kept at full resolution (the newest part of 
 
 def thin(steps: list[float], values: list[float], width: int) -> tuple[list[float], list[float]]:
     """Reduce to about `width` points (bucket means) so a plot redraw stays cheap."""
-    n = len(steps)
+    p = thin_points(Points(list(steps), list(values), list(values), list(values)), width)
+    return p.x, p.y
+
+
+@dataclass
+class Points:
+    """One chart line: x, the mean of what each point stands for, the min and max of it (a
+    one-step spike survives any downsampling as a max), and the x of NaN/inf values, which
+    are marked, never averaged into their neighbours."""
+
+    x: list[float] = field(default_factory=list)
+    y: list[float] = field(default_factory=list)
+    lo: list[float] = field(default_factory=list)
+    hi: list[float] = field(default_factory=list)
+    bad: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def before(self, x0: float) -> Points:
+        """The points (and NaN marks) left of ``x0``."""
+        k = next((i for i, x in enumerate(self.x) if x >= x0), len(self.x))
+        return Points(self.x[:k], self.y[:k], self.lo[:k], self.hi[:k], [b for b in self.bad if b < x0])
+
+    def then(self, other: Points) -> Points:
+        """This line followed by ``other`` (which starts further right)."""
+        return Points(self.x + other.x, self.y + other.y, self.lo + other.lo, self.hi + other.hi,
+                      self.bad + other.bad)
+
+    def mapped(self, fx: Callable[[float], float | None] = lambda x: x, k: float = 1.0) -> Points:
+        """x through ``fx`` (points it maps to None are left out), values times ``k`` (> 0)."""
+        out = Points()
+        for x, y, lo, hi in zip(self.x, self.y, self.lo, self.hi):
+            nx = fx(x)
+            if nx is not None:
+                out.x.append(nx)
+                out.y.append(y * k)
+                out.lo.append(lo * k)
+                out.hi.append(hi * k)
+        out.bad = [nx for nx in map(fx, self.bad) if nx is not None]
+        return out
+
+
+def thin_points(p: Points, width: int) -> Points:
+    """About ``width`` points: each keeps the last x, the mean of the means and the min/max of
+    its group, so a spike is still the max where it was; NaN marks thinned to one per group."""
+    n = len(p.x)
     if width <= 0 or n <= width:
-        return steps, values
+        return p
     size = n / width
-    out_s: list[float] = []
-    out_v: list[float] = []
+    out = Points(bad=p.bad)
     for b in range(width):
         lo, hi = int(b * size), max(int((b + 1) * size), int(b * size) + 1)
-        out_s.append(steps[min(hi, n) - 1])
-        chunk = values[lo:hi]
-        out_v.append(sum(chunk) / len(chunk))
-    return out_s, out_v
+        hi = min(hi, n)
+        out.x.append(p.x[hi - 1])
+        out.y.append(sum(p.y[lo:hi]) / (hi - lo))
+        out.lo.append(min(p.lo[lo:hi]))
+        out.hi.append(max(p.hi[lo:hi]))
+    if len(p.bad) > width and out.x:
+        span = (out.x[-1] - p.x[0]) / width or 1.0
+        out.bad = sorted({p.x[0] + round((b - p.x[0]) / span) * span for b in p.bad})
+    return out
 
 
 class LogBuffer:
@@ -76,25 +127,39 @@ class RunMetrics:
         self.count += 1
 
     def series(self, name: str) -> tuple[list[float], list[float]]:
-        """(steps, values) of one series: bucket means before the recent window, then every
-        recent point."""
+        """(steps, values) of one series (the means of :meth:`points`)."""
+        p = self.points(name)
+        return p.x, p.y
+
+    def points(self, name: str) -> Points:
+        """One series: bucket summaries (mean, min, max, NaN count) before the recent window,
+        then every recent point at full resolution."""
         recent = [(m.step, v) for m in self.recent for k, v in metric_values(m) if k == name]
         first = recent[0][0] if recent else None
-        steps: list[float] = []
-        values: list[float] = []
+        p = Points()
         s = self.folder.series.get(name)
         for b in s.buckets if s is not None else []:
             if first is not None and b.last >= first:
                 break
+            if b.bad:
+                p.bad.append(b.last)
             mean = b.mean
             if mean is not None:
-                steps.append(b.last)
-                values.append(mean)
+                p.x.append(b.last)
+                p.y.append(mean)
+                p.lo.append(b.lo if b.lo is not None else mean)
+                p.hi.append(b.hi if b.hi is not None else mean)
         for step, v in recent:
-            if v == v and abs(v) != float("inf") and (not steps or step > steps[-1]):
-                steps.append(step)
-                values.append(v)
-        return steps, values
+            if p.x and step <= p.x[-1]:
+                continue
+            if not math.isfinite(v):
+                p.bad.append(step)
+                continue
+            p.x.append(step)
+            p.y.append(v)
+            p.lo.append(v)
+            p.hi.append(v)
+        return p
 
 
 @dataclass(eq=False)
@@ -167,6 +232,8 @@ class HostState:
     runs: dict[str, RunState] = field(default_factory=dict)
     sample: HostSample | None = None
     runs_loaded: bool = False
+    recorded: dict[tuple[str, str], AlertState] = field(default_factory=dict)  # (run, id): alerts.jsonl
+    alerts_loaded: bool = False
 
     @property
     def label(self) -> str:
@@ -182,12 +249,51 @@ class HostState:
         return self.runs[run_id]
 
 
+RunKey = tuple[str, str]  # (host, run id)
+DEFAULT_CHARTS = ("loss", "tokens_per_s")
+
+
+@dataclass
+class ViewState:
+    """What the user chose to look at: the panel's own choices, not facts from a host. The
+    charts and the x axis persist between sessions (viewprefs.py)."""
+
+    marks: list[RunKey] = field(default_factory=list)  # runs to compare, in the order marked
+    compare: bool = False  # the charts overlay the marked runs
+    x_axis: str = "step"  # "step" | "tokens"
+    charts: tuple[str, ...] = DEFAULT_CHARTS  # chart kinds shown (app/chartdata.py)
+    filter: str = ""  # the run list's filter (app/listing.py)
+    expanded: set[RunKey] = field(default_factory=set)  # lineages shown unfolded (by their root)
+
+
+@dataclass
+class ShownAlert:
+    """An alert as the panel lists it: recorded on the host (alerts.jsonl, ``id`` set) or
+    detected by the panel itself for a run without a watchdog (``id`` None)."""
+
+    dest: str
+    alert: Alert
+    state: str  # open | acknowledged | resolved
+    raised_at: float | None = None
+    resolved_at: float | None = None
+    id: str | None = None
+
+    @property
+    def key(self) -> str:
+        return recorded_key(self.dest, self.alert.run, self.id) if self.id else self.alert.key
+
+
+def recorded_key(dest: str, run: str | None, alert_id: str) -> str:
+    return f"{dest}|{run}|#{alert_id}"
+
+
 @dataclass
 class PanelState:
-    """The whole panel: hosts, the selected run, alerts, and the clock."""
+    """The whole panel: hosts, the selected run, alerts, what the user chose to see, the clock."""
 
     hosts: dict[str, HostState] = field(default_factory=dict)
     selected: tuple[str, str] | None = None
+    view: ViewState = field(default_factory=ViewState)
     alerts: list[Alert] = field(default_factory=list)
     acked: set[str] = field(default_factory=set)
     announced: set[str] = field(default_factory=set)  # alerts already toasted and rung
@@ -265,6 +371,14 @@ class PanelState:
             out.append(r)
         return sorted(out, key=lambda r: -r.created)
 
+    def run_by_key(self, key: RunKey) -> RunState | None:
+        h = self.hosts.get(key[0])
+        return h.runs.get(key[1]) if h else None
+
+    def marked_runs(self) -> list[RunState]:
+        """The marked runs the hosts still have, in the order they were marked."""
+        return [r for r in map(self.run_by_key, self.view.marks) if r is not None and r.view is not None]
+
     def parent_of(self, run: RunState) -> RunState | None:
         parent = run.parent_run
         if not parent or run.host not in self.hosts:
@@ -272,24 +386,38 @@ class PanelState:
         return self.hosts[run.host].runs.get(parent)
 
     def chart_series(self, run: RunState, name: str) -> tuple[list[float], list[float]]:
+        """(steps, means) of :meth:`chart_points`."""
+        p = self.chart_points(run, name)
+        return p.x, p.y
+
+    def chart_points(self, run: RunState, name: str) -> Points:
         """A run's series, preceded by its ancestors' points up to where it resumed.
 
         A fallback run resumes from its parent's checkpoint, so its chart continues from
         the parent's steps instead of starting over.
         """
-        steps, values = run.metrics.series(name)
+        p = run.metrics.points(name)
         seen = {run.run_id}
         cur = run
         while (parent := self.parent_of(cur)) is not None and parent.run_id not in seen:
             seen.add(parent.run_id)
-            p_steps, p_values = parent.metrics.series(name)
-            first = steps[0] if steps else float("inf")
-            keep = [i for i, s in enumerate(p_steps) if s < first]
-            steps = [p_steps[i] for i in keep] + steps
-            values = [p_values[i] for i in keep] + values
+            first = p.x[0] if p.x else float("inf")
+            p = parent.metrics.points(name).before(first).then(p)
             cur = parent
-        return steps, values
+        return p
 
     def open_alerts(self) -> list[Alert]:
-        """Unacknowledged alerts, newest first."""
-        return [a for a in self.alerts if a.key not in self.acked]
+        """Unacknowledged, unresolved alerts of both kinds, newest first."""
+        return [s.alert for s in self.shown_alerts() if s.state == "open"]
+
+    def shown_alerts(self, history: int = 50) -> list[ShownAlert]:
+        """What the alerts pane lists: open ones (newest first), then acknowledged ones still
+        unresolved, then the newest ``history`` resolved ones (newest first)."""
+        recorded = [ShownAlert(dest, st.alert, st.state, st.raised_at, st.resolved_at, st.id)
+                    for dest, h in self.hosts.items() for st in h.recorded.values()]
+        mine = [ShownAlert(a.host, a, "acknowledged" if a.key in self.acked else "open") for a in self.alerts]
+        # the panel's own alerts (no time of their own) come first in their order: they are live
+        newest = sorted(recorded, key=lambda s: -(s.raised_at or 0.0))
+        by_state = {st: [s for s in mine if s.state == st] + [s for s in newest if s.state == st]
+                    for st in ("open", "acknowledged", "resolved")}
+        return by_state["open"] + by_state["acknowledged"] + by_state["resolved"][:history]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui.alerts import Thresholds
 from nsa_tui.app.app import NsaApp
 from nsa_tui.app.screens.dialogs import ConfirmScreen, StacksScreen
 from nsa_tui.app.screens.launch import LaunchScreen
@@ -69,7 +68,9 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         text = plain(summary)
         assert "watched.yaml" in str(info(run).config_path) or "watched" in text
         assert info(run).param_count and info(run).global_batch == 2
-        assert app.screen.query_one("#loss")._lines[0][1], "the loss chart has points"
+        chart = app.screen.query_one("#chart0")
+        await wait_for(pilot, lambda: chart.data.lines and len(chart.data.lines[0].points) >= 3, 10,
+                       "the loss chart to have points")
         # search the log, then follow again
         log = app.screen.query_one(LogView)
         await pilot.press("slash")
@@ -137,13 +138,15 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
     assert resumed.run_id in app.return_value
 
 
-async def test_stalled_run_alert_then_dump_and_ack(runs_root: Path, make_config) -> None:
+async def test_stalled_run_alert_then_dump_evidence_and_ack(runs_root: Path, make_config, settings) -> None:
+    """The host's watchdog raises the stall (thresholds from settings.yaml) and captures every rank's
+    stack; the panel shows it, `d` on the alert shows that evidence, `a` acknowledges it on the host."""
+    settings({"alerts": {"stall_floor_s": 3.0, "stall_factor": 3.0, "first_step_s": 60.0}})
     config = make_config("stuck", train__steps=50, debug__hang_at_step=3)
-    fast = Thresholds(train_floor_s=3.0, train_factor=3.0, first_step_s=60.0)
-    app = NsaApp(["local"], offer_demo=False, alert_thresholds=fast)
+    app = NsaApp(["local"], offer_demo=False)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
-        await launch_through_dialog(app, pilot, config)
+        run_id = await launch_through_dialog(app, pilot, config)
         pane = app.screen.query_one(AlertsPane)
         await wait_for(pilot, lambda: "stall" in plain(pane), 90, "the stall alert in the pane")
         text = plain(pane)
@@ -154,8 +157,20 @@ async def test_stalled_run_alert_then_dump_and_ack(runs_root: Path, make_config)
         assert "maybe_hang" in viewer.query_one("#stacks-text").text  # where it hangs
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
+        recorded = app.state.hosts["local"].recorded
+        await wait_for(pilot, lambda: any(st.alert.evidence for st in recorded.values()), 30, "evidence")
+        pane.focus()
+        await pilot.press("d")  # on the alert: what the watchdog captured when it happened
+        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "evidence")
+        text = viewer.query_one("#stacks-text").text
+        assert "maybe_hang" in text and "stacks/watchdog-" in text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
         await pilot.press("a")
-        await wait_for(pilot, lambda: "stall" not in plain(pane), 5, "the acknowledged alert to leave")
+        await wait_for(pilot, lambda: any(st.state == "acknowledged" for st in recorded.values()), 10,
+                       "the acknowledgement, recorded on the host")
+        lines = (runs_root / run_id / "alerts.jsonl").read_text()
+        assert '"action":"acknowledged"' in lines
 
 
 async def test_crashed_run_shows_its_traceback(runs_root: Path, make_config) -> None:

@@ -184,7 +184,10 @@ def test_a_run_status_never_moves_backwards() -> None:
 def test_gpu_table_puts_a_renumbered_rank_on_its_own_gpu_only() -> None:
     """A fallback run on the host's GPU 1 (CUDA_VISIBLE_DEVICES=1) calls it cuda:0: the uuid decides."""
     from nsa.contract import Beat, DeviceInfo, GpuReading
-    from nsa_tui.app.widgets.gpus import gpu_line, ranks_on
+    from nsa_tui.app.widgets.gpus import gpu_lines, ranks_on
+
+    def gpu_line(g: GpuReading, on: list[int], wide: bool) -> str:
+        return " ".join(map(str, gpu_lines(g, on, 80 if wide else 30)))
 
     state = PanelState.for_destinations(["h"])
     run = state.host("h").run("r1")

@@ -1,4 +1,4 @@
-"""What the keys do on a host: launch, stop, fall back, resume, dump.
+"""What the keys do on a host: launch, stop, fall back, resume, dump, archive, delete.
 
 Each returns a short text for a toast (or raises with the host's message). A new run's
 record is the agent's own view from its reply, applied through the reducer: the panel
@@ -11,10 +11,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nsa.contract.protocol import LaunchResult
+from nsa.contract.protocol import DeleteResult, LaunchResult
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState
 from nsa_tui.client import AgentError, HostClient
+from nsa_tui.fmt import fmt_bytes
 
 
 class HostActions:
@@ -65,9 +66,38 @@ class HostActions:
             reducer.run_view(self.state, self.dest, res.view)
         return res.run_id
 
+    async def ack(self, run_id: str, alert_id: str) -> str:
+        st = await self.client.ack(run_id, alert_id)
+        reducer.recorded_alert(self.state, self.dest, st)
+        return f"{st.id} acknowledged"
+
+    async def evidence(self, run_id: str, alert_id: str) -> str:
+        """The files the host's watchdog captured for an alert, as one text."""
+        res = await self.client.evidence(run_id, alert_id)
+        parts = [f"evidence of alert {res.alert} of {run_id}"] + [f"note: {n}" for n in res.notes]
+        for f in res.files:
+            parts.append(f"===== {f.name} =====\n{f.text}")
+        return "\n".join(parts)
+
     async def dump(self, run_id: str) -> str:
         res = await self.client.dump(run_id)
         parts = [f"ranks: {res.ranks}"] + [f"note: {n}" for n in res.notes]
         for f in res.files:
             parts.append(f"===== {f.name} =====\n{f.text}")
         return "\n".join(parts)
+
+    async def archive(self, run_id: str, archived: bool = True) -> str:
+        view = await self.client.archive(run_id, archived)
+        reducer.run_view(self.state, self.dest, view)
+        return "archived (the filter word 'archived' shows it)" if view.archived else "no longer archived"
+
+    async def delete_plan(self, run_id: str) -> DeleteResult:
+        """What deleting would free (nothing is deleted)."""
+        return await self.client.delete(run_id, dry_run=True)
+
+    async def delete(self, run_id: str) -> str:
+        res = await self.client.delete(run_id)
+        if res.deleted:
+            reducer.run_removed(self.state, self.dest, run_id)
+            return f"deleted: freed {fmt_bytes(res.bytes)}"
+        return "gone from the list, but part of it could not be removed (.deleting-* in the runs root)"

@@ -1,4 +1,11 @@
-"""One host's alert detector, fed with its events, checked every second into the state."""
+"""The panel's own alert detector for one host, for what the host does not record itself.
+
+Runs launched through the agent have a watchdog on the host that records their alerts
+(alerts.jsonl; the panel receives them through ``watch_alerts``): the panel shows those and
+detects nothing of its own for them. It still detects, with the same rules, for runs that
+have no watchdog (``RunView.watchdog`` false: started by hand with nsa-train, or whose
+supervisor was killed), and the host-level disk alert when no run of the host has one.
+"""
 
 from __future__ import annotations
 
@@ -39,7 +46,15 @@ class AlertChecker:
         except Exception as exc:  # noqa: BLE001 - a detector bug must not take the panel down
             self.log_error(f"alert check failed: {exc}")
             return
-        reducer.alerts(self.state, self.dest, current)
+        reducer.alerts(self.state, self.dest, [a for a in current if self._ours(a)])
+
+    def _ours(self, alert: Any) -> bool:
+        """Whether the panel must say this alert itself (the host records none for it)."""
+        runs = self.state.host(self.dest).runs
+        if alert.run is None:
+            return not any(r.view is not None and r.view.watchdog and r.alive for r in runs.values())
+        run = runs.get(alert.run)
+        return run is None or run.view is None or not run.view.watchdog
 
     async def run(self) -> None:
         while True:

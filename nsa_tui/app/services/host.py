@@ -17,7 +17,7 @@ from typing import Any
 
 from textual.message import Message
 
-from nsa.contract.protocol import RunRemoved, RunsList
+from nsa.contract.protocol import AlertList, AlertState, RunRemoved, RunsList
 from nsa_tui.alerts import Thresholds
 from nsa_tui.app import reducer
 from nsa_tui.app.messages import AskHostKey, Toast
@@ -66,7 +66,7 @@ class HostService:
         self.watches = WatchManager(self.host, self.client, self._on_watch_event, self._watch_ended)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._runs()), loop.create_task(self._samples()),
-                       loop.create_task(self.alerts.run())]
+                       loop.create_task(self._recorded_alerts()), loop.create_task(self.alerts.run())]
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def stop(self) -> None:
@@ -109,6 +109,27 @@ class HostService:
             except AgentError:
                 await asyncio.sleep(1.0)
 
+    async def _recorded_alerts(self) -> None:
+        """The host's recorded alerts of every run (no run needs to be selected or watched)."""
+        assert self.client is not None
+        first = True
+        while not self._stopped:
+            try:
+                async for ev in self.client.watch_alerts():
+                    if ev.kind == "alerts" and isinstance(ev.data, AlertList):
+                        n, still = reducer.recorded_alerts(self.state, self.dest, ev.data)
+                        if first and n:
+                            text = (f"{n} alert(s) recorded on {self.host.label}, {still} still open: "
+                                    "see the alerts pane")
+                            self.post(Toast(text, title="alerts", timeout=10))
+                        first = False
+                    elif ev.kind == "alert" and isinstance(ev.data, AlertState):
+                        reducer.recorded_alert(self.state, self.dest, ev.data)
+            except AgentError as exc:
+                if exc.code == "unknown_op":
+                    return  # an older agent: the panel's own detector is all there is
+                await asyncio.sleep(1.0)
+
     async def _samples(self) -> None:
         assert self.client is not None
         while not self._stopped:
@@ -135,4 +156,5 @@ class HostService:
 
     def _ensure_watches(self) -> None:
         if self.watches is not None and self.host.conn == "connected":
-            self.watches.ensure(self.focused)
+            marked = [rid for host, rid in self.state.view.marks if host == self.dest]
+            self.watches.ensure(self.focused, marked)

@@ -1,16 +1,16 @@
 """Which runs of a host are watched, in which detail, and the tasks that watch them.
 
 The focused (selected) run is watched in full (log included); every other alive run for
-its status, beats and metrics (what the alerts need); the focused run's ancestors once, for
-their chart. A watch of a run that ended stops by itself after the agent delivered the
-end status (which comes after every line the run wrote), so a run's end is never lost
-to the run list noticing it first.
+its status, beats and metrics (what the alerts need); the focused run's ancestors and the
+runs marked for comparison once, for their charts. A watch of a run that ended stops by
+itself after the agent delivered the end status (which comes after every line the run
+wrote), so a run's end is never lost to the run list noticing it first.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from nsa_tui.app import reducer
 from nsa_tui.app.state import HostState
@@ -21,10 +21,14 @@ MODES: dict[str, list[str] | None] = {"full": None, "alerts": ["status", "heartb
                                       "chart": ["status", "metrics"]}
 
 
-def plan_watches(host: HostState, focused: str | None) -> dict[str, str]:
+def plan_watches(host: HostState, focused: str | None, marked: Iterable[str] = ()) -> dict[str, str]:
     """run id -> mode (see the module docstring). Pure."""
     wanted: dict[str, str] = {r.run_id: "alerts" for r in host.runs.values() if r.alive}
-    if focused:
+    for run_id in marked:  # compared runs need their metrics once (alive ones stream them anyway)
+        run = host.runs.get(run_id)
+        if run is not None and run_id not in wanted and not run.synced:
+            wanted[run_id] = "chart"
+    if focused and focused in host.runs:  # a deleted run is not watched again
         wanted[focused] = "full"
         run = host.runs.get(focused)
         for _ in range(ANCESTORS):
@@ -48,9 +52,9 @@ class WatchManager:
         self.on_ended = on_ended  # (run id, mode) when a watch stopped
         self.tasks: dict[str, tuple[asyncio.Task[None], str]] = {}
 
-    def ensure(self, focused: str | None) -> None:
+    def ensure(self, focused: str | None, marked: Iterable[str] = ()) -> None:
         """Start, stop or change watches to match the plan."""
-        wanted = plan_watches(self.host, focused)
+        wanted = plan_watches(self.host, focused, marked)
         for run_id, (task, mode) in list(self.tasks.items()):
             want = wanted.get(run_id)
             if task.done() or (want is not None and want != mode) or run_id not in self.host.runs or (
@@ -70,7 +74,9 @@ class WatchManager:
         self.tasks.clear()
 
     async def _watch(self, run_id: str, mode: str) -> None:
-        run = self.host.run(run_id)
+        run = self.host.runs.get(run_id)
+        if run is None:  # gone (deleted) since the plan was made
+            return
         n = 0
         try:
             async for ev in self.client.watch(run_id, offsets=dict(run.offsets), streams=MODES[mode]):

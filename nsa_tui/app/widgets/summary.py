@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from nsa.contract import GateShares
+from nsa.contract import AttentionOps, GateShares
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
 from nsa_tui.multihost import MergedRun, hosts_of
@@ -29,6 +29,21 @@ def gate_text(shares: GateShares | None, step: int | None, warmup: Any) -> Text:
     past_warmup = is_num(step) and is_num(warmup) and step > warmup
     if past_warmup and all(is_num(v) and abs(v - 1 / 3) < UNIFORM_TOL for v in vals):
         t.append("⚠ uniform", style="bold yellow")
+    return t
+
+
+def ops_text(ops: AttentionOps) -> Text:
+    """Which attention ops the run trains on; a fallback to the reference stands out with its reason."""
+    if ops.fallback_reason:
+        t = Text(f"{ops.backend} ", style="bold red")
+        t.append(f"⚠ fallback from {ops.requested} (far slower): ", style="bold yellow")
+        t.append(ops.fallback_reason, style="yellow")
+        return t
+    t = Text(ops.backend, style="bold")
+    if ops.self_check is not None and ops.self_check.ok:
+        t.append(f" · self-check ok on {ops.self_check.device}", style="dim")
+    elif ops.backend != "sdpa" and ops.requested != ops.backend:
+        t.append(f" (requested {ops.requested})", style="dim")
     return t
 
 
@@ -103,10 +118,6 @@ def summary_table(run: RunState, now: float = 0.0, merged: MergedRun | None = No
     t.add_row("config", Text(str(config)) if config else NA)
     t.add_row("model", f"{fmt_count(info.param_count, 'params')}  {attn or NA}"
               + (f"  d{model.get('dim')}×L{model.get('n_layers')}" if model.get("dim") else ""))
-    ops = info.attention_ops
-    if ops is not None and ops.fallback_reason:
-        t.add_row("ops", Text(f"{ops.backend} (asked: {ops.requested}): {ops.fallback_reason}",
-                              style="bold yellow"))
     t.add_row("seq", f"{seq} tokens" if seq else NA)
     batch = NA
     if gb:
@@ -116,6 +127,8 @@ def summary_table(run: RunState, now: float = 0.0, merged: MergedRun | None = No
         batch += f" ({info.batch_size or NA}/rank×{info.world_size}×{info.grad_accum or NA} acc)"
     t.add_row("batch", batch)
     t.add_row("dtype", Text(f"{info.dtype or NA} on {info.device or NA}"))
+    if info.attention_ops is not None:  # absent in runs of older trainers
+        t.add_row("attn ops", ops_text(info.attention_ops))
     t.add_row("data", Text(str(info.data_source or _section(info.config, "data").get("source") or NA)))
     m = run.metrics.last_train
     t.add_row("gates", gate_text(m.gate_shares if m else None, run.step, train.get("warmup_steps")))
