@@ -281,8 +281,12 @@ def test_a_run_over_two_hosts_is_one_row_with_every_rank_and_its_host() -> None:
     assert state.selected_run() is row
     merged = state.merged(row)
     assert merged.status == RunStatus.RUNNING and merged.primary == "h2" and not merged.lost
-    cells = [c.plain for c in RunList._row(row, 100.0, True, merged)]
-    assert cells[:2] == ["h1+h2", "running"]
+    from nsa_tui.app.listing import run_rows
+
+    (listed,) = run_rows(state)
+    assert listed.run is row
+    cells = [c.plain for c in RunList._row(listed, 100.0, True, 20, None, merged)]
+    assert (cells[0], cells[2]) == ("h1+h2", "running")
     assert ranks_text(row, 100.0, merged).plain.splitlines() == [
         "r0@h2 train step 7 · beat 10s ago", "r1@h1 train step 7 · beat 10s ago"]
     assert hosts_text(merged).plain == "h1 + h2 (rank 0)"
