@@ -6,6 +6,7 @@
     nsa-tui logs HOST RUN [-f]                 nsa-tui kill HOST RUN [--grace S]
     nsa-tui fallback HOST RUN [--nproc N]      nsa-tui resume HOST RUN
     nsa-tui dump HOST RUN [--out DIR]          nsa-tui setup HOST
+    nsa-tui export HOST RUN [--tensorboard DIR] [--csv PATH]
     nsa-tui alerts HOST [RUN] [--follow]       nsa-tui ack HOST RUN ALERT
     nsa-tui archive HOST RUN [--undo]          nsa-tui delete HOST RUN [--yes]
     nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
@@ -15,8 +16,11 @@ HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/conf
 a command on one host of such a run reaches all of its hosts.
 Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) and
 ``--runs-root DIR``. Exit codes (EXIT_* below): 0 ok, 1 the operation failed, 2 usage,
-3 bad config, 4 no such run (or alert), 5 cannot reach the host (network, host key, no agent),
-6 ``status`` found the run unhealthy (critical alert, crashed, failed or lost).
+3 bad config (or one that cannot run on the host), 4 no such run (or alert), 5 cannot reach the
+host (network, host key, no agent), 6 ``status`` found the run unhealthy (critical alert,
+crashed, failed or lost), 141 the reader of the output went away (``| head``). RUN is a run
+id, a unique prefix of one (what ``runs`` shows) or a run's name; an ambiguous one is a usage
+error listing the matches.
 """
 
 from __future__ import annotations
@@ -24,17 +28,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nsa_tui.fmt import fmt_count
-
-if TYPE_CHECKING:
-    from nsa.contract import RunView
+from nsa_tui.cli_text import runs_table
+from nsa_tui.runref import RunRefError, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_CONFIG, EXIT_NO_RUN, EXIT_UNREACHABLE, EXIT_UNHEALTHY = range(7)
+EXIT_PIPE = 141  # stdout closed by its reader (128 + SIGPIPE, as a shell reports it)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,6 +76,19 @@ def _parser() -> argparse.ArgumentParser:
     ak.add_argument("host")
     ak.add_argument("run")
     ak.add_argument("alert")
+    la.add_argument("--force", action="store_true",
+                    help="start even when the host says the config cannot run there (no GPU for a CUDA-only "
+                         "config, a Hub data source without network)")
+    ex = sub.add_parser("export", parents=[common], help="a run's metrics as CSV and/or TensorBoard files",
+                        description="Reads every metrics line through the host's agent and writes here. "
+                                    "TensorBoard needs tensorboardX: pip install 'nsa-tui[export]'.")
+    ex.add_argument("host")
+    ex.add_argument("run")
+    ex.add_argument("--tensorboard", metavar="DIR", default=None,
+                    help="event files into DIR/<run id> (point TensorBoard, or wandb sync "
+                         "--sync-tensorboard, at DIR)")
+    ex.add_argument("--csv", metavar="PATH", default=None,
+                    help="a .csv file, or a directory for <run id>.csv")
     for name, text in (("status", "status and current alerts"), ("kill", "stop a run (TERM, then KILL)"),
                        ("fallback", "stop and relaunch on one GPU from the newest checkpoint"),
                        ("resume", "relaunch a stopped run from its newest checkpoint"),
@@ -130,23 +147,12 @@ async def _ask_host_key(host: str, fingerprint: str) -> bool:
     return answer.strip().lower() == "yes"
 
 
-def _runs_table(runs: list[RunView]) -> str:
-    rows = [("RUN", "NAME", "STATUS", "STEP", "WORLD", "GLOBAL BATCH", "PARAMS")]
-    for r in runs:
-        i = r.info
-        step = f"{i.step}/{i.total_steps if i.total_steps is not None else '-'}"
-        status = r.status.value + (" (archived)" if r.archived else "")
-        rows.append((r.run_id, r.name, status, step, str(i.world_size), str(i.global_batch or "-"),
-                     fmt_count(i.param_count) if i.param_count else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
-
-
 async def _status(c: Any, args: argparse.Namespace) -> int:
     """The run's view, every rank's newest beat and the alerts that hold now: one bounded request
     (O(ranks), whatever the run's age)."""
     from nsa.contract import RunStatus
     from nsa_tui.alerts import AlertDetector
+    from nsa_tui.cli_text import status_text
 
     rep = await c.status(args.run)
     det = AlertDetector(c.hello.host or args.host)
@@ -161,23 +167,8 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     if rep.run.watchdog:  # the host records this run's alerts: show those (unresolved), not a guess
         recorded = await c.alerts(args.run, 0)
         alerts = [st.alert for st in recorded.alerts if st.state != "resolved"]
-    info = rep.run.info
-    step = max([info.step, *(b.step for b in rep.beats)])  # run.json is rewritten every ~10 s
-    lines = [f"{rep.run.run_id}  {rep.run.name}  status={rep.run.status.value}  "
-             f"step={step}/{info.total_steps if info.total_steps is not None else '?'}  "
-             f"world={info.world_size}  global_batch={info.global_batch or '?'}  "
-             f"params={fmt_count(info.param_count) if info.param_count else '?'}"]
-    if rep.run.status.is_alive() and info.status == RunStatus.STARTING:
-        lines[0] += "  (booting)"
-    skew = det.skew()
-    for b in rep.beats:
-        lines.append(f"  rank {b.rank}: step {b.step} phase {b.phase.value} "
-                     f"heartbeat {max(0.0, now - skew - b.ts):.1f} s ago")
-    for a in alerts:
-        lines.append(f"  [{a.severity.upper()}] {a.kind}: {a.message}")
-        lines += [f"      | {ln}" for ln in a.log_tail[-8:]] if a.kind in ("crash", "nan") else []
     rep.alerts = alerts
-    _emit(args, rep, "\n".join(lines))
+    _emit(args, rep, status_text(rep, alerts, now, det.skew()))
     unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
     bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
     return EXIT_UNHEALTHY if bad else EXIT_OK
@@ -319,7 +310,9 @@ async def _run_command(args: argparse.Namespace) -> int:
     except TransportError as exc:
         return _fail(args, EXIT_UNREACHABLE, "unreachable", str(exc))
     try:
-        if args.cmd not in ("runs", "launch"):
+        if getattr(args, "run", None):
+            args.run = await _resolve_run(c, args.run)
+        if args.cmd not in ("runs", "launch", "alerts", "ack", "archive", "delete", "export"):
             from nsa_tui.coordinator import run_hosts
 
             hosts = await run_hosts({args.host: c}, args.run)
@@ -328,11 +321,27 @@ async def _run_command(args: argparse.Namespace) -> int:
                 return await _multi(args, hosts)
         return await _dispatch(c, args)
     except AgentError as exc:
-        code = {"bad_config": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN, "bad_request": EXIT_USAGE,
-                "no_such_alert": EXIT_NO_RUN}
+        code = {"bad_config": EXIT_BAD_CONFIG, "cannot_run": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN,
+                "bad_request": EXIT_USAGE, "no_such_alert": EXIT_NO_RUN}
         return _fail(args, code.get(exc.code, EXIT_FAILED), exc.code, exc.message)
+    except RunRefError as exc:
+        return _fail(args, EXIT_NO_RUN if exc.code == "no_such_run" else EXIT_USAGE, exc.code, exc.message)
     finally:
         await c.close()
+
+
+async def _resolve_run(c: Any, ref: str) -> str:
+    """A run given by its id, a unique id prefix or its name (nsa_tui/runref.py). An id the
+    list does not hold goes to the agent as given (it answers for it)."""
+    from nsa_tui.agent.runs import RUN_ID_RE
+
+    runs = await c.runs()
+    try:
+        return resolve(ref, runs)
+    except RunRefError as exc:
+        if exc.code == "no_such_run" and RUN_ID_RE.match(ref):
+            return ref
+        raise
 
 
 async def _dispatch(c: Any, args: argparse.Namespace) -> int:
@@ -341,7 +350,7 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
         shown = runs if args.all else [r for r in runs if not r.archived]
         hidden = len(runs) - len(shown)
         note = f"\n({hidden} archived: --all lists them)" if hidden else ""
-        _emit(args, shown, _runs_table(shown) + note)
+        _emit(args, shown, runs_table(shown, time.time()) + note)
     elif args.cmd == "archive":
         view = await c.archive(args.run, archived=not args.undo)
         _emit(args, view, f"{args.run}: {'archived' if view.archived else 'no longer archived'}")
@@ -349,8 +358,10 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
         return await _delete(c, args)
     elif args.cmd == "launch":
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
-                             upload=args.upload, on_failure=args.on_failure)
+                             upload=args.upload, on_failure=args.on_failure, force=args.force)
         _emit(args, res, res.run_id)
+    elif args.cmd == "export":
+        return await _export(c, args)
     elif args.cmd == "alerts":
         return await _alerts(c, args)
     elif args.cmd == "ack":
@@ -377,7 +388,33 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             for f in dr.files:
                 (out / Path(f.name).name).write_text(f.text)
-        _emit(args, dr, "\n".join(f"==> {f.name} <==\n{f.text}" for f in dr.files) or "no files")
+        from nsa_tui.stacks import dump_text
+
+        _emit(args, dr, dump_text(dr))
+    return EXIT_OK
+
+
+async def _export(c: Any, args: argparse.Namespace) -> int:
+    """The run's metrics lines, read through the agent, written here (nsa_tui/export.py)."""
+    from nsa_tui.export import ExportError, write_csv, write_tensorboard
+
+    if not args.tensorboard and not args.csv:
+        return _fail(args, EXIT_USAGE, "bad_request", "export: give --tensorboard DIR and/or --csv PATH")
+    view = await c.run(args.run)
+    metrics = await c.metrics(args.run)
+    done: dict[str, Any] = {"run_id": args.run, "lines": len(metrics)}
+    try:
+        if args.csv:
+            path = Path(args.csv).expanduser()
+            if path.suffix != ".csv":
+                path = path / f"{args.run}.csv"
+            done["csv"] = str(write_csv(metrics, path))
+        if args.tensorboard:
+            done["tensorboard"] = str(write_tensorboard(metrics, view.info,
+                                                        Path(args.tensorboard).expanduser() / args.run))
+    except (ExportError, OSError) as exc:
+        return _fail(args, EXIT_FAILED, "export_failed", str(exc))
+    _emit(args, done, "\n".join(f"{k}: {v}" for k, v in done.items()))
     return EXIT_OK
 
 
@@ -432,6 +469,17 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_run_command(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader went away (``nsa-tui status ... --json | head``): stop quietly, as a program
+    killed by SIGPIPE would, instead of a traceback; later flushes go to /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE
 
 
 if __name__ == "__main__":

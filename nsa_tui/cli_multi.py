@@ -139,7 +139,8 @@ async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreacha
             if getattr(args, "on_failure", None):  # a config value, refused where it cannot work
                 args.set = [*args.set, f"on_failure.action={args.on_failure}"]
             res = await co.launch(clients, args.config, nproc=args.nproc, overrides=args.set, name=args.name,
-                                  upload=args.upload, rdzv_host=args.rdzv_host, rdzv_port=args.rdzv_port)
+                                  upload=args.upload, rdzv_host=args.rdzv_host, rdzv_port=args.rdzv_port,
+                                  force=getattr(args, "force", False))
             doc = {"run_id": res.run_id, "rdzv_endpoint": res.rdzv_endpoint,
                    "hosts": {h: _builtins(r) for h, r in res.results.items()}}
             emit(doc, res.run_id)

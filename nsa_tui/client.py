@@ -11,6 +11,8 @@
     await client.run(run_id)      # RunView, with log_tail for crashed/failed runs
     await client.status(run_id)   # RunStatusReport: the view and every rank's newest beat
     await client.launch(config_path, nproc=None, overrides=(), name=None, upload=False)  # LaunchResult
+    await client.describe(config_path, nproc=None, overrides=(), upload=False)  # ConfigSummary
+    await client.plan(run_id, "fallback" | "resume")  # ActionPlan: what it would do
     await client.kill(run_id)     # KillResult
     await client.fallback(run_id, nproc=None, checkpoint=None)  # LaunchResult of the new run
                                   # (``again``: an earlier fallback's run)
@@ -58,13 +60,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from nsa.contract import PROTOCOL, Hello, HostSample, NodeLayout, RunStatusReport, RunView
+from nsa.contract import (
+    PROTOCOL,
+    Hello,
+    HostSample,
+    Metric,
+    NodeLayout,
+    RunStatusReport,
+    RunView,
+    decode_lines,
+)
 from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
+    ActionPlan,
     AlertList,
     AlertState,
     CheckpointList,
+    ConfigSummary,
     DeleteResult,
     DumpResult,
     ErrorInfo,
@@ -381,32 +394,44 @@ class HostClient:
         return await self.request("status", RunStatusReport, run=run_id)
 
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
-                     name: str | None = None, upload: bool = False, config_text: str | None = None,
-                     run_id: str | None = None, nodes: NodeLayout | None = None,
-                     on_failure: str | None = None) -> LaunchResult:
-        """Validate on the host and start; ``upload`` sends this machine's file text along (or
-        ``config_text`` as given); ``on_failure``: the watchdog's policy for the run (restart,
-        fallback, stop, none). ``run_id``/``nodes``: one node of a run over several hosts."""
-        args: dict[str, Any] = {"nproc": nproc, "overrides": list(overrides), "name": name}
-        if on_failure is not None:
-            args["on_failure"] = on_failure
-        if upload and config_text is None:
-            config_text = read_config_text(config_path)
+                     name: str | None = None, upload: bool = False, on_failure: str | None = None,
+                     force: bool = False, config_text: str | None = None, run_id: str | None = None,
+                     nodes: NodeLayout | None = None) -> LaunchResult:
+        """Validate on the host and start; ``upload`` sends this machine's file text along (errors
+        still name ``config_path``; ``config_text``: that text, read already); ``on_failure``: the
+        watchdog's policy for the run (restart, fallback, stop, none); ``force`` starts what
+        ``describe`` would refuse; ``run_id``/``nodes``: one node of a run over several hosts."""
+        args = _config_args(config_path, upload and config_text is None)
         if config_text is not None:
             args["config_text"] = config_text
-        args["config_path"] = config_path
+        args.update(nproc=nproc, overrides=list(overrides), name=name)
+        if on_failure is not None:
+            args["on_failure"] = on_failure
+        if force:
+            args["force"] = True
         if run_id is not None:
             args["run_id"] = run_id
         if nodes is not None:
             args["nodes"] = nodes
         return await self.request("launch", LaunchResult, **args)
 
-    async def preflight(self, *, port: int | None = None, want_port: bool = False,
+    async def preflight(self, *, port: int | None = None, want_port: bool = False, nproc: int | None = None,
                         config_path: str | None = None, config_text: str | None = None,
                         overrides: Sequence[str] = ()) -> PreflightResult:
-        """What the host says about taking part in a run; starts nothing."""
-        return await self.request("preflight", PreflightResult, port=port, want_port=want_port,
+        """What the host says about taking part in a run over several hosts; starts nothing."""
+        return await self.request("preflight", PreflightResult, port=port, want_port=want_port, nproc=nproc,
                                   config_path=config_path, config_text=config_text, overrides=list(overrides))
+
+    async def describe(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
+                       upload: bool = False) -> ConfigSummary:
+        """What the config is and whether it can run on the host; nothing starts."""
+        args = _config_args(config_path, upload)
+        args.update(nproc=nproc, overrides=list(overrides))
+        return await self.request("describe", ConfigSummary, **args)
+
+    async def plan(self, run_id: str, op: str) -> ActionPlan:
+        """What ``fallback``/``resume`` of the run would do now (for a confirmation)."""
+        return await self.request("plan", ActionPlan, run=run_id, action=op)
 
     async def kill(self, run_id: str, grace_s: float = 60.0) -> KillResult:
         return await self.request("kill", KillResult, run=run_id, grace_s=grace_s)
@@ -452,8 +477,28 @@ class HostClient:
         """Remove a run that is not alive; ``dry_run``: only say how many bytes that frees."""
         return await self.request("delete", DeleteResult, run=run_id, dry_run=dry_run)
 
-    async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20) -> LogChunk:
-        return await self.request("read_log", LogChunk, run=run_id, offset=offset, max_bytes=max_bytes)
+    async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20,
+                       file: str = "train.log") -> LogChunk:
+        """A piece of the run's train.log (or, ``file="metrics.jsonl"``, of its metrics lines)."""
+        args: dict[str, Any] = {"run": run_id, "offset": offset, "max_bytes": max_bytes}
+        if file != "train.log":
+            args["file"] = file
+        return await self.request("read_log", LogChunk, **args)
+
+    async def metrics(self, run_id: str) -> list[Metric]:
+        """Every line of the run's metrics.jsonl as contract records (exports: O(run length),
+        read in 4 MiB pieces; a malformed line is skipped)."""
+        out: list[Metric] = []
+        offset, carry = 0, b""
+        while True:
+            chunk = await self.read_log(run_id, offset, 4 << 20, file="metrics.jsonl")
+            data = carry + chunk.text.encode()
+            lines = data.split(b"\n")
+            carry = lines.pop()  # a line still being written waits for its newline
+            out += decode_lines([ln for ln in lines if ln.strip()], Metric)
+            if chunk.offset >= chunk.size or chunk.offset == offset:
+                return out
+            offset = chunk.offset
 
     async def alerts(self, run_id: str | None = None, history: int = 100) -> AlertList:
         return await self.request("alerts", AlertList, run=run_id, history=history)
@@ -525,12 +570,20 @@ class HostClient:
         return self._stream(_Sub("watch_host", {"interval_s": interval_s}))
 
 
+def _config_args(config_path: str, upload: bool) -> dict[str, Any]:
+    """``config_path`` (a path on the host), or with ``upload`` this machine's file's text too."""
+    args: dict[str, Any] = {"config_path": config_path}
+    if upload:
+        try:
+            args["config_text"] = Path(config_path).expanduser().read_text()
+        except OSError as exc:
+            raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
+    return args
+
+
 def read_config_text(config_path: str) -> str:
     """This machine's config file, to send along (``--upload``)."""
-    try:
-        return Path(config_path).expanduser().read_text()
-    except OSError as exc:
-        raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
+    return str(_config_args(config_path, True)["config_text"])
 
 
 def _hello(line: bytes) -> Hello | None:

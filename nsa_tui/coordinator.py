@@ -28,6 +28,7 @@ from nsa_tui.multihost import Part, hosts_of, primary_of
 from nsa_tui.transport import TransportError
 
 ROLLBACK_GRACE_S = 10.0
+CANNOT_RUN = "cannot run on this host"  # the preflight's word for describe's problems (agent/preflight.py)
 CHUNK = 4 << 20
 
 
@@ -85,7 +86,7 @@ async def _port(c: HostClient, host: str, port: int | None) -> int:
     return pre.port
 
 
-def check_preflight(hosts: list[str], pre: list[PreflightResult]) -> PreflightResult:
+def check_preflight(hosts: list[str], pre: list[PreflightResult], force: bool = False) -> PreflightResult:
     """Refuse, naming the host, what would fail once started: a host that cannot train, a
     config that does not validate there, other versions than the first host's, the first
     host's rendezvous port in use. Returns the first host's result."""
@@ -93,7 +94,7 @@ def check_preflight(hosts: list[str], pre: list[PreflightResult]) -> PreflightRe
     for host, p in zip(hosts, pre):
         if p.problems:
             raise MultiHostError(host, "; ".join(p.problems), "nsa_missing")
-        if p.config_error:
+        if p.config_error and not (force and p.config_error.startswith(CANNOT_RUN)):
             raise MultiHostError(host, f"config: {p.config_error}", "bad_config")
         for what in ("nsa_tui", "nsa_version", "torch"):
             mine, theirs = getattr(p, what), getattr(first, what)
@@ -108,17 +109,19 @@ def check_preflight(hosts: list[str], pre: list[PreflightResult]) -> PreflightRe
 
 async def launch(clients: dict[str, HostClient], config: str, *, nproc: int | None = None,
                  overrides: Sequence[str] = (), name: str | None = None, upload: bool = False,
-                 rdzv_host: str | None = None, rdzv_port: int | None = None) -> MultiLaunch:
-    """Check every host, then start one torchrun per host (node order = ``clients`` order)."""
+                 rdzv_host: str | None = None, rdzv_port: int | None = None,
+                 force: bool = False) -> MultiLaunch:
+    """Check every host, then start one torchrun per host (node order = ``clients`` order);
+    ``force``: start a config that a host says cannot run there (as ``launch --force``)."""
     hosts = list(clients)
     text = read_config_text(config) if upload else None
     pre = await asyncio.gather(*(clients[h].preflight(
-        config_path=config, config_text=text, overrides=overrides, want_port=i == 0,
+        config_path=config, config_text=text, overrides=overrides, want_port=i == 0, nproc=nproc,
         port=rdzv_port if i == 0 else None) for i, h in enumerate(hosts)), return_exceptions=True)
     for host, p in zip(hosts, pre):
         if isinstance(p, BaseException):
             raise MultiHostError(host, f"preflight failed: {p}", "unreachable")
-    first = check_preflight(hosts, pre)  # type: ignore[arg-type]
+    first = check_preflight(hosts, pre, force)  # type: ignore[arg-type]
     addrs = [rdzv_host if i == 0 and rdzv_host else _addr(clients[h]) for i, h in enumerate(hosts)]
     endpoint = _endpoint(addrs[0], first.port)
     run_id = new_run_id(name or first.config_name or "run")
@@ -127,7 +130,7 @@ async def launch(clients: dict[str, HostClient], config: str, *, nproc: int | No
         try:
             out.results[host] = await clients[host].launch(
                 config, nproc=nproc, overrides=overrides, name=name, config_text=text, run_id=run_id,
-                nodes=_layout(hosts, i, endpoint, addrs))
+                nodes=_layout(hosts, i, endpoint, addrs), force=force)
         except (AgentError, TransportError) as exc:
             await _roll_back(clients, list(out.results), run_id)
             raise MultiHostError(host, f"launch failed: {exc}; stopped what had started on "

@@ -8,7 +8,7 @@ are skipped where the server binary is missing. Recipe: ../shared/notes/ENVIRONM
 
 Fixture ``sshd_nodes`` yields two such servers as two hosts of one machine: each its own
 port, its own ``HOME`` for its sessions (so its own ``~/nsa-runs``: a runs root of its
-own) and one thread per process (``SetEnv``: runs on a loaded 2-core machine stay
+own) and one thread per rank (``SetEnv NSA_THREADS=1``: runs on a loaded 2-core machine stay
 steady and comparable), with one ``ssh_config`` naming them ``nsa-node0`` and ``nsa-node1``.
 """
 
@@ -163,7 +163,7 @@ def make_server(base: Path, home: Path | None = None, alias: str = ALIAS,
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPidFile {base / 'sshd.pid'}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "PermitRootLogin prohibit-password\nLogLevel ERROR\nSubsystem sftp internal-sftp\n"
-        + (f"SetEnv HOME={home} OMP_NUM_THREADS=1\n" if home is not None else ""))
+        + (f"SetEnv HOME={home} NSA_THREADS=1\n" if home is not None else ""))
     if home is not None:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
     user = getpass.getuser()

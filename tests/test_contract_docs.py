@@ -17,12 +17,13 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:)\s*$")
 STRUCTS = {name: obj for mod in (records, series, protocol) for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
-RUN_DIRECTORY = ["RunInfo", "AttentionOps", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch", "Archived",
-                 "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
+RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch",
+                 "Archived", "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData", "AlertEvent", "Alert"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",
-            "DeleteResult", "LogChunk", "RunView", "RunStatusReport", "WatchArgs", "Gap", "Synced",
-            "HostSample", "Usage", "GpuReading", "AlertState", "AlertList", "Evidence", "LaunchArgs"]
+            "MissingRank", "ConfigSummary", "ActionPlan", "DeleteResult", "LogChunk", "RunView",
+            "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading",
+            "AlertState", "AlertList", "Evidence", "LaunchArgs"]
 
 
 def documented_tables(text: str) -> dict[str, set[str]]:

@@ -31,6 +31,7 @@ from nsa.contract.records import (
     Archived,
     AttentionOps,
     Beat,
+    CpuThreads,
     DeviceInfo,
     EpochMetric,
     EvalMetric,
@@ -53,11 +54,10 @@ from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
 from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
 
 __all__ = [
-    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat",
+    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat", "CpuThreads",
     "ContractError", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
-    "Hello", "HostSample",
-    "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder", "MetricsSummary", "NodeLayout",
-    "PgTimeouts", "Phase", "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView", "SelfCheck",
-    "SeriesSummary", "StopInfo", "TrainMetric", "decode", "decode_lines", "encode", "last_record", "on_gpu",
-    "read_json", "write_json_atomic",
+    "Hello", "HostSample", "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder",
+    "MetricsSummary", "NodeLayout", "PgTimeouts", "Phase", "Relaunch", "RunInfo", "RunStatus",
+    "RunStatusReport", "RunView", "SelfCheck", "SeriesSummary", "StopInfo", "TrainMetric", "decode",
+    "decode_lines", "encode", "last_record", "on_gpu", "read_json", "write_json_atomic",
 ]

@@ -269,6 +269,7 @@ class ReadLogArgs(Args, kw_only=True, forbid_unknown_fields=True):
     run: str
     offset: int = 0
     max_bytes: int = 1 << 20
+    file: Literal["train.log", "metrics.jsonl"] = "train.log"  # metrics.jsonl: for exports
 
 
 class WatchHostArgs(Args, kw_only=True, forbid_unknown_fields=True):
@@ -288,6 +289,66 @@ class LaunchArgs(Args, kw_only=True, forbid_unknown_fields=True):
     run_id: str | None = None  # several hosts: the id the client chose for every host
     nodes: NodeLayout | None = None  # several hosts: this host's place among them
     on_failure: str | None = None  # the config's on_failure.action for this run
+    force: bool = False  # start even when ``describe`` finds a problem (the probe may be wrong)
+
+
+class DescribeArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``describe``: the config as ``launch`` would get it, nothing started."""
+
+    config_path: str | None = None
+    config_text: str | None = None
+    nproc: int | None = None
+    overrides: list[str] = []
+
+
+class ConfigSummary(Record, kw_only=True):
+    """What a config is and whether it can run on this host (``describe``; ``launch`` refuses
+    what has ``problems`` unless forced). Why: a 125M GPU config on FineWeb from the Hub used
+    to start on a CPU box without network and fail 45 s later."""
+
+    config: str  # the path as the user gave it
+    name: str
+    params: int
+    attention: str  # "nsa" | "dense"
+    seq_len: int
+    batch_size: int
+    grad_accum: int
+    nproc: int
+    global_batch: int  # sequences per optimizer step: batch_size x nproc x grad_accum
+    steps: int
+    device: str  # train.device as configured: "auto" | "cpu" | "cuda"
+    dtype: str  # train.dtype as configured
+    needs: str  # "CUDA" | "CPU or CUDA" | "CPU"
+    runs_on: str  # what it would run on here: "cpu" | "cuda" (N GPUs)
+    data: str  # the data source in words
+    problems: list[str] = []  # why it cannot run on this host; empty: it can
+    notes: list[str] = []  # worth knowing, not in the way
+
+
+class PlanArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    action: Literal["kill", "fallback", "resume"]
+
+
+class ActionPlan(Record, kw_only=True):
+    """``plan``: exactly what a ``kill``, ``fallback`` or ``resume`` of the run would do now,
+    nothing done: the confirmation a person reads before pressing k, f or r."""
+
+    op: Literal["kill", "fallback", "resume"]
+    run_id: str
+    alive: bool  # kill and fallback stop it
+    pids: list[int] = []  # every live process of the run (what kill ends)
+    rank_pids: list[int] = []  # those that are ranks (they get SIGTERM first)
+    world_size: int = 1  # the run's processes now
+    nproc: int = 1  # the new run's
+    name: str = ""  # the new run's
+    checkpoint: str | None = None  # the newest complete checkpoint it would start from
+    checkpoint_step: int | None = None
+    grad_accum: int | None = None  # the new run's (fallback: keeps the global batch)
+    global_batch: int | None = None
+    gpu: int | None = None  # fallback: the GPU with the most free memory (None: no NVML)
+    again: str | None = None  # done before: the run it started then (nothing new would start)
+    problem: str | None = None  # why it cannot be done (the op would refuse with this)
 
 
 class PreflightArgs(Args, kw_only=True, forbid_unknown_fields=True):
@@ -297,6 +358,7 @@ class PreflightArgs(Args, kw_only=True, forbid_unknown_fields=True):
 
     port: int | None = None
     want_port: bool = False
+    nproc: int | None = None  # processes per host (what the config is checked against)
     config_path: str | None = None
     config_text: str | None = None
     overrides: list[str] = []
@@ -427,6 +489,11 @@ class DumpFile(Record, kw_only=True):
     text: str
 
 
+class MissingRank(Record, kw_only=True):
+    rank: int
+    reason: str
+
+
 class Evidence(Record, kw_only=True):
     """``evidence``: the files the watchdog captured for an alert (each at most 1 MiB shown)."""
 
@@ -441,3 +508,4 @@ class DumpResult(Record, kw_only=True):
     ranks: list[int]
     notes: list[str] = []
     files: list[DumpFile] = []
+    missing: list[MissingRank] = []  # ranks of the run without a stack here, and why

@@ -46,6 +46,19 @@ class PgTimeouts(Record, kw_only=True):
     steady_s: float  # train.pg_timeout_s: every other collective
 
 
+class CpuThreads(Record, kw_only=True):
+    """The CPU threads each rank uses and why (nsa/train/threads.py): torch's default pool, a
+    thread per CPU of the machine, made single-process CPU runs 5-40x slower on shared cores."""
+
+    per_rank: int
+    usable_cpus: int
+    affinity_cpus: int
+    quota_cpus: float | None = None
+    local_ranks: int = 1
+    source: str = "auto"  # "auto" | "NSA_THREADS"
+    wait_policy: str = "PASSIVE"
+
+
 class RunInfo(Record, kw_only=True):
     """run.json: identity, resolved config, trainer status, progress."""
 
@@ -80,6 +93,7 @@ class RunInfo(Record, kw_only=True):
     parent_run: str | None = None
     telemetry_overhead: float | None = None
     attention_ops: AttentionOps | None = None
+    cpu_threads: CpuThreads | None = None
     train_flops_per_token: float | None = None  # model FLOPs of one trained token (nsa.stats)
     pg_timeouts: PgTimeouts | None = None
     nnodes: int = 1  # nodes (hosts) the ranks run on

@@ -88,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
             pass
     args = parse_args(argv)
     os.umask(0o077)  # every file of the run (checkpoints, stacks, NCCL dumps) is its user's alone
+    from nsa.train import threads
+
+    try:  # before torch loads its OpenMP runtime (below)
+        cpu = threads.configure()
+    except ValueError as exc:
+        print(f"nsa-train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     from nsa.config import ConfigError, load_config, to_dict
 
     try:
@@ -105,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from nsa.contract import PgTimeouts, RunInfo
     from nsa.train import distributed as D
+
+    threads.apply(cpu)
     from nsa.train.faults import StackDumper, StopFlag, stop_when_launcher_dies
     from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir
 
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 world_size=world, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
                 device=str(device), data_source=cfg.data.source, command=list(sys.argv), versions=versions(),
                 host=socket.gethostname(), total_steps=cfg.train.steps, parent_run=args.parent_run,
-                strategy=cfg.train.strategy, pid=os.getpid(),
+                strategy=cfg.train.strategy, pid=os.getpid(), cpu_threads=cpu,
                 pg_timeouts=PgTimeouts(start_s=cfg.train.pg_timeout_start_s, steady_s=cfg.train.pg_timeout_s),
                 nnodes=int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)))
         resume = ckpt.resolve(args.resume, run_dir)
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, run_dir, info, hb, stop, record, resume, log)
         boot = trainer.setup()
         banner(log, cfg, args, run_id, run_dir, world, device, boot, trainer, resume)
+        log(threads.describe(cpu))
         if record:
             from nsa.stats import train_flops_per_token
 

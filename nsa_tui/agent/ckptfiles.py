@@ -22,7 +22,7 @@ from nsa.contract.protocol import (
     FileChunk,
     WriteCheckpointFileArgs,
 )
-from nsa_tui.agent.launcher import OpError
+from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.runs import RunStore
 
 DCP_FILE = re.compile(r"^(__\d+_\d+\.distcp|\.metadata)$")

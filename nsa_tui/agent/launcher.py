@@ -19,7 +19,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,23 +29,21 @@ from typing import Any
 
 import nsa_tui
 from nsa.contract import LaunchInfo, NodeLayout, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
-from nsa.contract.protocol import DumpFile, DumpResult, KillResult, LaunchResult
+from nsa.contract.protocol import (
+    ActionPlan,
+    ConfigSummary,
+    DumpResult,
+    KillResult,
+    LaunchResult,
+)
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
+from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RUN_ID_RE, RunStore
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
-
-
-class OpError(Exception):
-    """A request that cannot be done; ``code`` is machine-readable (see docs/agent-protocol.md)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _slug(name: str) -> str:
@@ -59,14 +56,15 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_slug(name)}-{secrets.token_hex(2)}"
 
 
-def validate_config(path: str, overrides: list[str]) -> Any:
-    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2)."""
+def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
+    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2). Errors name
+    ``shown_as``: the user's own path of an uploaded file, never its temporary copy."""
     try:
         from nsa.config import ConfigError, load_config
     except ImportError as exc:
         raise OpError("nsa_missing", f"cannot import nsa on this host: {exc}") from exc
     try:
-        return load_config(path, overrides)
+        return load_config(path, overrides, shown_as=shown_as)
     except ConfigError as exc:
         raise OpError("bad_config", str(exc)) from exc
 
@@ -153,30 +151,44 @@ class Launcher:
         """Collect exited supervisors so they do not linger as zombies."""
         self.children = [p for p in self.children if p.poll() is None]
 
-    def validated(self, config_path: str | None, config_text: str | None,
-                  overrides: list[str]) -> tuple[Any, str, str]:
-        """(config, its text, where it came from), validated on this host; nothing started."""
-        self.store.ensure()
+    @contextlib.contextmanager
+    def _config_file(self, config_path: str | None, config_text: str | None) -> Iterator[tuple[str, str]]:
+        """(a file to read the config from, the name to show for it): an upload is written to a
+        private temporary file for the duration, shown by the path the user gave."""
         if config_text is not None:
+            self.store.ensure()
             fd, tmp = _private_temp(self.store.root)
             try:
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(config_text)
-            except OSError as exc:
+                try:
+                    with os.fdopen(fd, "w") as fh:
+                        fh.write(config_text)
+                except OSError as exc:  # a full disk: said as such (diskroom.no_space)
+                    raise no_space(exc, self.store.root) from exc
+                yield tmp, config_path or "<uploaded>"
+            finally:
                 os.unlink(tmp)
-                raise no_space(exc, self.store.root) from exc
-            source = config_path or "<uploaded>"
         elif config_path:
-            tmp, source = None, os.path.expanduser(config_path)
+            yield os.path.expanduser(config_path), config_path
         else:
-            raise OpError("bad_request", "launch needs config_path or config_text")
-        try:
-            cfg = validate_config(tmp or source, overrides)
-            text = Path(tmp or source).read_text()
-        finally:
-            if tmp:
-                os.unlink(tmp)
-        return cfg, text, source
+            raise OpError("bad_request", "needs config_path or config_text")
+
+    def validated(self, config_path: str | None, config_text: str | None, overrides: list[str]) -> Any:
+        """The config, validated on this host as ``launch`` would; nothing created."""
+        with self._config_file(config_path, config_text) as (path, shown):
+            return validate_config(path, [str(o) for o in overrides], shown_as=shown)
+
+    def _gpu_message(self) -> str:
+        return self.read_gpus()[1] if self.read_gpus else ""
+
+    def describe(self, config_path: str | None = None, *, config_text: str | None = None,
+                 nproc: int | None = None, overrides: list[str] | None = None) -> ConfigSummary:
+        """What the config is and whether it can run here (nothing is started)."""
+        from nsa_tui.agent.describe import describe
+
+        _check_nproc(nproc)
+        with self._config_file(config_path, config_text) as (path, shown):
+            cfg = validate_config(path, [str(o) for o in overrides or []], shown_as=shown)
+        return describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
 
     @launch_safely
     def launch(
@@ -190,33 +202,44 @@ class Launcher:
         parent_run: str | None = None,
         resume_from: str | None = None,
         gpu: int | None = None,
+        check: bool = True,
         run_id: str | None = None,
         nodes: NodeLayout | None = None,
     ) -> LaunchResult:
-        """Validate, create the run directory (0700), copy the config, start detached.
-        On a full disk nothing is left behind: no run directory, no temporary file.
-        Several hosts: the client gives every host the same ``run_id`` and its ``nodes``."""
+        """Validate, refuse what cannot run here (``check``; relaunches of a run that ran here
+        skip it), create the run directory (0700), copy the config, start detached. On a full
+        disk nothing is left behind: no run directory, no temporary file. Several hosts: the
+        client gives every host the same ``run_id`` and its ``nodes``."""
+        from nsa_tui.agent.describe import describe
+
         overrides = [str(o) for o in (overrides or [])]
-        if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
-            raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
+        _check_nproc(nproc)
         if run_id is not None and not RUN_ID_RE.match(run_id):
             raise OpError("bad_request", f"bad run id {run_id!r}")
         validate_nodes(nodes)
         self.store.ensure()
         need_room(self.store.root, MIN_FREE_BYTES + (dir_size(Path(resume_from)) if resume_from else 0),
                   f"the checkpoint {resume_from}" if resume_from else "a new run")
-        cfg, text, source = self.validated(config_path, config_text, overrides)
-        if nodes is not None:
-            check_policy_over_hosts(cfg)
-        run_id = run_id or new_run_id(name or cfg.name)
-        run_dir = self.store.root / run_id
-        try:
-            run_dir.mkdir(mode=0o700)
-        except FileExistsError:
-            raise OpError("run_exists", f"{run_dir} already exists on this host (two hosts of one run "
-                          "sharing a runs root? each host needs its own)") from None
-        creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
-        os.chmod(run_dir, 0o700)
+        with self._config_file(config_path, config_text) as (path, shown):
+            cfg = validate_config(path, overrides, shown_as=shown)
+            if check:
+                summary = describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
+                if summary.problems:
+                    raise OpError("cannot_run", f"{shown} cannot run on this host: "
+                                  + "; ".join(summary.problems))
+            if nodes is not None:
+                check_policy_over_hosts(cfg)
+            run_id = run_id or new_run_id(name or cfg.name)
+            run_dir = self.store.root / run_id
+            try:
+                run_dir.mkdir(mode=0o700)
+            except FileExistsError:
+                raise OpError("run_exists", f"{run_dir} already exists on this host (two hosts of one run "
+                              "sharing a runs root? each host needs its own)") from None
+            creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
+            os.chmod(run_dir, 0o700)
+            text = Path(path).read_text()
+        source = shown if config_text is not None else path  # recorded: the user's path, ~ expanded here
         cfg_copy = run_dir / "config.yaml"
         fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -336,66 +359,103 @@ class Launcher:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _checkpoint(self, run_id: str, name: str | None) -> tuple[str, dict[str, Any]]:
-        """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one."""
+    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, dict[str, Any]]:
+        """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one;
+        (None, {}) when there is none."""
         if name:
             try:
-                path = self.store.checkpoint_dir(run_id, name)
+                path: Path | None = self.store.checkpoint_dir(run_id, name)
             except KeyError:
                 raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint {name!r}") from None
         else:
             latest = self.store.latest_checkpoint(run_id)
-            if latest is None:
-                raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
-            path = Path(latest)
+            path = Path(latest) if latest else None
+        if path is None:
+            return None, {}
         try:
-            meta = json.loads((path / "meta.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise OpError("no_checkpoint", f"{path}: unreadable meta.json ({exc})") from exc
-        return str(path), meta
+            return str(path), json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            return str(path), {}
 
-    def _batch(self, run_id: str) -> tuple[int | None, int | None]:
-        """(global batch, per-rank batch) of the run: run.json, else its newest checkpoint."""
-        run = read_json(self.store.run_dir(run_id) / "run.json", RunInfo)
-        if run is not None and run.global_batch and run.batch_size:
-            return run.global_batch, run.batch_size
-        try:
-            meta = self._checkpoint(run_id, None)[1]
-        except OpError:
-            return None, None
-        return meta.get("global_batch"), meta.get("batch_size")
+    def _relaunch_args(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
+                       nodes: NodeLayout | None = None) -> tuple[ActionPlan, list[str]]:
+        """What a fallback/resume of ``run_id`` starts (the plan) and the overrides it passes: the
+        gradient accumulation that keeps the checkpoint's global batch on the new world size
+        (``nproc`` per host, ``nodes`` hosts: a resume over several hosts)."""
+        run_dir = self.store.run_dir(run_id)
+        ckpt, meta = self._find_checkpoint(run_id, checkpoint)
+        launch = read_json(run_dir / "launch.json", LaunchInfo)
+        run = read_json(run_dir / "run.json", RunInfo)
+        old = launch.overrides if launch else []
+        overrides = [o for o in old if not o.startswith("train.grad_accum=")]
+        nodes_now = launch.nodes.nnodes if launch and launch.nodes else 1
+        world = (run.world_size if run else None) or int(meta.get("world_size") or 0) or (
+            (launch.nproc if launch else 1) * nodes_now)
+        nproc = nproc or (1 if op == "fallback" else world)
+        new_world = nproc * (nodes.nnodes if nodes else 1)
+        g = meta.get("global_batch") or (run.global_batch if run else None)
+        b = meta.get("batch_size") or (run.batch_size if run else None)
+        accum: int | None = None
+        problem = None
+        if g and b:
+            if g % (b * new_world):
+                problem = (f"global batch {g} is not a multiple of batch_size {b} x {new_world} rank(s): "
+                           f"{op} cannot keep it")
+            else:
+                accum = g // (b * new_world)
+                overrides.append(f"train.grad_accum={accum}")  # the same global batch
+        elif op == "fallback":
+            cfg = validate_config(str(run_dir / "config.yaml"), old)
+            accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world // nproc
+            overrides.append(f"train.grad_accum={accum}")
+        name = launch.name if launch else (run.name if run else run_id)
+        step = None
+        if ckpt is not None and Path(ckpt).name.startswith("step-") and Path(ckpt).name[5:].isdigit():
+            step = int(Path(ckpt).name[5:])
+        plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
+                          name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
+                          grad_accum=accum, global_batch=g, problem=problem,
+                          gpu=self.freest_gpu() if op == "fallback" and nproc == 1 else None)
+        return plan, overrides
 
-    def _check_fits(self, run_id: str, world: int) -> None:
-        """Refuse (before stopping anything) a world size that cannot keep the global batch."""
-        g, b = self._batch(run_id)
-        if g and b and g % (b * world):
-            raise OpError("bad_request", f"global batch {g} is not a multiple of batch_size {b} x {world} "
-                          f"rank(s): it cannot be kept on {world} rank(s)")
+    def plan(self, run_id: str, op: str, nproc: int | None = None) -> ActionPlan:
+        """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
+        run_dir = self.store.run_dir(run_id)
+        procs = run_processes(run_id, run_dir=str(run_dir))
+        if op == "kill":
+            run = read_json(run_dir / "run.json", RunInfo)
+            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            world = (run.world_size if run else None) or (launch.nproc if launch else 1)
+            plan = ActionPlan(op="kill", run_id=run_id, alive=False, world_size=world, nproc=0)
+        else:
+            plan, _ = self._relaunch_args(run_id, nproc, op)
+        plan.alive, plan.pids = bool(procs), [p.pid for p in procs]
+        plan.rank_pids = [p.pid for p in procs if p.rank is not None]
+        if op == "kill":
+            return plan
+        done = read_json(run_dir / "relaunch.json", Relaunch)
+        if done is not None and done.op == op:
+            plan.again = done.child_run
+        elif plan.checkpoint is None:
+            plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
+        elif op == "resume" and procs:
+            plan.problem = f"{run_id} is still running: stop it first"
+        return plan
 
     def _relaunch(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
                   new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
         """Relaunch from a checkpoint (default: the newest complete one) as a new run linked to
         ``run_id``, with the gradient accumulation that keeps its global batch (lock held)."""
         run_dir = self.store.run_dir(run_id)
-        ckpt, meta = self._checkpoint(run_id, checkpoint)
-        launch = read_json(run_dir / "launch.json", LaunchInfo)
-        run = read_json(run_dir / "run.json", RunInfo)
-        old = launch.overrides if launch else []
-        overrides = [o for o in old if not o.startswith("train.grad_accum=")]
-        nproc = nproc or (int(meta.get("world_size") or 1) if op == "resume" else 1)  # resume: as before
-        world = nproc * (nodes.nnodes if nodes else 1)
-        g, b = meta.get("global_batch"), meta.get("batch_size")
-        if g and b:
-            if g % (b * world):
-                raise OpError("bad_request", f"global batch {g} is not a multiple of batch_size {b} x "
-                              f"{world} rank(s): {op} cannot keep it")
-            overrides.append(f"train.grad_accum={g // (b * world)}")  # the same global batch
-        name = launch.name if launch else (run.name if run else run_id)
+        plan, overrides = self._relaunch_args(run_id, nproc, op, checkpoint, nodes)
+        ckpt = plan.checkpoint
+        if ckpt is None:
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
+        if plan.problem:
+            raise OpError("bad_request", plan.problem)
         res = self.launch(
-            str(run_dir / "config.yaml"), nproc=nproc, overrides=overrides, name=relaunch_name(name, op),
-            parent_run=run_id, resume_from=ckpt,
-            gpu=self.freest_gpu() if op == "fallback" and nproc == 1 else None, run_id=new_run_id,
-            nodes=nodes,
+            str(run_dir / "config.yaml"), nproc=plan.nproc, overrides=overrides, name=plan.name,
+            parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False, run_id=new_run_id, nodes=nodes,
         )
         write_json_atomic(run_dir / "relaunch.json",
                           Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
@@ -407,14 +467,15 @@ class Launcher:
         its newest (or the given) checkpoint, same global batch. Idempotent: a fallback already
         done (or under way in another agent) returns its run."""
         run_dir = self.store.run_dir(run_id)
-        n = nproc or 1
         async with run_lock_async(run_dir):
             done = self._done_before(run_dir, "fallback")
             if done is not None:
                 return done
-            self._check_fits(run_id, n)
+            problem = self._relaunch_args(run_id, nproc or 1, "fallback", checkpoint)[0].problem
+            if problem:  # refused before anything is stopped
+                raise OpError("bad_request", problem)
             killed = await self._kill(run_id, run_dir, grace_s)
-            res = await asyncio.to_thread(self._relaunch, run_id, n, "fallback", checkpoint)
+            res = await asyncio.to_thread(self._relaunch, run_id, nproc or 1, "fallback", checkpoint)
             res.killed = killed
             return res
 
@@ -448,46 +509,14 @@ class Launcher:
 
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
-        run_dir = self.store.run_dir(run_id)
-        ranks = [p for p in await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
-                 if p.rank is not None]
-        if not ranks:
-            raise OpError("not_running", f"{run_id} has no live rank to dump")
-        stacks = run_dir / "stacks"
-        t0 = time.time()
-        for p in ranks:
-            try:
-                os.kill(p.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        files: dict[str, str] = {}
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            files = _new_files(stacks, t0)
-            if len(files) >= len(ranks):
-                await asyncio.sleep(0.2)  # let the last writer finish
-                files = _new_files(stacks, t0)
-                break
-        notes = []
-        spy = shutil.which("py-spy")
-        if spy:
-            stacks.mkdir(mode=0o700, exist_ok=True)
-            for p in ranks:
-                res = await asyncio.to_thread(
-                    subprocess.run, [spy, "dump", "--pid", str(p.pid)],
-                    capture_output=True, text=True, timeout=20,
-                )
-                name = f"stacks/py-spy-rank-{p.rank}-{int(time.time() * 1000)}.txt"
-                text = res.stdout + res.stderr
-                fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(text)
-                files[name] = text
-        else:
-            notes.append("py-spy not installed: faulthandler stacks only")
-        return DumpResult(run_id=run_id, ranks=[p.rank for p in ranks if p.rank is not None], notes=notes,
-                          files=[DumpFile(name=k, text=v) for k, v in sorted(files.items())])
+        from nsa_tui.agent.dump import dump
+
+        return await dump(self.store.run_dir(run_id), run_id, wait_s)
+
+
+def _check_nproc(nproc: Any) -> None:
+    if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
+        raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
 
 
 def relaunch_name(name: str, op: str) -> str:
@@ -495,21 +524,6 @@ def relaunch_name(name: str, op: str) -> str:
     an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
     base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
     return f"{base}-{op}"
-
-
-def _new_files(stacks: Path, since: float) -> dict[str, str]:
-    out = {}
-    try:
-        entries = list(os.scandir(stacks))
-    except OSError:
-        return out
-    for e in entries:
-        if e.name.startswith("rank-") and e.stat().st_mtime >= since - 0.5:
-            try:
-                out[f"stacks/{e.name}"] = Path(e.path).read_text(errors="replace")
-            except OSError:
-                continue
-    return out
 
 
 def _signal_all(pgid: int | None, procs: list[RunProcess], sig: int) -> None:

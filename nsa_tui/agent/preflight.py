@@ -13,7 +13,8 @@ from typing import Any
 
 from nsa.contract import Hello
 from nsa.contract.protocol import PreflightArgs, PreflightResult
-from nsa_tui.agent.launcher import Launcher, OpError, check_policy_over_hosts
+from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.launcher import Launcher, check_policy_over_hosts
 
 PORTS = range(29400, 29500)  # torchrun's usual c10d port first, then its neighbours
 
@@ -51,11 +52,15 @@ def preflight(launcher: Launcher, hello: Hello, a: PreflightArgs) -> PreflightRe
         res.port, res.port_free, res.port_message = rendezvous_port(a.port)
     if a.config_path or a.config_text is not None:
         try:
-            cfg: Any = launcher.validated(a.config_path, a.config_text, list(a.overrides))[0]
+            cfg: Any = launcher.validated(a.config_path, a.config_text, list(a.overrides))
             check_policy_over_hosts(cfg)
+            summary = launcher.describe(a.config_path, config_text=a.config_text, nproc=a.nproc,
+                                        overrides=list(a.overrides))
         except OpError as exc:
             res.config_error = exc.message
         else:
             res.config_name = cfg.name
             res.join_timeout_s = cfg.train.pg_timeout_start_s
+            if summary.problems:  # what launch would refuse here (cannot_run)
+                res.config_error = "cannot run on this host: " + "; ".join(summary.problems)
     return res

@@ -32,6 +32,7 @@ from nsa.contract.protocol import (
     Args,
     CheckpointFileArgs,
     DeleteArgs,
+    DescribeArgs,
     DumpFile,
     ErrorInfo,
     EventMsg,
@@ -42,6 +43,7 @@ from nsa.contract.protocol import (
     LaunchArgs,
     LogChunk,
     NoArgs,
+    PlanArgs,
     PreflightArgs,
     ReadLogArgs,
     Reply,
@@ -118,8 +120,9 @@ class Agent:
             "watch_runs": (NoArgs, self.op_watch_runs), "watch_host": (WatchHostArgs, self.op_watch_host),
             "unwatch": (UnwatchArgs, self.op_unwatch), "alerts": (AlertsArgs, self.op_alerts),
             "watch_alerts": (AlertsArgs, self.op_watch_alerts), "ack": (AckArgs, self.op_ack),
-            "evidence": (EvidenceArgs, self.op_evidence), "preflight": (PreflightArgs, self.op_preflight),
-            "checkpoints": (RunArgs, self.op_checkpoints),
+            "evidence": (EvidenceArgs, self.op_evidence),
+            "describe": (DescribeArgs, self.op_describe), "plan": (PlanArgs, self.op_plan),
+            "preflight": (PreflightArgs, self.op_preflight), "checkpoints": (RunArgs, self.op_checkpoints),
             "read_checkpoint_file": (CheckpointFileArgs, self.op_read_checkpoint_file),
             "write_checkpoint_file": (WriteCheckpointFileArgs, self.op_write_checkpoint_file),
         }
@@ -263,8 +266,15 @@ class Agent:
         if a.on_failure is not None:  # validated with the config: a wrong value is a bad_config naming it
             overrides.append(f"on_failure.action={a.on_failure}")
         return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
-                                       nproc=a.nproc, overrides=overrides, name=a.name, run_id=a.run_id,
-                                       nodes=a.nodes)
+                                       nproc=a.nproc, overrides=overrides, name=a.name, check=not a.force,
+                                       run_id=a.run_id, nodes=a.nodes)
+
+    async def op_describe(self, rid: Any, a: DescribeArgs) -> Any:
+        return await asyncio.to_thread(self.launcher.describe, a.config_path, config_text=a.config_text,
+                                       nproc=a.nproc, overrides=a.overrides)
+
+    async def op_plan(self, rid: Any, a: PlanArgs) -> Any:
+        return await asyncio.to_thread(self.launcher.plan, a.run, a.action)
 
     async def op_preflight(self, rid: Any, a: PreflightArgs) -> Any:
         return await asyncio.to_thread(preflight, self.launcher, self.hello(), a)
@@ -297,7 +307,7 @@ class Agent:
         return await asyncio.to_thread(self.housekeeping.delete, a.run, a.dry_run)
 
     async def op_read_log(self, rid: Any, a: ReadLogArgs) -> LogChunk:
-        path = self.store.run_dir(a.run) / "train.log"
+        path = self.store.run_dir(a.run) / a.file  # one of two names, never a path from the client
 
         def read() -> LogChunk:
             try:

@@ -17,7 +17,8 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
-from nsa_tui.app import reducer
+from nsa_tui import userstate
+from nsa_tui.app import confirm, reducer
 from nsa_tui.app.keymap import load_keymap
 from nsa_tui.app.messages import AskHostKey, SelectRun, Toast
 from nsa_tui.app.screens.dialogs import ConfirmScreen, HelpScreen, StacksScreen
@@ -27,10 +28,14 @@ from nsa_tui.app.services.host import HostService
 from nsa_tui.app.state import PanelState, recorded_key
 from nsa_tui.app.view_actions import ViewActions
 from nsa_tui.app.widgets.alerts import AlertsPane
+from nsa_tui.app.widgets.header import why_not_connected
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.settings import Settings, SettingsError, load_settings, settings_path
+from nsa_tui.userstate import RecentLaunch
 
 TICK_S = 0.1
+KILL_GRACE_S = 60.0  # what the agent's kill waits before KILL (its default)
+PALETTE_TITLES = {"quit": "Quit", "help": "Keys"}  # Textual has commands of these names: ours replace them
 
 
 class NsaApp(ViewActions, App[str | None]):
@@ -177,13 +182,20 @@ class NsaApp(ViewActions, App[str | None]):
         try:
             run_id = await self.submit_launch(host, opts)
         except Exception as exc:
-            self.notify(str(exc), title="launch failed", severity="error", timeout=15)
+            self.notify(str(exc), title="launch failed", severity="error", timeout=15, markup=False)
             return
         self.select(host, run_id)
 
     # -- actions ------------------------------------------------------------------------------------
+    def _service(self, host: str) -> HostService:
+        svc = self.services.get(host)
+        if svc is None:
+            raise RuntimeError(f"not connected to {host}")
+        return svc
+
     async def submit_launch(self, host: str, opts: dict[str, Any]) -> str:
         """Launch through the host's service; raises with the host's message on a bad config.
+        A launch that started is remembered for the host (the dialog's preselection, ctrl+r).
         ``opts["hosts"]``: one run over these hosts (services/multiactions.py)."""
         if len(opts.get("hosts") or []) > 1:
             from nsa_tui.app.services import multiactions
@@ -191,58 +203,102 @@ class NsaApp(ViewActions, App[str | None]):
             run_id = await multiactions.launch(self.state, self.services, opts["hosts"], opts)
             self.select(opts["hosts"][0], run_id)
             return run_id
-        svc = self.services.get(host)
-        if svc is None:
-            raise RuntimeError(f"not connected to {host}")
-        run_id = await svc.actions.launch(opts)
+        run_id = await self._service(host).actions.launch(opts)
+        try:
+            userstate.remember(host, RecentLaunch(
+                config=str(opts["config"]), nproc=opts.get("nproc") if isinstance(opts.get("nproc"), int)
+                else None, overrides=self._dialog_overrides(opts), name=opts.get("name")))
+        except OSError as exc:  # history is a convenience: never fail a launch over it
+            self.log.warning(f"cannot remember the launch: {exc}")
         self.select(host, run_id)
         return run_id
+
+    @staticmethod
+    def _dialog_overrides(opts: dict[str, Any]) -> list[str]:
+        out = [f"train.strategy={opts['strategy']}"] if opts.get("strategy") else []
+        out += [f"data.source={opts['data_source']}"] if opts.get("data_source") else []
+        return out + list(opts.get("overrides") or [])
+
+    async def describe_config(self, host: str, opts: dict[str, Any]) -> Any:
+        """What the dialog's config is on ``host`` (the agent's ``describe``)."""
+        return await self._service(host).actions.describe(opts)
 
     def action_launch(self) -> None:
         host = self.state.current_host()
         dest = host.dest if host else self.destinations[0]
+        # None: never reached, so its GPUs are unknown (not "no GPU")
+        gpus = {d: (h.gpu_count if h.hello is not None else None) for d, h in self.state.hosts.items()}
 
         def done(run_id: str | None) -> None:
             if run_id:
-                self.notify(f"launched {run_id}", title="launch")
+                self.notify(f"launched {run_id}", title="launch", markup=False)
 
-        self.push_screen(LaunchScreen(list(self.state.hosts), dest, host.gpu_count if host else 0,
-                                      self.configs if self.configs is not None else find_configs(),
-                                      self.submit_launch if self.live else None,
-                                      host_gpus={d: h.gpu_count for d, h in self.state.hosts.items()}), done)
+        self.push_screen(LaunchScreen(
+            list(self.state.hosts), dest, gpus.get(dest), self.configs if self.configs is not None
+            else find_configs(), self.submit_launch if self.live else None,
+            config=userstate.last_config(dest) or demo_config(), host_gpus=gpus,
+            describe=self.describe_config if self.live else None, recent=userstate.recent), done)
 
     def _selected_or_warn(self, verb: str) -> Any:
         run = self.state.selected_run()
         if run is None:
-            self.notify(f"no run selected to {verb}", severity="warning")
+            self.notify(f"no run selected to {verb}", severity="warning", markup=False)
         return run
 
     def action_kill(self) -> None:
         run = self._selected_or_warn("kill")
         if run is None:
             return
-        self.push_screen(ConfirmScreen(
-            f"Stop {run.name}?",
-            f"{run.run_id} on {run.host}: every process of the run gets TERM, the trainer saves a\n"
-            "checkpoint and exits; KILL after the grace period.", yes="Stop run"),
-            partial(self._confirmed, "kill", run.host, run.run_id))
+        self._confirm_kill(run)
+
+    @work(group="actions")
+    async def _confirm_kill(self, run: Any) -> None:
+        """Ask the host which processes the run has now, name exactly those, act on yes."""
+        try:
+            plan = await self._service(run.host).actions.plan(run.run_id, "kill")
+        except Exception as exc:
+            self.notify(getattr(exc, "message", None) or str(exc), title="kill failed", severity="error",
+                        markup=False)
+            return
+        if not plan.alive:
+            self.notify(f"{run.name} is not running ({run.status.value}): nothing to stop", title="kill",
+                        markup=False)
+            return
+        ask = ConfirmScreen(f"Stop {run.name}?", confirm.kill_text(run, KILL_GRACE_S, plan), yes="Stop run")
+        self.push_screen(ask, partial(self._confirmed, "kill", run.host, run.run_id))
 
     def action_fallback(self) -> None:
         run = self._selected_or_warn("fall back")
         if run is None:
             return
-        world = run.view.info.world_size if run.view else "?"
-        self.push_screen(ConfirmScreen(
-            f"Fall back to one GPU: {run.name}?",
-            f"Stop {run.run_id} ({world} processes) and relaunch it on ONE process from its newest\n"
-            "checkpoint with full state; gradient accumulation keeps the global batch.\n"
-            "The new run is linked to this one and selected; its chart continues from here.",
-            yes="Fall back"), partial(self._confirmed, "fallback", run.host, run.run_id))
+        world = run.view.info.world_size if run.view else 1
+        if world <= 1:
+            self.notify(f"{run.name} already runs on one process: there is nothing to fall back from "
+                        "(r resumes a stopped run, k stops it)", title="fallback", severity="warning",
+                        markup=False)
+            return
+        self._confirm_relaunch("fallback", run)
 
     def action_resume(self) -> None:
         run = self._selected_or_warn("resume")
         if run is not None:
-            self._do("resume", run.host, run.run_id)
+            self._confirm_relaunch("resume", run)
+
+    @work(group="actions")
+    async def _confirm_relaunch(self, op: str, run: Any) -> None:
+        """Ask the host what the relaunch would do, show exactly that, act on yes."""
+        try:
+            plan = await self._service(run.host).actions.plan(run.run_id, op)
+        except Exception as exc:
+            self.notify(getattr(exc, "message", None) or str(exc), title=f"{op} failed", severity="error",
+                        timeout=15, markup=False)
+            return
+        if plan.problem and not plan.again:
+            self.notify(plan.problem, title=f"cannot {op}", severity="error", timeout=15, markup=False)
+            return
+        title, body, yes = confirm.relaunch_text(plan, run, KILL_GRACE_S)
+        ask = ConfirmScreen(title, body, yes=yes)
+        self.push_screen(ask, partial(self._confirmed, op, run.host, run.run_id))
 
     def _focused_alert(self) -> Any:
         focused = self.focused
@@ -267,7 +323,7 @@ class NsaApp(ViewActions, App[str | None]):
     async def _evidence(self, host: str, run_id: str, alert_id: str) -> None:
         svc = self.services.get(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error")
+            self.notify(f"not connected to {host}", severity="error", markup=False)
             return
         try:
             text = await svc.actions.evidence(run_id, alert_id)
@@ -285,7 +341,7 @@ class NsaApp(ViewActions, App[str | None]):
     async def _do(self, op: str, host: str, run_id: str) -> None:
         svc = self.services.get(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error")
+            self.notify(f"not connected to {host}", severity="error", markup=False)
             return
         run = self.state.host(host).runs.get(run_id)
         try:
@@ -296,15 +352,16 @@ class NsaApp(ViewActions, App[str | None]):
             else:
                 result = await getattr(svc.actions, op)(run_id)
         except Exception as exc:
-            self.notify(str(exc) or type(exc).__name__, title=f"{op} failed", severity="error", timeout=15)
+            self.notify(str(exc) or type(exc).__name__, title=f"{op} failed", severity="error", timeout=15,
+                        markup=False)
             return
         if op == "dump":
             self.push_screen(StacksScreen(f"stacks of {run_id}", str(result)))
         elif op in ("fallback", "resume") and result:
             self.select(host, str(result))
-            self.notify(f"{op}: new run {result}", title=op)
+            self.notify(f"{op}: new run {result}", title=op, markup=False)
         else:
-            self.notify(f"{op}: {run_id} — {result}" if result else f"{op}: {run_id}", title=op)
+            self.notify(f"{op}: {run_id} — {result}" if result else f"{op}: {run_id}", title=op, markup=False)
 
     def action_ack(self) -> None:
         """``a``: acknowledge the chosen alert (alerts pane focused), else the newest open one. A
@@ -313,7 +370,7 @@ class NsaApp(ViewActions, App[str | None]):
         if item is None:
             items = [s for s in self.state.shown_alerts(history=0) if s.state == "open"]
             if not items:
-                self.notify("no open alerts")
+                self.notify("no open alerts", markup=False)
                 return
             item = items[0]
         if item.id is None:
@@ -325,7 +382,7 @@ class NsaApp(ViewActions, App[str | None]):
     async def _ack_on_host(self, host: str, run_id: str, alert_id: str) -> None:
         svc = self.services.get(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error")
+            self.notify(f"not connected to {host}", severity="error", markup=False)
             return
         try:
             await svc.actions.ack(run_id, alert_id)
@@ -351,12 +408,23 @@ class NsaApp(ViewActions, App[str | None]):
         return [r for r in self.state.all_runs() if r.alive]
 
     def quit_message(self) -> str:
+        """Which runs keep going; a host whose runs were never seen is named, never counted as
+        having none."""
         alive = self.alive_runs()
-        if not alive:
-            return "nsa-tui: no runs are running."
-        lines = [f"nsa-tui: {len(alive)} run(s) keep going (the panel only watched them):"]
-        lines += [f"  {r.host}: {r.run_id} ({r.status.value}, step {r.step})" for r in alive]
-        lines.append("Reconnect with `nsa-tui` (local) or `nsa-tui connect HOST`.")
+        unseen = [h for h in self.state.hosts.values() if not h.runs_loaded]
+        seen = [h.label for h in self.state.hosts.values() if h.runs_loaded]
+        if alive:
+            lines = [f"nsa-tui: {len(alive)} run(s) keep going (the panel only watched them):"]
+            lines += [f"  {r.host}: {r.run_id} ({r.status.value}, step {r.step})" for r in alive]
+        elif seen:
+            lines = [f"nsa-tui: no runs are running on {', '.join(seen)}."]
+        else:
+            lines = ["nsa-tui: no host was reached: nothing is known of their runs."]
+        for h in unseen:
+            why = f" ({why_not_connected(h)})" if h.detail else ""
+            lines.append(f"  {h.label}: never reached{why}: its runs, if any, were not seen and keep going.")
+        if alive or unseen:
+            lines.append("Reconnect with `nsa-tui` (local) or `nsa-tui connect HOST`.")
         return "\n".join(lines)
 
     async def action_quit(self) -> None:
@@ -371,9 +439,15 @@ class NsaApp(ViewActions, App[str | None]):
 
     # -- command palette --------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        if not isinstance(screen, MainScreen):
+        """Textual's commands and ours, each once: our "Quit" (runs keep going) and "Keys" (our
+        keys and panes) stand in for Textual's commands of the same name."""
+        ours = isinstance(screen, MainScreen)
+        for cmd in super().get_system_commands(screen):
+            if not (ours and cmd.title in PALETTE_TITLES.values()):
+                yield cmd
+        if not ours:
             return
         for bid, _key, action, label, what in KEYS:
             target = screen if action in ("follow", "search") else self
-            yield SystemCommand(f"{label.capitalize()} ({bid})", what, getattr(target, f"action_{action}"))
+            title = PALETTE_TITLES.get(bid, f"{label.capitalize()} ({bid})")
+            yield SystemCommand(title, what, getattr(target, f"action_{action}"))

@@ -158,7 +158,7 @@ class SshTransport(Transport):
             raise AuthError(f"{self.dest}: authentication refused ({exc.reason})",
                             "check your key, ssh-agent or the user name") from exc
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
-            raise TransportError(f"{self.dest}: cannot connect: {exc or type(exc).__name__}") from exc
+            raise TransportError(f"{self.dest}: cannot connect: {_why(exc)}") from exc
         return self.conn
 
     async def _unverified(self, exc: Exception) -> None:
@@ -239,3 +239,16 @@ class SshTransport(Transport):
             self.conn.close()
             await self.conn.wait_closed()
             self.conn = None
+
+
+def _why(exc: BaseException) -> str:
+    """A connect failure in words: "Connection refused (errno 111)", not asyncio's
+    "[Errno 111] Connect call failed ('10.0.0.5', 22)" (the panel shows this beside the host)."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    errno = getattr(exc, "errno", None)
+    if isinstance(exc, OSError) and isinstance(errno, int) and errno > 0:
+        import os
+
+        return f"{os.strerror(errno)} (errno {errno})"
+    return str(exc) or type(exc).__name__

@@ -43,6 +43,11 @@ async def test_dump_kill_and_fallback_keep_the_global_batch(tmp_path: Path) -> N
         assert child.world_size == 1 and child.parent_run == run.run_id
         assert child.global_batch == parent.global_batch
         assert parent.grad_accum is not None and child.grad_accum == parent.grad_accum * parent.world_size
+        # threads per rank on the agent's launch path: the usable CPUs over the ranks on this host
+        assert parent.cpu_threads is not None and child.cpu_threads is not None
+        usable = child.cpu_threads.usable_cpus
+        assert (parent.cpu_threads.local_ranks, child.cpu_threads.local_ranks) == (2, 1)
+        assert (parent.cpu_threads.per_rank, child.cpu_threads.per_rank) == (max(1, usable // 2), usable)
 
         killed = await c.kill(fb.run_id, grace_s=30)
         assert killed.was_running and killed.remaining == []

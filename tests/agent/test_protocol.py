@@ -42,12 +42,15 @@ async def test_bad_config_starts_nothing(tmp_path: Path) -> None:
         with pytest.raises(AgentError) as err:
             await c.launch(str(bad))
         assert err.value.code == "bad_config" and "stepz" in err.value.message
+        line = bad.read_text().splitlines().index("  stepz: 6") + 1
         with pytest.raises(AgentError) as err:
-            await c.launch(str(bad), upload=True)
+            await c.launch(str(bad), upload=True)  # the host validates a temporary copy
         assert err.value.code == "bad_config"
+        assert err.value.message.startswith(f"{bad}:{line}: unknown key 'train.stepz'"), err.value.message
+        assert ".upload-" not in err.value.message
         with pytest.raises(AgentError) as err:
             await c.launch(str(REPO / "configs/smoke-cpu.yaml"), overrides=["train.nope=1"])
-        assert err.value.code == "bad_config"
+        assert err.value.code == "bad_config" and err.value.message.startswith("--set train.nope=1 (over ")
         assert await c.runs() == []
         assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # no run dir, no temp file
     finally:

@@ -252,7 +252,8 @@ async def test_fallback_two_nodes_to_one_keeps_the_global_batch_bit_identically(
         got = {x["step"]: x["loss"] for x in metrics(child_dir)}
         launch = json.loads((child_dir / "launch.json").read_text())
         ref = run_train(tmp_path / "ref", [*launch["overrides"], f"debug.stop_at_step={step + 3}"], nproc=1,
-                        config=child_dir / "config.yaml", resume=str(ckpt))
+                        config=child_dir / "config.yaml", resume=str(ckpt),
+                        env={"NSA_THREADS": "1"})  # as on the test hosts (tests/sshd.py)
         assert ref.rc == 0, ref.output[-3000:]
         want = {x["step"]: x["loss"] for x in metrics(ref.run_dir)}
         assert sorted(want) == [step + 1, step + 2, step + 3]

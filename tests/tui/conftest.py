@@ -31,6 +31,12 @@ def private_view_prefs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
+def private_user_state(private_view_prefs: Path) -> Path:
+    """The panel's launch history (nsa_tui/userstate.py): in the same private state directory."""
+    return private_view_prefs / "launches.json"
+
+
+@pytest.fixture
 def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """NSA_RUNS_ROOT for the local agent; every run still alive afterwards is killed."""
     root = tmp_path / "runs"

@@ -34,8 +34,11 @@ async def look_at(run_id: str) -> None:
         assert run.name == NAME
         await wait_for(pilot, lambda: run.status.value in ("failed", "crashed") and app.state.shown_alerts(),
                        120, "the crash and its alert")
-        await pilot.press("k")  # the stop dialog names the run
-        dialog = await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, 10)
+        await pilot.press("k")  # nothing to stop any more: the toast names the run
+        await wait_for(pilot, lambda: any(NAME in str(n.message) and "nothing to stop" in str(n.message)
+                                          for n in app._notifications), 30, "the toast")
+        await pilot.press("r")  # the resume dialog names the run (the host's plan: from step-6)
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, 30)
         assert NAME in plain(dialog.query_one(Label))
         await pilot.press("n")
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 10)

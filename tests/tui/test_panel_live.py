@@ -28,6 +28,11 @@ def on(app: NsaApp, cls: type):
     return lambda: isinstance(app.screen, cls) and app.screen
 
 
+def stacks_shown(app: NsaApp):
+    """A condition: the stack viewer is up with its text (returns the screen)."""
+    return lambda: isinstance(app.screen, StacksScreen) and app.screen.query("#stacks-text") and app.screen
+
+
 async def launch_through_dialog(app: NsaApp, pilot, config: str, nproc: str | None = None,
                                 name: str | None = None) -> str:
     """l, type the config path (uploaded), optional nproc/name, ctrl+s; returns the new run id."""
@@ -84,7 +89,7 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         await wait_for(pilot, lambda: log.follow and log.pattern is None, 10, "follow mode back on")
         # dump stacks into the viewer
         await pilot.press("d")
-        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "stacks")
+        viewer = await wait_for(pilot, stacks_shown(app), 30, "stacks")
         stacks = viewer.query_one("#stacks-text").text
         assert "rank-0" in stacks and "File" in stacks
         await pilot.press("escape")
@@ -105,9 +110,9 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         ckpt = runs_root / parent_id / "checkpoints" / "latest"
         await wait_for(pilot, lambda: ckpt.exists() and points(parent) >= 3, 120, "a checkpoint")
         assert info(parent).world_size == 2
-        # f: one confirmation, then the new run is selected by itself
+        # f: one confirmation (what the host's plan says), then the new run is selected by itself
         await pilot.press("f")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the fallback confirmation")
         await pilot.press("y")
         child = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != parent_id and r, 90, "fallback")
@@ -127,8 +132,11 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         await pilot.press("y")
         await wait_for(pilot, lambda: not child.alive and child.status in ("stopped", "finished"), 90, "stop")
         assert not run_alive_on_host(runs_root, child.run_id)
-        # r: resume the stopped run as a new linked run, selected automatically
+        # r: one confirmation naming the checkpoint, then the new linked run is selected by itself
         await pilot.press("r")
+        ask = await wait_for(pilot, on(app, ConfirmScreen), 30, "the resume confirmation")
+        assert "from step-" in plain(ask.query_one("#confirm-body"))
+        await pilot.press("y")
         resumed = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != child.run_id and r, 30, "resume")
         assert resumed.parent_run == child.run_id
@@ -153,7 +161,7 @@ async def test_stalled_run_alert_then_dump_evidence_and_ack(runs_root: Path, mak
         assert "rank 0" in text and "phase train" in text and "last step 3" in text
         assert any("stall" in (n.title or "") for n in app._notifications), "a toast for the new alert"
         await pilot.press("d")
-        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "stacks")
+        viewer = await wait_for(pilot, stacks_shown(app), 30, "stacks")
         assert "maybe_hang" in viewer.query_one("#stacks-text").text  # where it hangs
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
@@ -261,7 +269,7 @@ async def test_keymap_file_remaps_and_help_lists_it(runs_root: Path, tmp_path: P
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", 5)
         commands = {c.title for c in app.get_system_commands(app.screen_stack[1])}
-        for label in ("Launch", "Kill", "1-gpu", "Resume", "Stacks", "Follow", "Search", "Help", "Quit"):
+        for label in ("Launch", "Kill", "1-gpu", "Resume", "Stacks", "Follow", "Search", "Keys", "Quit"):
             assert any(t.startswith(label) for t in commands), label
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)

@@ -60,6 +60,12 @@ def test_launch_dialog(snap_compare, monkeypatch, tmp_path) -> None:
     assert snap_compare(fixed_app(with_alert=False), press=["l"], terminal_size=(100, 30), run_before=settle)
 
 
+def test_launch_dialog_80x24(snap_compare, monkeypatch, tmp_path) -> None:
+    """The form scrolls; the buttons stay on the screen."""
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
+    assert snap_compare(fixed_app(with_alert=False), press=["l"], terminal_size=(80, 24), run_before=settle)
+
+
 def test_two_hosts_and_a_crashed_run(snap_compare, monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
     monkeypatch.setenv("NSA_TUI_SETTINGS", str(tmp_path / "none-settings.yaml"))

@@ -26,7 +26,7 @@ from nsa_tui.app.widgets.charts import MetricChart, rgb
 from nsa_tui.app.widgets.gpus import GpuTable
 from nsa_tui.app.widgets.header import PanelHeader
 from nsa_tui.app.widgets.keybar import Hint, KeyBar
-from nsa_tui.app.widgets.logview import LogView
+from nsa_tui.app.widgets.logview import LogView, waiting_note
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.app.widgets.summary import RunSummary
 
@@ -203,6 +203,7 @@ class MainScreen(Screen):
         run = state.selected_run()
         log = self.query_one(LogView)
         log.set_buffer(run.log if run else None)
+        log.set_waiting(waiting_note(run, now) if run else "")
         log.sync()
         title = "log (following)" if log.follow else "log (scrollback — t: follow)"
         if log.pattern:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nsa.contract.protocol import DeleteResult, LaunchResult
+from nsa.contract.protocol import ActionPlan, ConfigSummary, DeleteResult, LaunchResult
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState
 from nsa_tui.client import AgentError, HostClient
@@ -31,8 +31,9 @@ class HostActions:
             raise AgentError("disconnected", f"not connected to {self.dest}")
         return c
 
-    async def launch(self, opts: dict[str, Any]) -> str:
-        """Launch from the dialog's options; returns the new run id or raises AgentError."""
+    @staticmethod
+    def _config_opts(opts: dict[str, Any]) -> tuple[str, int, list[str], bool]:
+        """(config, nproc, overrides, upload) from the dialog's options."""
         config = str(opts["config"])
         nproc = opts.get("nproc")
         if not isinstance(nproc, int):
@@ -43,10 +44,22 @@ class HostActions:
         if opts.get("data_source"):
             overrides.append(f"data.source={opts['data_source']}")
         overrides += list(opts.get("overrides") or [])
-        upload = os.path.isfile(os.path.expanduser(config))
+        return config, nproc, overrides, os.path.isfile(os.path.expanduser(config))
+
+    async def launch(self, opts: dict[str, Any]) -> str:
+        """Launch from the dialog's options; returns the new run id or raises AgentError."""
+        config, nproc, overrides, upload = self._config_opts(opts)
         res = await self.client.launch(config, nproc=nproc, overrides=overrides, name=opts.get("name"),
                                        upload=upload)
         return self._started(res)
+
+    async def describe(self, opts: dict[str, Any]) -> ConfigSummary:
+        """What the dialog's config is and whether it can run on this host (nothing starts)."""
+        config, nproc, overrides, upload = self._config_opts(opts)
+        return await self.client.describe(config, nproc=nproc, overrides=overrides, upload=upload)
+
+    async def plan(self, run_id: str, op: str) -> ActionPlan:
+        return await self.client.plan(run_id, op)
 
     async def kill(self, run_id: str) -> str:
         res = await self.client.kill(run_id)
@@ -80,11 +93,9 @@ class HostActions:
         return "\n".join(parts)
 
     async def dump(self, run_id: str) -> str:
-        res = await self.client.dump(run_id)
-        parts = [f"ranks: {res.ranks}"] + [f"note: {n}" for n in res.notes]
-        for f in res.files:
-            parts.append(f"===== {f.name} =====\n{f.text}")
-        return "\n".join(parts)
+        from nsa_tui.stacks import dump_text
+
+        return dump_text(await self.client.dump(run_id))
 
     async def archive(self, run_id: str, archived: bool = True) -> str:
         view = await self.client.archive(run_id, archived)
