@@ -280,6 +280,32 @@ def test_bad_input_is_refused_before_anything_starts(sshd_nodes: SshNodes) -> No
     assert not any(root.exists() and any(root.iterdir()) for root in roots(sshd_nodes))  # nothing started
 
 
+def test_a_host_without_nsa_tui_is_refused_before_anything_starts(sshd_nodes: SshNodes) -> None:
+    """The agent command users get (no NSA_TUI_REMOTE_PYTHON): the setup venv's python where it
+    exists, else the system's python3. The first host has the venv (this Python), the second
+    has none, and its python3 has no nsa_tui: refused naming it, nothing started on the first."""
+    home0 = sshd_nodes.servers[0].home
+    assert home0 is not None
+    venv = home0 / ".nsa-tui" / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (venv / "python").chmod(0o755)
+    env = {k: v for k, v in sshd_nodes.env().items() if k != "NSA_TUI_REMOTE_PYTHON"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+    ok = run("runs", sshd_nodes.aliases[0], "--json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # the first host's agent does start this way
+    r = run("launch", ",".join(sshd_nodes.aliases), "--config", SMOKE, "--set", *LONG, "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 5 and err["code"] == "unreachable", r.stdout
+    assert err["message"].startswith(f"{sshd_nodes.aliases[1]}: "), err
+    assert "no nsa_tui agent" in err["message"], err
+    assert "nsa-tui setup" in r.stdout  # how to fix it
+    assert not any(root.exists() and any(root.iterdir()) for root in roots(sshd_nodes))  # nothing started
+
+
 def test_a_partial_start_is_rolled_back(sshd_nodes: SshNodes, tmp_path: Path) -> None:
     """Both hosts given one runs root (a shared home): the second cannot create the run's
     directory after the first started; the first is stopped again, nothing is left running."""
