@@ -321,6 +321,32 @@ def test_a_partial_start_is_rolled_back(sshd_nodes: SshNodes, tmp_path: Path) ->
     assert (shared / rid / "stop.json").is_file()
 
 
+def test_a_host_with_another_nsa_version_is_refused_before_anything_starts(sshd_nodes: SshNodes,
+                                                                             tmp_path: Path) -> None:
+    """The second host's sessions import another copy of nsa (an older checkout first on its
+    PYTHONPATH): its agent reports that version, and launch refuses naming the host."""
+    import shutil
+
+    import nsa
+
+    old = tmp_path / "old-checkout"
+    shutil.copytree(Path(nsa.__file__).parent, old / "nsa", ignore=shutil.ignore_patterns("__pycache__"))
+    init = old / "nsa" / "__init__.py"
+    text = init.read_text()
+    assert f'__version__ = "{nsa.__version__}"' in text
+    init.write_text(text.replace(f'__version__ = "{nsa.__version__}"', '__version__ = "0.0.1-old"'))
+    server = sshd_nodes.servers[1]
+    cfg = server.dir / "sshd_config"
+    cfg.write_text(cfg.read_text().replace("SetEnv HOME=", f"SetEnv PYTHONPATH={old} HOME="))
+    server.restart()
+    r = cli(sshd_nodes, "launch", ",".join(sshd_nodes.aliases), "--config", SMOKE, "--set", *LONG, "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode != 0 and err["code"] == "versions", r.stdout
+    assert err["message"].startswith(f"{sshd_nodes.aliases[1]}: nsa-version 0.0.1-old differs from "
+                                     f"{sshd_nodes.aliases[0]}'s {nsa.__version__}"), err
+    assert not any(root.exists() and any(root.iterdir()) for root in roots(sshd_nodes))  # nothing started
+
+
 def test_hosts_must_run_the_same_versions() -> None:
     from nsa.contract.protocol import PreflightResult
 
