@@ -312,7 +312,8 @@ async def _run_command(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "run", None):
             args.run = await _resolve_run(c, args.run)
-        if args.cmd not in ("runs", "launch", "alerts", "ack", "archive", "delete", "export"):
+        per_run = args.cmd not in ("runs", "launch", "ack", "archive", "delete", "export")
+        if per_run and getattr(args, "run", None):  # `alerts HOST` without a run: that host's alone
             from nsa_tui.coordinator import run_hosts
 
             hosts = await run_hosts({args.host: c}, args.run)

@@ -1,7 +1,7 @@
 """The CLI's commands for a run over several hosts: ``HOST1,HOST2`` (or one host of such a run).
 
     nsa-tui launch H1,H2 --config C --nproc-per-node N [--rdzv-host ADDR] [--rdzv-port P]
-    nsa-tui status|logs|kill|dump|fallback|resume H1,H2 RUN
+    nsa-tui status|logs|alerts|kill|dump|fallback|resume H1,H2 RUN
 
 The hosts are connected all at once; ``launch`` checks every host before anything starts
 (nsa_tui/coordinator.py); the others merge the hosts' parts of the run
@@ -24,6 +24,8 @@ from nsa.contract import RunStatus
 from nsa_tui import coordinator as co
 from nsa_tui.client import AgentError, HostClient
 from nsa_tui.multihost import MergedRun, Part, group_views, merge
+
+ONE_HOST = ("ack", "archive", "delete", "export")  # commands on one host's part (its alert ids, files)
 
 
 def _text_of(merged: MergedRun, now: float, alerts: list[Any]) -> str:
@@ -127,6 +129,42 @@ async def _logs(clients: dict[str, HostClient], hosts: list[str], args: argparse
     return 0
 
 
+async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], hosts: list[str],
+                  args: argparse.Namespace, emit: Callable[..., None]) -> int:
+    """Every host's recorded alerts (its watchdog's alerts.jsonl), each line prefixed with its
+    host; ``-f`` follows all of them. A host that cannot be reached is said, and exits 5."""
+    from nsa.contract.io import to_builtins
+    from nsa_tui.cli import alert_lines
+
+    if args.follow:
+        async def follow(host: str) -> None:
+            async for ev in clients[host].watch_alerts(args.history, args.run):
+                for st in ev.data.alerts if ev.kind == "alerts" else [ev.data]:
+                    if args.json:
+                        print(json.dumps({"host": host, **to_builtins(st)}), flush=True)
+                    else:
+                        print("\n".join(f"[{host}] {ln}" for ln in alert_lines(st)), flush=True)
+
+        for host, why in unreachable.items():
+            print(f"[{host}] unreachable: {why}", file=sys.stderr, flush=True)
+        await asyncio.gather(*(follow(h) for h in hosts if h in clients))
+        return 5 if unreachable else 0
+    got = dict(zip([h for h in hosts if h in clients], await asyncio.gather(
+        *(clients[h].alerts(args.run, args.history) for h in hosts if h in clients))))
+    lines = []
+    for host in hosts:
+        if host in unreachable:
+            lines.append(f"[{host}] unreachable: {unreachable[host]}")
+            continue
+        lst = got[host]
+        lines += [f"[{host}] {ln}" for st in lst.alerts for ln in alert_lines(st)]
+        if lst.bad_lines:
+            lines.append(f"[{host}] ({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)")
+    doc = {h: _builtins(got[h]) if h in got else {"error": f"unreachable: {unreachable[h]}"} for h in hosts}
+    emit(doc, "\n".join(lines) or "no alerts")
+    return 5 if unreachable else 0
+
+
 async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreachable: dict[str, str],
               hosts: list[str], emit: Callable[..., None], fail: Callable[..., int]) -> int:
     """One command over several hosts (``hosts`` in node order); returns the exit code."""
@@ -148,6 +186,11 @@ async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreacha
             return await _status(clients, unreachable, hosts, args, emit)
         elif cmd == "logs":
             return await _logs(clients, hosts, args)
+        elif cmd == "alerts":
+            return await _alerts(clients, unreachable, hosts, args, emit)
+        elif cmd in ONE_HOST:
+            return fail(2, "bad_request", f"{cmd} acts on one host's part of a run: name one host "
+                        f"(nsa-tui {cmd} HOST ...), once per host")
         elif cmd == "kill":
             results = await co.kill(clients, args.run, args.grace)
             emit({h: _builtins(r) if not isinstance(r, Exception) else {"error": co.describe(r)}
