@@ -279,7 +279,7 @@ class Watchdog:
         pids = self.live_rank_pids() if self.exit is not None else []
         alive = launcher or bool(pids)
         stop = (self.run_dir / "stop.json").exists()
-        status = derive_status(info, launch, alive, True, stop)
+        status = derive_status(info, launch, alive, True, stop, self.exit)
         if info is None:
             info = RunInfo(run_id=self.run_id, name=launch.name if launch else self.run_id,
                            status=RunStatus.STARTING, world_size=launch.nproc if launch else 1,

@@ -199,6 +199,20 @@ async def test_kill_9_of_one_hosts_torchrun_crashes_the_run_naming_host_and_rank
         await until("the other host's rank to stop", other_rank_stopped)
         st = cli(sshd_nodes, "status", ",".join(sshd_nodes.aliases), rid)
         assert st.returncode == 6 and "crashed" in st.stdout and victim in st.stdout, st.stdout
+        # the hosts' recorded alerts (each host's watchdog), merged; one host named finds the other
+
+        async def crash_recorded() -> list[Any]:
+            lst = await clients[victim].alerts(rid)
+            return [s for s in lst.alerts if s.alert.kind == "crash" and s.alert.severity == "critical"]
+        await until("the victim's watchdog to record the crash", crash_recorded, timeout=60)
+        al = cli(sshd_nodes, "alerts", other.host, rid, "--json")
+        assert al.returncode == 0, al.stdout + al.stderr
+        recorded = {h: [(s["alert"]["kind"], s["alert"]["severity"]) for s in lst["alerts"]]
+                    for h, lst in json.loads(al.stdout).items()}
+        assert sorted(recorded) == sorted(sshd_nodes.aliases) and ("crash", "critical") in recorded[victim]
+        text = cli(sshd_nodes, "alerts", ",".join(sshd_nodes.aliases), rid).stdout
+        lines = text.splitlines()
+        assert any(ln.startswith(f"[{victim}] ") and "CRITICAL] crash" in ln for ln in lines), text
     finally:
         await cleanup(clients, rid)  # the other torchrun may still wait in its exit barrier
 
