@@ -232,6 +232,8 @@ async def test_a_host_whose_sshd_dies_is_lost_not_the_run_crashed(sshd_nodes: Ss
         assert list(doc["lost_hosts"]) == [sshd_nodes.aliases[1]]
         text = cli(sshd_nodes, "status", ",".join(sshd_nodes.aliases), rid).stdout
         assert f"host {sshd_nodes.aliases[1]}: LOST" in text, text
+        al = cli(sshd_nodes, "alerts", ",".join(sshd_nodes.aliases), rid)  # the lost host's are not known
+        assert al.returncode == 5 and f"[{sshd_nodes.aliases[1]}] unreachable: " in al.stdout, al.stdout
         await asyncio.to_thread(gone.start)
     finally:
         await cleanup(clients, rid)
@@ -292,6 +294,8 @@ def test_bad_input_is_refused_before_anything_starts(sshd_nodes: SshNodes) -> No
     r = cli(sshd_nodes, "launch", hosts, "--config", SMOKE, "--set", "train.nonsense=1", "--json")
     assert r.returncode == 3 and "train.nonsense" in r.stdout
     assert not any(root.exists() and any(root.iterdir()) for root in roots(sshd_nodes))  # nothing started
+    r = cli(sshd_nodes, "delete", hosts, "some-run", "--yes", "--json")  # one host's part: name one host
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "bad_request", r.stdout
 
 
 def test_a_host_without_nsa_tui_is_refused_before_anything_starts(sshd_nodes: SshNodes) -> None:
