@@ -239,6 +239,44 @@ async def test_a_host_whose_sshd_dies_is_lost_not_the_run_crashed(sshd_nodes: Ss
         await cleanup(clients, rid)
 
 
+async def test_a_host_that_dies_is_lost_until_the_other_ranks_fail(sshd_nodes: SshNodes,
+                                                                  clients: dict[str, HostClient]) -> None:
+    """The whole second host goes (its sshd and every process of its part, as in a power
+    loss): it is shown as lost, and the run ends when the first host's ranks fail at their
+    next collective, naming that host and its rank (no checkpoint in flight: the steady-state
+    timeout bounds the wait)."""
+    overrides = [*LONG, "train.save_every=100000", "train.pg_timeout_s=30"]
+    res = await co.launch(clients, SMOKE, nproc=1, overrides=overrides)
+    rid = res.run_id
+    try:
+        await until("2 steps on both ranks", stepped(2, clients, rid))
+        gone, dead = sshd_nodes.servers[1], sshd_nodes.aliases[1]
+        await asyncio.to_thread(gone.stop)
+        part = str(gone.runs_root / rid)
+        for p in run_processes(rid, fresh=True, run_dir=part):
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        first = sshd_nodes.aliases[0]
+
+        async def ended() -> MergedRun | None:
+            ps = await co.parts({first: clients[first]}, rid, {dead: "host down"}, sshd_nodes.aliases)
+            m = merge(rid, ps)
+            return m if m.status.is_terminal() else None
+        m = await until("the first host's rank to fail", ended)
+        assert m.status in (RunStatus.FAILED, RunStatus.CRASHED) and list(m.lost) == [dead], m
+        assert m.problem is not None and m.problem.startswith(f"{first} (rank "), m.problem
+        st = cli(sshd_nodes, "status", ",".join(sshd_nodes.aliases), rid, "--json")
+        doc = json.loads(st.stdout)
+        assert st.returncode == 6 and doc["status"] == m.status.value, doc
+        assert list(doc["lost_hosts"]) == [dead], doc
+        assert not run_processes(rid, fresh=True)  # the first host's part ended by itself
+        await asyncio.to_thread(gone.start)
+    finally:
+        await cleanup({sshd_nodes.aliases[0]: clients[sshd_nodes.aliases[0]]}, rid)
+
+
 async def test_fallback_two_nodes_to_one_keeps_the_global_batch_bit_identically(
         sshd_nodes: SshNodes, clients: dict[str, HostClient], tmp_path: Path) -> None:
     res = await co.launch(clients, SMOKE, nproc=1, overrides=LONG)
