@@ -4,10 +4,12 @@ roots), gloo on CPU, one process per host: world size 2 across two nodes.
 Launch across both and see both ranks in one run; dump, logs, kill (nothing left on either)
 and resume over both (the checkpoint's shards gathered onto each host); kill -9 of
 one host's torchrun makes the run crashed naming that host and its ranks while the other
-rank stops; a host whose sshd dies is shown as lost, not the run as crashed; fallback from
-2 nodes to 1 keeps the global batch and trains bit-identically to a 1-node run from the
-same checkpoint; bad input is refused before anything starts, and a partial start is
-rolled back.
+rank stops, and each host's watchdog records its alerts (merged by `alerts H1,H2`); a host
+whose sshd dies is shown as lost, not the run as crashed; a host that dies entirely is lost
+until the other host's rank fails; fallback from 2 nodes to 1 keeps the global batch and
+trains bit-identically to a 1-node run from the same checkpoint; bad input (an unreachable
+host, a host without nsa-tui, another nsa version, a rendezvous port in use, a bad config)
+is refused before anything starts, and a partial start is rolled back.
 """
 
 from __future__ import annotations
