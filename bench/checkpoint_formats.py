@@ -122,8 +122,8 @@ def main() -> None:
             print(f"  {key:<26} {statistics.median(vals):7.2f} s   ({', '.join(f'{v:.2f}' for v in vals)})")
             print(json.dumps({"bench": "checkpoint_formats", "what": key, "ranks": world,
                               "median_s": statistics.median(vals), "runs_s": vals, "params": params}))
-        if args.dir is None:
-            shutil.rmtree(base, ignore_errors=True)
+    if args.dir is None:  # every rank made a temporary directory; rank 0's was the one used
+        shutil.rmtree(base, ignore_errors=True)
     D.close()
 
 
