@@ -87,7 +87,13 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 8
     log_every: int = 1
-    pg_timeout_s: float = 600.0
+    # Process-group timeouts by phase (docs/training.md): a peer that stops answering fails the
+    # collective after this long. ``pg_timeout_start_s`` covers the rendezvous (torchrun's join
+    # timeout), boot, checkpoint load, compile, the first step, every checkpoint save and the
+    # first eval; ``pg_timeout_s`` every other collective (steady state).
+    pg_timeout_s: float = 300.0
+    pg_timeout_start_s: float = 1800.0
+    checkpoint_async: bool = True  # write checkpoints in a background thread (DCP async_save)
     heartbeat_interval_s: float = 2.0
 
 
@@ -118,6 +124,7 @@ class DebugConfig:
     nan_rank: int | None = None  # None: every rank
     slow_data_s: float = 0.0
     stop_at_step: int | None = None  # behave as if SIGTERM arrived during this step
+    die_in_save_at_step: int | None = None  # exit between writing checkpoint step N and committing it
     record_rank_state: bool = False  # debug/rank-R.jsonl: data digests and a final parameter digest
 
 
@@ -457,6 +464,8 @@ def validate(cfg: Config, where: Origin) -> None:
     for key, beta in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
         _require(0 <= beta < 1, where, key, "a number in [0, 1)", beta)
     _require(t.pg_timeout_s > 0, where, "train.pg_timeout_s", "a positive number of seconds", t.pg_timeout_s)
+    _require(t.pg_timeout_start_s > 0, where, "train.pg_timeout_start_s", "a positive number of seconds",
+             t.pg_timeout_start_s)
     _require(t.heartbeat_interval_s > 0, where, "train.heartbeat_interval_s", "a positive number",
              t.heartbeat_interval_s)
     if d.tokenizer == "byte":
@@ -485,6 +494,7 @@ def validate(cfg: Config, where: Origin) -> None:
     dbg = cfg.debug
     for key, value in [("debug.hang_at_step", dbg.hang_at_step), ("debug.crash_at_step", dbg.crash_at_step),
                        ("debug.nan_at_step", dbg.nan_at_step), ("debug.stop_at_step", dbg.stop_at_step),
+                       ("debug.die_in_save_at_step", dbg.die_in_save_at_step),
                        ("debug.hang_rank", dbg.hang_rank), ("debug.crash_rank", dbg.crash_rank),
                        ("debug.nan_rank", dbg.nan_rank)]:
         if value is not None:

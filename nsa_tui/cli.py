@@ -4,13 +4,16 @@
     nsa-tui launch HOST --config PATH [--nproc N] [--set k=v ...] [--name NAME] [--upload]
                    [--on-failure restart|fallback|stop|none]
     nsa-tui logs HOST RUN [-f]                 nsa-tui kill HOST RUN [--grace S]
-    nsa-tui fallback HOST RUN                  nsa-tui resume HOST RUN
+    nsa-tui fallback HOST RUN [--nproc N]      nsa-tui resume HOST RUN
     nsa-tui dump HOST RUN [--out DIR]          nsa-tui setup HOST
     nsa-tui export HOST RUN [--tensorboard DIR] [--csv PATH]
     nsa-tui alerts HOST [RUN] [--follow]       nsa-tui ack HOST RUN ALERT
     nsa-tui archive HOST RUN [--undo]          nsa-tui delete HOST RUN [--yes]
+    nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
 
-HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/config alias).
+HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/config alias);
+``H1,H2,...`` is one run over several hosts (nsa_tui/cli_multi.py, docs/multi-node.md), and
+a command on one host of such a run reaches all of its hosts.
 Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) and
 ``--runs-root DIR``. Exit codes (EXIT_* below): 0 ok, 1 the operation failed, 2 usage,
 3 bad config (or one that cannot run on the host), 4 no such run (or alert), 5 cannot reach the
@@ -51,9 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     rl.add_argument("host")
     rl.add_argument("--all", action="store_true", help="also the archived runs")
     la = sub.add_parser("launch", parents=[common], help="validate a config on the host and start a run")
-    la.add_argument("host")
+    la.add_argument("host", help="HOST, or HOST1,HOST2,... for one run over several hosts")
     la.add_argument("--config", required=True, help="config path (on the host, or local with --upload)")
-    la.add_argument("--nproc", type=int, default=None, help="processes (default: the host's GPU count, or 1)")
+    la.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=None,
+                    help="processes per host (default: the host's GPU count, or 1)")
+    la.add_argument("--rdzv-host", default=None, help="several hosts: the first host's address as the "
+                    "others reach it (default: the address its SSH connection reached)")
+    la.add_argument("--rdzv-port", type=int, default=None, help="several hosts: the rendezvous port on the "
+                    "first host (default: a free one there, from 29400)")
     la.add_argument("--set", nargs="+", action="extend", default=[], metavar="K=V", help="config overrides")
     la.add_argument("--name", default=None, help="run name (default: the config's name)")
     la.add_argument("--upload", action="store_true", help="send this machine's config file to the host")
@@ -92,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("run")
         if name in ("kill", "fallback"):
             sp.add_argument("--grace", type=float, default=60.0, help="seconds between TERM and KILL")
+        if name == "fallback":
+            sp.add_argument("--nproc", type=int, default=None, help="processes to fall back to on one host "
+                            "(default 1: one GPU), keeping the global batch")
         if name == "logs":
             sp.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
         if name == "dump":
@@ -289,6 +300,9 @@ async def _run_command(args: argparse.Namespace) -> int:
             return _fail(args, EXIT_FAILED, "setup_failed", str(exc))
         _emit(args, res, f"installed nsa-tui {res['version']} on {args.host}: {res['python']}")
         return EXIT_OK
+    dests = [d.strip() for d in args.host.split(",") if d.strip()]
+    if len(dests) > 1:
+        return await _multi(args, dests)
     c = HostClient(args.host, runs_root=args.runs_root, confirm_host_key=_ask_host_key)
     c.reconnect = args.cmd == "logs" or getattr(args, "follow", False)  # only followers wait out a drop
     try:
@@ -298,6 +312,14 @@ async def _run_command(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "run", None):
             args.run = await _resolve_run(c, args.run)
+        per_run = args.cmd not in ("runs", "launch", "ack", "archive", "delete", "export")
+        if per_run and getattr(args, "run", None):  # `alerts HOST` without a run: that host's alone
+            from nsa_tui.coordinator import run_hosts
+
+            hosts = await run_hosts({args.host: c}, args.run)
+            if len(hosts) > 1:  # one host of a run over several: the command is the run's
+                await c.close()
+                return await _multi(args, hosts)
         return await _dispatch(c, args)
     except AgentError as exc:
         code = {"bad_config": EXIT_BAD_CONFIG, "cannot_run": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN,
@@ -356,7 +378,8 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
                 if kr.was_running else f"{args.run}: was not running")
         _emit(args, kr, text)
     elif args.cmd in ("fallback", "resume"):
-        res = await (c.fallback(args.run, args.grace) if args.cmd == "fallback" else c.resume(args.run))
+        res = await (c.fallback(args.run, args.grace, nproc=args.nproc) if args.cmd == "fallback"
+                     else c.resume(args.run))
         note = f" (already done before: {args.cmd} started it)" if res.again else ""
         _emit(args, res, f"{res.run_id}{note}")
     elif args.cmd == "dump":
@@ -394,6 +417,32 @@ async def _export(c: Any, args: argparse.Namespace) -> int:
         return _fail(args, EXIT_FAILED, "export_failed", str(exc))
     _emit(args, done, "\n".join(f"{k}: {v}" for k, v in done.items()))
     return EXIT_OK
+
+
+async def _multi(args: argparse.Namespace, dests: list[str]) -> int:
+    """A command over several hosts: connect to all at once, then nsa_tui/cli_multi.py."""
+    from nsa_tui import cli_multi
+    from nsa_tui.client import AgentError, HostClient
+    from nsa_tui.coordinator import connect
+
+    def make(d: str) -> HostClient:
+        c = HostClient(d, runs_root=args.runs_root, confirm_host_key=_ask_host_key)
+        c.reconnect = args.cmd == "logs"
+        return c
+
+    clients, unreachable = await connect(dests, make)
+    if not clients:
+        host, why = next(iter(unreachable.items()))
+        return _fail(args, EXIT_UNREACHABLE, "unreachable", f"{host}: {why}")
+    try:
+        return await cli_multi.run(args, clients, unreachable, dests,
+                                   lambda obj, text: _emit(args, obj, text),
+                                   lambda code, kind, msg: _fail(args, code, kind, msg))
+    except AgentError as exc:
+        code = {"bad_config": EXIT_BAD_CONFIG, "no_such_run": EXIT_NO_RUN, "bad_request": EXIT_USAGE}
+        return _fail(args, code.get(exc.code, EXIT_FAILED), exc.code, exc.message)
+    finally:
+        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
 
 
 def _panel(destinations: list[str]) -> int:

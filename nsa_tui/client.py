@@ -14,8 +14,11 @@
     await client.describe(config_path, nproc=None, overrides=(), upload=False)  # ConfigSummary
     await client.plan(run_id, "fallback" | "resume")  # ActionPlan: what it would do
     await client.kill(run_id)     # KillResult
-    await client.fallback(run_id) # LaunchResult of the new run (``again``: an earlier fallback's run)
+    await client.fallback(run_id, nproc=None, checkpoint=None)  # LaunchResult of the new run
+                                  # (``again``: an earlier fallback's run)
     await client.resume(run_id)   # LaunchResult, same world size as before
+    await client.preflight(...)   # PreflightResult: versions, rendezvous port, config (runs over hosts)
+    await client.checkpoints(run_id)  # CheckpointList; read_/write_checkpoint_file move shards
     await client.dump(run_id)     # DumpResult
     await client.archive(run_id, archived=True)   # RunView (hidden from the default list)
     await client.delete(run_id, dry_run=False)    # DeleteResult: bytes it frees / freed
@@ -57,22 +60,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from nsa.contract import PROTOCOL, Hello, HostSample, Metric, RunStatusReport, RunView, decode_lines
+from nsa.contract import (
+    PROTOCOL,
+    Hello,
+    HostSample,
+    Metric,
+    NodeLayout,
+    RunStatusReport,
+    RunView,
+    decode_lines,
+)
 from nsa.contract.io import ContractError, convert, decode, encode
 from nsa.contract.protocol import (
     EVENT_DATA,
     ActionPlan,
     AlertList,
     AlertState,
+    CheckpointList,
     ConfigSummary,
     DeleteResult,
     DumpResult,
     ErrorInfo,
     EventEnvelope,
     Evidence,
+    FileChunk,
     KillResult,
     LaunchResult,
     LogChunk,
+    PreflightResult,
 )
 from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
@@ -380,17 +395,32 @@ class HostClient:
 
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
                      name: str | None = None, upload: bool = False, on_failure: str | None = None,
-                     force: bool = False) -> LaunchResult:
+                     force: bool = False, config_text: str | None = None, run_id: str | None = None,
+                     nodes: NodeLayout | None = None) -> LaunchResult:
         """Validate on the host and start; ``upload`` sends this machine's file text along (errors
-        still name ``config_path``); ``on_failure``: the watchdog's policy for the run (restart,
-        fallback, stop, none); ``force`` starts what ``describe`` would refuse."""
-        args = _config_args(config_path, upload)
+        still name ``config_path``; ``config_text``: that text, read already); ``on_failure``: the
+        watchdog's policy for the run (restart, fallback, stop, none); ``force`` starts what
+        ``describe`` would refuse; ``run_id``/``nodes``: one node of a run over several hosts."""
+        args = _config_args(config_path, upload and config_text is None)
+        if config_text is not None:
+            args["config_text"] = config_text
         args.update(nproc=nproc, overrides=list(overrides), name=name)
         if on_failure is not None:
             args["on_failure"] = on_failure
         if force:
             args["force"] = True
+        if run_id is not None:
+            args["run_id"] = run_id
+        if nodes is not None:
+            args["nodes"] = nodes
         return await self.request("launch", LaunchResult, **args)
+
+    async def preflight(self, *, port: int | None = None, want_port: bool = False, nproc: int | None = None,
+                        config_path: str | None = None, config_text: str | None = None,
+                        overrides: Sequence[str] = ()) -> PreflightResult:
+        """What the host says about taking part in a run over several hosts; starts nothing."""
+        return await self.request("preflight", PreflightResult, port=port, want_port=want_port, nproc=nproc,
+                                  config_path=config_path, config_text=config_text, overrides=list(overrides))
 
     async def describe(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
                        upload: bool = False) -> ConfigSummary:
@@ -406,11 +436,35 @@ class HostClient:
     async def kill(self, run_id: str, grace_s: float = 60.0) -> KillResult:
         return await self.request("kill", KillResult, run=run_id, grace_s=grace_s)
 
-    async def fallback(self, run_id: str, grace_s: float = 60.0) -> LaunchResult:
-        return await self.request("fallback", LaunchResult, run=run_id, grace_s=grace_s)
+    async def fallback(self, run_id: str, grace_s: float = 60.0, nproc: int | None = None,
+                       checkpoint: str | None = None) -> LaunchResult:
+        return await self.request("fallback", LaunchResult, run=run_id, grace_s=grace_s, nproc=nproc,
+                                  checkpoint=checkpoint)
 
-    async def resume(self, run_id: str) -> LaunchResult:
-        return await self.request("resume", LaunchResult, run=run_id)
+    async def resume(self, run_id: str, nproc: int | None = None, checkpoint: str | None = None,
+                     new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+        args: dict[str, Any] = {"run": run_id, "nproc": nproc, "checkpoint": checkpoint, "run_id": new_run_id}
+        if nodes is not None:
+            args["nodes"] = nodes
+        return await self.request("resume", LaunchResult, **args)
+
+    async def checkpoints(self, run_id: str) -> CheckpointList:
+        return await self.request("checkpoints", CheckpointList, run=run_id)
+
+    async def read_checkpoint_file(self, run_id: str, checkpoint: str, file: str, offset: int = 0,
+                                   max_bytes: int = 4 << 20) -> FileChunk:
+        return await self.request("read_checkpoint_file", FileChunk, run=run_id, checkpoint=checkpoint,
+                                  file=file, offset=offset, max_bytes=max_bytes)
+
+    async def write_checkpoint_file(self, run_id: str, checkpoint: str, file: str, offset: int, data: bytes,
+                                    final: bool = False) -> dict[str, int]:
+        return await self.request("write_checkpoint_file", dict[str, int], run=run_id, checkpoint=checkpoint,
+                                  file=file, offset=offset, data=data, final=final)
+
+    def peer_address(self) -> str | None:
+        """The address this client reached the host at (SSH: the peer's IP), None for local."""
+        get = getattr(self.transport, "peer_address", None)
+        return get() if get is not None else None
 
     async def dump(self, run_id: str) -> DumpResult:
         return await self.request("dump", DumpResult, run=run_id)
@@ -525,6 +579,11 @@ def _config_args(config_path: str, upload: bool) -> dict[str, Any]:
         except OSError as exc:
             raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
     return args
+
+
+def read_config_text(config_path: str) -> str:
+    """This machine's config file, to send along (``--upload``)."""
+    return str(_config_args(config_path, True)["config_text"])
 
 
 def _hello(line: bytes) -> Hello | None:

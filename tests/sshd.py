@@ -5,6 +5,11 @@ port with temporary host and client keys, a ``known_hosts`` that trusts it, and 
 ``ssh_config`` with the alias ``nsa-test`` (HostName, Port, User, IdentityFile,
 UserKnownHostsFile), so code under test can connect exactly as a user would. Tests
 are skipped where the server binary is missing. Recipe: ../shared/notes/ENVIRONMENT.md.
+
+Fixture ``sshd_nodes`` yields two such servers as two hosts of one machine: each its own
+port, its own ``HOME`` for its sessions (so its own ``~/nsa-runs``: a runs root of its
+own) and one thread per rank (``SetEnv NSA_THREADS=1``: runs on a loaded 2-core machine stay
+steady and comparable), with one ``ssh_config`` naming them ``nsa-node0`` and ``nsa-node1``.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class SshServer:
     known_hosts: Path
     ssh_config: Path
     proc: subprocess.Popen[bytes] | None = None
+    home: Path | None = None  # the HOME of its sessions (None: the user's own)
 
     @property
     def dest(self) -> str:
@@ -63,6 +69,11 @@ class SshServer:
     def env(self) -> dict[str, str]:
         """Environment for a CLI subprocess: the test ssh config and this Python on the host."""
         return dict(os.environ, NSA_TUI_SSH_CONFIG=str(self.ssh_config), NSA_TUI_REMOTE_PYTHON=sys.executable)
+
+    @property
+    def runs_root(self) -> Path:
+        """The default runs root of its sessions (``~/nsa-runs`` under its HOME)."""
+        return (self.home or Path.home()) / "nsa-runs"
 
     def start(self) -> None:
         if os.geteuid() == 0:
@@ -130,13 +141,19 @@ class SshServer:
         _keygen(self.host_key)
 
 
-def make_server(base: Path) -> SshServer:
+def make_server(base: Path, home: Path | None = None, alias: str = ALIAS,
+                client_key: Path | None = None) -> SshServer:
+    """One server's files; ``home``: its sessions' HOME (and one thread per process)."""
     base.mkdir(parents=True, exist_ok=True)
     os.chmod(base, 0o700)
     port = _free_port()
-    host_key, client_key = base / "host_ed25519", base / "client_ed25519"
+    host_key = base / "host_ed25519"
     _keygen(host_key)
-    client_pub = _keygen(client_key)
+    if client_key is None:
+        client_key = base / "client_ed25519"
+        client_pub = _keygen(client_key)
+    else:
+        client_pub = Path(f"{client_key}.pub").read_text().strip()
     (base / "authorized_keys").write_text(client_pub + "\n")
     algo, blob = Path(f"{host_key}.pub").read_text().split()[:2]
     known = base / "known_hosts"
@@ -145,13 +162,19 @@ def make_server(base: Path) -> SshServer:
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPidFile {base / 'sshd.pid'}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-        "PermitRootLogin prohibit-password\nLogLevel ERROR\nSubsystem sftp internal-sftp\n")
+        "PermitRootLogin prohibit-password\nLogLevel ERROR\nSubsystem sftp internal-sftp\n"
+        + (f"SetEnv HOME={home} NSA_THREADS=1\n" if home is not None else ""))
+    if home is not None:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
     user = getpass.getuser()
     cfg = base / "ssh_config"
-    cfg.write_text(
-        f"Host {ALIAS}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {client_key}\n"
-        f"  UserKnownHostsFile {known}\n  IdentitiesOnly yes\n")
-    return SshServer(base, port, user, host_key, client_key, known, cfg)
+    cfg.write_text(config_entry(alias, port, user, client_key, known))
+    return SshServer(base, port, user, host_key, client_key, known, cfg, home=home)
+
+
+def config_entry(alias: str, port: int, user: str, key: Path, known: Path) -> str:
+    return (f"Host {alias}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {key}\n"
+            f"  UserKnownHostsFile {known}\n  IdentitiesOnly yes\n")
 
 
 @pytest.fixture
@@ -165,3 +188,39 @@ def sshd(tmp_path: Path) -> Iterator[SshServer]:
         yield server
     finally:
         server.stop()
+
+
+@dataclass
+class SshNodes:
+    """Two sshd on 127.0.0.1 as two hosts: ``aliases`` in ``ssh_config`` (one file for both)."""
+
+    servers: list[SshServer]
+    aliases: list[str]
+    ssh_config: Path
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, NSA_TUI_SSH_CONFIG=str(self.ssh_config), NSA_TUI_REMOTE_PYTHON=sys.executable)
+
+
+@pytest.fixture
+def sshd_nodes(tmp_path: Path) -> Iterator[SshNodes]:
+    """Two running sshd with their own ports, HOMEs and runs roots; stopped afterwards."""
+    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    key = tmp_path / "client_ed25519"
+    _keygen(key)
+    aliases = ["nsa-node0", "nsa-node1"]
+    servers = [make_server(tmp_path / f"sshd{i}", home=tmp_path / f"home{i}", alias=a, client_key=key)
+               for i, a in enumerate(aliases)]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("".join(config_entry(a, s.port, s.user, key, s.known_hosts)
+                           for a, s in zip(aliases, servers)))
+    started = []
+    try:
+        for s in servers:
+            s.start()
+            started.append(s)
+        yield SshNodes(servers, aliases, cfg)
+    finally:
+        for s in started:
+            s.stop()

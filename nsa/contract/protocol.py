@@ -19,6 +19,7 @@ from nsa.contract.records import (
     HostSample,
     LaunchInfo,
     Metric,
+    NodeLayout,
     Record,
     RunInfo,
 )
@@ -234,8 +235,24 @@ class KillArgs(Args, kw_only=True, forbid_unknown_fields=True):
 
 
 class ResumeArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``resume``; across hosts the client gives every host the same new ``run_id`` and its
+    ``nodes`` layout, and the checkpoint (a ``step-N`` of the run) complete on all of them."""
+
     run: str
     nproc: int | None = None
+    checkpoint: str | None = None
+    run_id: str | None = None
+    nodes: NodeLayout | None = None
+
+
+class FallbackArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``fallback``: stop, then relaunch on ``nproc`` processes of this host (1: one GPU) from
+    ``checkpoint`` (default: the newest complete one) with the same global batch."""
+
+    run: str
+    grace_s: float = 60.0
+    nproc: int | None = None
+    checkpoint: str | None = None
 
 
 class ArchiveArgs(Args, kw_only=True, forbid_unknown_fields=True):
@@ -269,6 +286,8 @@ class LaunchArgs(Args, kw_only=True, forbid_unknown_fields=True):
     nproc: int | None = None
     overrides: list[str] = []
     name: str | None = None
+    run_id: str | None = None  # several hosts: the id the client chose for every host
+    nodes: NodeLayout | None = None  # several hosts: this host's place among them
     on_failure: str | None = None  # the config's on_failure.action for this run
     force: bool = False  # start even when ``describe`` finds a problem (the probe may be wrong)
 
@@ -330,6 +349,82 @@ class ActionPlan(Record, kw_only=True):
     gpu: int | None = None  # fallback: the GPU with the most free memory (None: no NVML)
     again: str | None = None  # done before: the run it started then (nothing new would start)
     problem: str | None = None  # why it cannot be done (the op would refuse with this)
+
+
+class PreflightArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``preflight``: can this host take part in a run? Starts nothing. ``port``: test that the
+    rendezvous port is free here (None: choose a free one); the config is validated as a
+    launch would."""
+
+    port: int | None = None
+    want_port: bool = False
+    nproc: int | None = None  # processes per host (what the config is checked against)
+    config_path: str | None = None
+    config_text: str | None = None
+    overrides: list[str] = []
+
+
+class PreflightResult(Record, kw_only=True):
+    host: str
+    nsa_tui: str
+    nsa_version: str | None = None
+    torch: str | None = None
+    python: str = ""
+    runs_root: str = ""
+    problems: list[str] = []  # what stops a launch here (nsa or torch missing, ...)
+    port: int | None = None  # the rendezvous port tested (or chosen) here
+    port_free: bool = False
+    port_message: str = ""
+    config_name: str | None = None  # the validated config's name
+    config_error: str | None = None  # why the config does not validate here
+    join_timeout_s: float | None = None  # train.pg_timeout_start_s: torchrun's rendezvous join timeout
+
+
+class CheckpointFile(Record, kw_only=True):
+    name: str
+    size: int
+
+
+class CheckpointEntry(Record, kw_only=True):
+    """A complete checkpoint of a run on this host: the files here and those it needs."""
+
+    name: str  # step-N
+    step: int
+    files: list[CheckpointFile] = []  # in this host's directory
+    needs: list[str] = []  # every file of the checkpoint (meta.json's ``files``)
+
+
+class CheckpointList(Record, kw_only=True):
+    checkpoints: list[CheckpointEntry]  # oldest first
+
+
+class CheckpointFileArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``read_checkpoint_file``: a chunk of one file of a complete checkpoint of a run."""
+
+    run: str
+    checkpoint: str
+    file: str
+    offset: int = 0
+    max_bytes: int = 4 << 20
+
+
+class FileChunk(Record, kw_only=True):
+    data: bytes  # base64 in JSON
+    offset: int  # where the chunk starts
+    size: int  # the whole file's size
+
+
+class WriteCheckpointFileArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``write_checkpoint_file``: append a chunk to a shard file of another host (gathering a
+    checkpoint written on several nodes). Only DCP file names, never over an existing file;
+    the file appears under its name only with ``final``."""
+
+    run: str
+    checkpoint: str
+    file: str
+    offset: int
+    data: bytes
+    final: bool = False
 
 
 class AlertsArgs(Args, kw_only=True, forbid_unknown_fields=True):

@@ -39,6 +39,13 @@ class AttentionOps(Record, kw_only=True):
     self_check: SelfCheck | None = None  # None when no check ran
 
 
+class PgTimeouts(Record, kw_only=True):
+    """The process-group timeouts by phase (docs/training.md, "Timeouts")."""
+
+    start_s: float  # train.pg_timeout_start_s: joining, boot, compile, first step, checkpoints
+    steady_s: float  # train.pg_timeout_s: every other collective
+
+
 class CpuThreads(Record, kw_only=True):
     """The CPU threads each rank uses and why (nsa/train/threads.py): torch's default pool, a
     thread per CPU of the machine, made single-process CPU runs 5-40x slower on shared cores."""
@@ -88,9 +95,22 @@ class RunInfo(Record, kw_only=True):
     attention_ops: AttentionOps | None = None
     cpu_threads: CpuThreads | None = None
     train_flops_per_token: float | None = None  # model FLOPs of one trained token (nsa.stats)
+    pg_timeouts: PgTimeouts | None = None
+    nnodes: int = 1  # nodes (hosts) the ranks run on
 
 
 # -- files the agent writes -------------------------------------------------------------------
+class NodeLayout(Record, kw_only=True):
+    """One run over several hosts (docs/multi-node.md): this host's place in it. Every host runs
+    one torchrun with the same run id; they meet at ``rdzv_endpoint`` (c10d rendezvous)."""
+
+    nnodes: int
+    node_rank: int  # this host's index in ``hosts`` (torchrun's c10d assigns the ranks itself)
+    hosts: list[str]  # the destinations, as the launching client named them; the first hosts the rendezvous
+    rdzv_endpoint: str  # "addr:port" on hosts[0], reachable from every host
+    node_addr: str | None = None  # the address the other hosts reach this one by (torchrun --local-addr)
+
+
 class LaunchInfo(Record, kw_only=True):
     """launch.json: how the agent started the run (absent when nsa-train ran by hand)."""
 
@@ -107,6 +127,7 @@ class LaunchInfo(Record, kw_only=True):
     resume_from: str | None = None
     config_file: str | None = None
     cuda_visible_devices: str | None = None
+    nodes: NodeLayout | None = None  # several hosts: this host's place among them (None: one host)
 
 
 class ExitInfo(Record, kw_only=True):

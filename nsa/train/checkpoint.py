@@ -1,59 +1,92 @@
-"""Checkpoints: full training state, written atomically, readable by any world size.
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP): every rank writes its shard.
 
-Layout of ``checkpoints/step-<N>/``: ``state.pt`` (full, unsharded model and optimizer
-state dicts keyed by parameter name), ``ranks.pt`` (per-rank RNG states), ``meta.json``
-(step, tokens, world size, batch geometry, data positions of every stream, resolved config)
-written last. The directory is built under a temporary name and renamed into place, then
-``checkpoints/latest`` is rewritten, then old checkpoints beyond ``keep`` are removed.
+Layout of ``checkpoints/step-<N>/`` (docs/run-directory.md):
+- ``__<R>_0.distcp``: rank R's shard (tensors only: model, optimizer state, rank R's RNG);
+- ``.metadata``: DCP's index of every tensor, written by rank 0 once every rank's shard is
+  written (DCP's own commit);
+- ``meta.json``: ours, written last: step, tokens, world size, batch geometry, every data
+  stream's position, the resolved config, the checkpoint's files. It is what makes a
+  checkpoint complete.
 
-Why full state dicts (gathered through ``torch.distributed.checkpoint.state_dict`` for DDP
-and FSDP2 alike): one format that loads on any world size and either strategy, which is what
-the single-GPU fallback needs (LESSONS 13). Every rank reads the file on resume, so a
-multi-node resume needs the checkpoint at the same path on every node.
+A save builds ``.tmp-step-<N>-<stamp>`` and renames it to ``step-<N>`` only after DCP's commit
+and ``meta.json``; then ``latest`` is rewritten and old checkpoints beyond ``keep`` removed.
+An interrupted save (a crash, a KILL) leaves a ``.tmp-`` directory that is never read and
+is removed by the next save: it never becomes ``latest``.
+
+Several nodes: each node writes its own ranks' shards into its own run directory (rank 0's
+node also gets ``.metadata``), and each node's local rank 0 commits its directory. A load
+needs every file of the checkpoint in one directory: a shared filesystem, or the files
+gathered first (``nsa-tui fallback``/``resume`` gather them; docs/multi-node.md).
+
+Resume on any world size: DCP reshards on load (DDP and FSDP2 alike). Loading never runs
+arbitrary pickles: shards are read by DCP with ``torch.load(weights_only=True)``, the state
+holds no pickled objects, and ``.metadata`` is unpickled with an allow-list of DCP's own
+record types. A checkpoint written by another model config is refused, naming the keys.
+The single-file format of earlier versions (``state.pt``) is still read (checkpoint_legacy).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import random
+import pickle
 import re
 import shutil
+import threading
 import time
+from concurrent.futures import Future
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from nsa.contract import write_json_atomic
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
+TMP_PREFIX = ".tmp-step-"
+META = "meta.json"
+DCP_METADATA = ".metadata"
+# the model keys that do not change the weights (which kernels compute them)
+MODEL_KEYS_FREE = ("attention.backend",)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit this run."""
 
 
-def rng_state(device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                             "python": random.getstate()}
+# -- RNG: tensors, so a shard holds nothing but tensors --------------------------------------
+def rng_tensors(rank: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's RNG states under keys of its own. Training draws no global numpy/python random
+    numbers (data order comes from seeded generators and the saved positions): torch's only."""
+    out = {f"rng/rank-{rank}/torch": torch.get_rng_state()}
     if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+        out[f"rng/rank-{rank}/cuda"] = torch.cuda.get_rng_state(device)
+    return out
 
 
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+def _set_rng(state: dict[str, torch.Tensor], rank: int, device: torch.device) -> None:
+    torch.set_rng_state(state[f"rng/rank-{rank}/torch"])
+    key = f"rng/rank-{rank}/cuda"
+    if device.type == "cuda" and key in state:
+        torch.cuda.set_rng_state(state[key], device)
 
 
+def _tensor_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], Any]:
+    """(model and optimizer state as DCP sees it, the optimizer's param_groups). The param
+    groups are left out of the checkpoint: they are the config's hyperparameters (the learning
+    rate is set every step), and leaving them out keeps every saved leaf a tensor."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": {"state": optim_sd["state"]}}, optim_sd["param_groups"]
+
+
+# -- files ------------------------------------------------------------------------------------
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -65,52 +98,32 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
-def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-         meta: dict[str, Any], rank_states: list[Any], keep: int, is_main: bool) -> Path | None:
-    """Collective: every rank calls it. Rank 0 writes; returns the final path there."""
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
-    final: Path | None = None
-    if is_main:
-        final = root / f"step-{step}"
-        for stale in root.glob(".tmp-step-*") if root.is_dir() else []:
-            shutil.rmtree(stale, ignore_errors=True)  # a save that was killed half-way: space back
-        tmp = root / f".tmp-step-{step}-{os.getpid()}-{int(time.time() * 1000)}"
-        tmp.mkdir(parents=True)
-        try:
-            torch.save({"model": model_sd, "optimizer": optim_sd}, tmp / "state.pt")
-            torch.save(rank_states, tmp / "ranks.pt")
-            write_json_atomic(tmp / "meta.json", {**meta, "step": step, "saved_at": time.time()})
-            _fsync_dir(tmp)
-        except BaseException:
-            # a partial checkpoint (a full disk) must not keep the disk full and block a resume
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if final.exists():  # the same step saved again (e.g. a stop right after a save)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        (root / ".latest.tmp").write_text(final.name + "\n")
-        os.replace(root / ".latest.tmp", root / "latest")
-        prune(root, keep, final.name)
-    dist.barrier()
-    return final
-
-
 def complete_checkpoints(root: Path) -> list[Path]:
     """``step-N`` directories that have their ``meta.json`` (written last), oldest first."""
     found = []
     if root.is_dir():
         for p in root.iterdir():
             m = STEP_DIR.match(p.name)
-            if m and p.is_dir() and (p / "meta.json").is_file() and (p / "state.pt").is_file():
+            if m and p.is_dir() and (p / META).is_file():
                 found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
 
 def prune(root: Path, keep: int, protect: str) -> None:
+    """Remove complete checkpoints beyond the newest ``keep`` (never ``protect``)."""
     for p in complete_checkpoints(root)[:-keep] if keep > 0 else []:
         if p.name != protect:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def remove_interrupted(root: Path, keep: Path | None = None) -> None:
+    """``.tmp-step-*`` directories of saves that never finished (a crash, a KILL)."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        if p.name.startswith(TMP_PREFIX) and p != keep:
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -119,7 +132,7 @@ def find_latest(root: Path) -> Path | None:
     try:
         name = (root / "latest").read_text().strip()
         p = root / name
-        if STEP_DIR.match(name) and (p / "meta.json").is_file():
+        if STEP_DIR.match(name) and (p / META).is_file():
             newest = complete_checkpoints(root)
             if not newest or newest[-1] == p:
                 return p
@@ -137,7 +150,7 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
     if resume == "auto":
         return find_latest(run_dir / "checkpoints")
     p = Path(resume).expanduser()
-    if (p / "meta.json").is_file():
+    if (p / META).is_file():
         return p
     for root in (p / "checkpoints", p):
         found = find_latest(root)
@@ -148,15 +161,240 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
 
 def read_meta(path: Path) -> dict[str, Any]:
     try:
-        return json.loads((path / "meta.json").read_text())
+        return json.loads((path / META).read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: cannot read meta.json ({exc})") from exc
+        raise CheckpointError(f"{path}: cannot read {META} ({exc})") from exc
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
-    """Load model and optimizer state into the (wrapped) model on every rank; returns the
-    saved per-rank RNG states. Collective under FSDP2."""
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=StateDictOptions(full_state_dict=True))
-    return torch.load(path / "ranks.pt", map_location="cpu", weights_only=False)
+def is_legacy(path: Path) -> bool:
+    """The single-file format of earlier versions (state.pt + ranks.pt)."""
+    return (path / "state.pt").is_file() and not (path / DCP_METADATA).is_file()
+
+
+def missing_files(path: Path, meta: dict[str, Any]) -> list[str]:
+    """Files of the checkpoint that are not in ``path`` (shards written on another node)."""
+    return [f for f in meta.get("files", []) if not (path / f).is_file()]
+
+
+# -- the model config must be the same -------------------------------------------------------
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def model_config_differences(saved: dict[str, Any] | None, mine: dict[str, Any]) -> list[str]:
+    """``model.<key>: saved -> this run`` for every model key that differs (weights-neutral
+    keys such as the attention backend excepted). Empty when they match."""
+    if saved is None:
+        return []
+    a, b = _flat(saved), _flat(mine)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in MODEL_KEYS_FREE:
+            continue
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            out.append(f"model.{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+    return out
+
+
+def check_model_config(path: Path, meta: dict[str, Any], model_cfg: dict[str, Any]) -> None:
+    saved = (meta.get("config") or {}).get("model")
+    diffs = model_config_differences(saved, model_cfg)
+    if diffs:
+        raise CheckpointError(f"{path} was written by another model config; differing keys (saved -> this "
+                              f"run): {'; '.join(diffs)}")
+
+
+# -- .metadata without arbitrary pickles -----------------------------------------------------
+_ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"), ("builtins", "set"), ("builtins", "frozenset")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP writes ``.metadata`` with pickle; this reads it with an allow-list: DCP's record
+    types, torch's dtypes, layouts and memory formats, and a few harmless builtins. Anything
+    else (``os.system``, say) is refused instead of run."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch.distributed.checkpoint.metadata" or (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch":
+            obj = getattr(torch, name, None)
+            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+                return obj
+        raise CheckpointError(f"{DCP_METADATA} refers to {module}.{name}, which a checkpoint index never "
+                              "holds: refusing to load it (not a checkpoint of ours, or tampered with)")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader with ``.metadata`` read through the allow-list above."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        path = Path(self.path) / DCP_METADATA
+        with open(path, "rb") as fh:
+            metadata = _MetadataUnpickler(fh).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+# -- save -------------------------------------------------------------------------------------
+class _Pending:
+    """An async save under way: committed by its future's callback the moment the write ends
+    (also while the training thread is busy or failing); ``done`` is set after the commit."""
+
+    def __init__(self, final: Path) -> None:
+        self.final = final
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class Checkpointer:
+    """Saves of one run. Collective: every rank calls ``save``, ``poll`` and ``wait`` alike.
+
+    ``committer``: this rank commits its node's directory (its node's local rank 0).
+    ``use_async``: DCP ``async_save`` (tensors are copied to CPU memory, then written by a
+    thread while training goes on; the commit follows as soon as the write ends).
+    Checkpoint collectives run on a gloo group of their own, so a background write never
+    interleaves with the training step's collectives (and works under NCCL too).
+    """
+
+    def __init__(self, root: Path, keep: int, committer: bool, use_async: bool, timeout_s: float,
+                 log: Any = None, before_commit: Any = None) -> None:
+        self.root, self.keep, self.committer, self.use_async = root, keep, committer, use_async
+        self.log = log or (lambda msg: None)
+        self.before_commit = before_commit or (lambda step: None)  # fault injection (tests)
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        self.pending: _Pending | None = None
+        self.last_saved: str | None = None  # the newest committed checkpoint of this run
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
+             rank: int, device: torch.device, block: bool = False) -> None:
+        """Write step ``step``. ``block``: return only once it is committed (a stop, the end)."""
+        self.wait()  # one save at a time: the previous one is committed first
+        if self.committer:
+            remove_interrupted(self.root)  # a save killed half-way: its space back before this one
+        t0 = time.time()
+        stamp = broadcast_object(f"{int(t0 * 1000)}-{os.getpid()}", self.group)  # one name per node
+        tmp, final = self.root / f"{TMP_PREFIX}{step}-{stamp}", self.root / f"step-{step}"
+        state, _groups = _tensor_state(model, optimizer)
+        state.update(rng_tensors(rank, device))
+        meta = {**meta, "step": step}
+        if self.use_async and not block:
+            pending = _Pending(final)
+
+            def written(fut: Future) -> None:
+                try:
+                    self._commit(tmp, final, meta, fut.result(), t0)
+                except BaseException as exc:  # handed to the training thread by wait()
+                    pending.error = exc
+                    self._discard(tmp)
+                finally:
+                    pending.done.set()
+
+            fut = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
+            self.pending = pending
+            fut.add_done_callback(written)  # type: ignore[union-attr]
+            return
+        try:
+            metadata = dcp.save(state, checkpoint_id=str(tmp), process_group=self.group)
+            self._commit(tmp, final, meta, metadata, t0)
+        except BaseException:
+            self._discard(tmp)
+            raise
+
+    def _discard(self, tmp: Path) -> None:
+        """A save that failed (a full disk): its partial files must not keep the disk full and
+        block a resume."""
+        if self.committer:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def poll(self) -> None:
+        """Raise the error of an async save that failed (every step; cheap)."""
+        if self.pending is not None and self.pending.done.is_set():
+            self.wait()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the pending async save (if any) is written and committed (or ``timeout``
+        seconds have passed: then it is left to finish, or not, on its own)."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        if not p.done.wait(timeout):
+            return
+        if p.error is not None:
+            raise CheckpointError(f"checkpoint {p.final.name} failed while being written: "
+                                  f"{type(p.error).__name__}: {p.error}") from p.error
+
+    def _commit(self, tmp: Path, final: Path, meta: dict[str, Any], metadata: Any, t0: float) -> None:
+        """DCP has written every shard and ``.metadata``: write meta.json, rename, point latest."""
+        self.before_commit(int(meta["step"]))
+        self.last_saved = final.name
+        if not self.committer:
+            return
+        files = sorted({info.relative_path for info in metadata.storage_data.values()} | {DCP_METADATA})
+        write_json_atomic(tmp / META, {**meta, "files": files, "saved_at": time.time()})
+        _fsync_dir(tmp)
+        if final.exists():  # the same step saved again (e.g. a stop right after a save)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        (self.root / ".latest.tmp").write_text(final.name + "\n")
+        os.replace(self.root / ".latest.tmp", self.root / "latest")
+        prune(self.root, self.keep, final.name)
+        remove_interrupted(self.root)
+        self.log(f"checkpoint {final} ({time.time() - t0:.1f} s)")
+
+    def close(self) -> None:
+        """Finish a pending save (the run ends)."""
+        self.wait()
+
+
+def broadcast_object(obj: Any, group: Any = None) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+# -- load -------------------------------------------------------------------------------------
+def load(path: Path, meta: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+         rank: int, device: torch.device) -> str | None:
+    """Load model, optimizer and RNG into the (wrapped) model on every rank: DCP reshards the
+    saved world size onto this one. Collective. Returns a note for the log, or None."""
+    if is_legacy(path):
+        from nsa.train.checkpoint_legacy import load_single_file
+
+        load_single_file(path, model, optimizer)
+        return f"{path} is a single-file checkpoint of an earlier version: RNG states not restored"
+    missing = missing_files(path, meta)
+    if missing:
+        raise CheckpointError(
+            f"{path}: files of this checkpoint are missing: {', '.join(missing)} (written on another node: "
+            "gather them into this directory first, or keep checkpoints on a shared filesystem; "
+            "docs/multi-node.md)")
+    state, groups = _tensor_state(model, optimizer)
+    old_world = int(meta["world_size"])
+    src = min(rank, old_world - 1)  # a grown world: the new ranks take the last rank's RNG
+    rng = {k.replace(f"rank-{rank}/", f"rank-{src}/"): v for k, v in rng_tensors(rank, device).items()}
+    if device.type == "cuda" and meta.get("device_type") != "cuda":
+        rng = {k: v for k, v in rng.items() if not k.endswith("/cuda")}
+    state.update(rng)
+    try:
+        dcp.load(state, storage_reader=SafeReader(str(path)))
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot load: {type(exc).__name__}: {exc}") from exc
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict={"state": state["optim"]["state"], "param_groups": groups})
+    with contextlib.suppress(KeyError):
+        _set_rng(state, src, device)
+    return None

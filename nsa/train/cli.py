@@ -23,6 +23,7 @@ from typing import Any
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+SAVE_IN_FLIGHT_S = 120.0  # a failing rank waits at most this long for its checkpoint in flight
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               "(or --resume auto to continue that run)", file=sys.stderr)
         return EXIT_USAGE
 
-    from nsa.contract import RunInfo
+    from nsa.contract import PgTimeouts, RunInfo
     from nsa.train import distributed as D
 
     threads.apply(cpu)
@@ -149,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 world_size=world, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
                 device=str(device), data_source=cfg.data.source, command=list(sys.argv), versions=versions(),
                 host=socket.gethostname(), total_steps=cfg.train.steps, parent_run=args.parent_run,
-                strategy=cfg.train.strategy, pid=os.getpid(), cpu_threads=cpu))
+                strategy=cfg.train.strategy, pid=os.getpid(), cpu_threads=cpu,
+                pg_timeouts=PgTimeouts(start_s=cfg.train.pg_timeout_start_s, steady_s=cfg.train.pg_timeout_s),
+                nnodes=int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)))
         resume = ckpt.resolve(args.resume, run_dir)
         if record and resume:
             record.update(resumed_from=str(resume))
@@ -204,7 +207,12 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
     log(f"model {attn.kind}: {boot['param_count']:,} parameters "
         f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
         f"attention ops: {ops}")
-    log(f"world size {world} ({t.strategy}), device {device}, dtype {boot['dtype']}")
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    log(f"world size {world} ({t.strategy}{f', {nodes} nodes' if nodes > 1 else ''}), device {device}, "
+        f"dtype {boot['dtype']}")
+    log(f"process-group timeouts: {t.pg_timeout_start_s:.0f} s while starting and checkpointing, "
+        f"{t.pg_timeout_s:.0f} s in steady state; checkpoints {'async' if t.checkpoint_async else 'sync'} "
+        "(DCP)")
     log(f"batch: {t.batch_size} sequences per rank x {world} ranks x {boot['grad_accum']} accumulation "
         f"= global batch {boot['global_batch']} sequences = {boot['global_batch'] * t.seq_len:,} tokens "
         f"per optimizer step (seq_len {t.seq_len})")
@@ -225,6 +233,17 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     step = trainer.step if trainer is not None else 0
+    if trainer is not None and getattr(trainer, "ckpt", None) is not None:
+        # a checkpoint still being written in the background is finished and kept where the other
+        # ranks can finish it with us (they are healthy, or stopped together: a NaN); bounded, for
+        # a peer that is gone or hung
+        bound = min(SAVE_IN_FLIGHT_S, trainer.cfg.train.pg_timeout_s)
+        wait_s = None if isinstance(exc, NonFiniteLoss) else bound
+        try:
+            trainer.ckpt.wait(wait_s)
+            trainer.sync_last_checkpoint()
+        except Exception:
+            pass
     try:
         print(f"[rank {rank}] FAILED at step {step}:\n{tb}", file=sys.stderr, flush=True)
     except OSError:
@@ -245,7 +264,8 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
             getattr(trainer, "loader", None) else f"during {phase} (after step {step})"
         reason = f"rank {rank} failed {where}: {type(exc).__name__}: {exc}\n{tail}"
         if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
-            reason = (f"rank {rank} failed {where}: a collective timed out after train.pg_timeout_s: a peer "
+            reason = (f"rank {rank} failed {where}: a collective timed out (train.pg_timeout_s in steady "
+                      f"state, train.pg_timeout_start_s while starting or checkpointing): a peer "
                       f"rank stopped responding (see the ranks' heartbeats)\n"
                       f"{type(exc).__name__}: {exc}\n{tail}")
     try:

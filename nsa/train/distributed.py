@@ -8,7 +8,9 @@ On CUDA the NCCL flight recorder is switched on and dumps into ``<run>/nccl/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -85,12 +87,12 @@ def enable_flight_recorder(run_dir: Path) -> None:
 
 
 def init(cfg: TrainConfig, run_dir: Path, device: torch.device) -> DistInfo:
-    """Join (or create) the process group with an explicit timeout."""
+    """Join (or create) the process group with the start timeout (Timeouts switches later)."""
     rank, local_rank, world, launched = env_ranks()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl":
         enable_flight_recorder(run_dir)
-    timeout = timedelta(seconds=cfg.pg_timeout_s)
+    timeout = timedelta(seconds=cfg.pg_timeout_start_s)
     kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
     if device.type == "cuda":
         kwargs["device_id"] = device
@@ -99,6 +101,50 @@ def init(cfg: TrainConfig, run_dir: Path, device: torch.device) -> DistInfo:
     else:
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     return DistInfo(rank, local_rank, world, device, backend, launched)
+
+
+def set_timeout(seconds: float) -> bool:
+    """Change the default group's collective timeout; False where this torch cannot.
+    ``_set_pg_timeout`` is torch's own (private since 2.3, present in 2.11 and 2.13)."""
+    try:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+    except ImportError:
+        return False
+    _set_pg_timeout(timedelta(seconds=seconds))
+    return True
+
+
+class Timeouts:
+    """The default group's timeout by phase: ``start_s`` until :meth:`steady` (after the first
+    step), ``steady_s`` afterwards, ``start_s`` again inside :meth:`long` (checkpoint saves,
+    the first eval). ``now`` says which is in force."""
+
+    def __init__(self, start_s: float, steady_s: float, log: Any = None) -> None:
+        self.start_s, self.steady_s = start_s, steady_s
+        self.now = "start"
+        self.log = log or (lambda msg: None)
+        self.supported = True
+
+    def steady(self) -> None:
+        if self.now != "steady" and self.supported:
+            self.supported = set_timeout(self.steady_s)
+            if self.supported:
+                self.now = "steady"
+            else:
+                self.log(f"process-group timeout stays {self.start_s:.0f} s: this torch cannot change it")
+
+    @contextlib.contextmanager
+    def long(self) -> Iterator[None]:
+        was = self.now
+        if was == "steady":
+            set_timeout(self.start_s)
+            self.now = "start"
+        try:
+            yield
+        finally:
+            if was == "steady":
+                set_timeout(self.steady_s)
+                self.now = "steady"
 
 
 def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) -> nn.Module:

@@ -20,6 +20,8 @@ from typing import Any
 
 from nsa.config import DebugConfig
 
+EXIT_DIED = 9  # debug.die_in_save_at_step
+
 
 class InjectedCrash(RuntimeError):
     """debug.crash_at_step: a deliberate failure for testing the panel's alerts."""
@@ -145,6 +147,13 @@ class Faults:
             forever = threading.Event()
             while True:
                 forever.wait(3600)
+
+    def maybe_die_in_save(self, step: int) -> None:
+        """debug.die_in_save_at_step: every shard of step ``step`` is written, the checkpoint is
+        not yet committed, and the process dies at once (a KILL or power loss at the worst time)."""
+        if self.cfg.die_in_save_at_step == step:
+            print(f"[rank {self.rank}] debug.die_in_save_at_step={step}: dying before the commit", flush=True)
+            os._exit(EXIT_DIED)
 
     def stop_now(self, step: int) -> bool:
         return self.cfg.stop_at_step == step

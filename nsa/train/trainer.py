@@ -102,6 +102,11 @@ class Trainer:
         self.raw = model
         self.model = D.wrap(model, t.strategy, info, bf16=self.use_bf16)
         self.optimizer = build_optimizer(self.model, cfg, info.device)
+        self.timeouts = D.Timeouts(t.pg_timeout_start_s, t.pg_timeout_s, self.log)
+        self.ckpt = ckpt.Checkpointer(self.run_dir / "checkpoints", t.keep_checkpoints,
+                                      committer=info.local_rank == 0, use_async=t.checkpoint_async,
+                                      timeout_s=t.pg_timeout_start_s, log=self.log if info.is_main else None,
+                                      before_commit=self.faults.maybe_die_in_save)
         self.grad_accum, self.n_streams, self.micro_per_stream = t.grad_accum, info.world_size, t.grad_accum
         positions: dict[int, StreamPos] = {}
         self.resume_note = None
@@ -155,6 +160,7 @@ class Trainer:
     def _load_checkpoint(self, path: Path) -> dict[int, StreamPos]:
         cfg, info = self.cfg, self.info
         meta = ckpt.read_meta(path)
+        ckpt.check_model_config(path, meta, to_dict(cfg.model))
         for key, mine in (("batch_size", cfg.train.batch_size), ("seq_len", cfg.train.seq_len)):
             if meta[key] != mine:
                 raise ckpt.CheckpointError(f"{path}: saved with train.{key}={meta[key]}, this run has "
@@ -179,8 +185,11 @@ class Trainer:
             self.resume_note = (f"resuming a {meta['world_size']}-rank checkpoint on {w} rank(s): "
                                 f"grad_accum {meta['grad_accum']} -> {self.grad_accum} keeps the global "
                                 f"batch of {g} sequences")
-        rank_states = ckpt.load(path, self.model, self.optimizer)
-        ckpt.set_rng_state(rank_states[min(info.rank, len(rank_states) - 1)], info.device)
+        note = ckpt.load(path, meta, self.model, self.optimizer, info.rank, info.device)
+        if note:
+            self.log(note)
+        if self.debug_log:
+            self.debug_log.write({"loaded_step": int(meta["step"]), "param_digest": param_digest(self.model)})
         self.step, self.tokens = int(meta["step"]), int(meta["tokens"])
         own = path.parent.resolve() == (self.run_dir / "checkpoints").resolve()
         self.last_ckpt = path.name if own else str(path)  # the last good one until a new save
@@ -331,23 +340,27 @@ class Trainer:
         torch.distributed.all_reduce(total)
         return float(total) / (n * self.info.world_size)
 
-    def save(self) -> None:
+    def save(self, block: bool = False) -> None:
+        """Every rank writes its shard (docs/run-directory.md); ``block``: committed on return (a
+        stop, the last step), else written in the background when train.checkpoint_async."""
         self.hb.set_phase("checkpoint")
-        t0 = time.time()
-        positions = D.all_gather_objects({str(s): vars(p) for s, p in self.positions.items()})
-        merged = {k: v for part in positions for k, v in part.items()}
-        rank_states = D.all_gather_objects(ckpt.rng_state(self.info.device))
-        meta = {"tokens": self.tokens, "world_size": self.info.world_size, "grad_accum": self.grad_accum,
-                "batch_size": self.cfg.train.batch_size, "global_batch": self.global_batch,
-                "seq_len": self.cfg.train.seq_len, "n_streams": self.n_streams,
-                "data_positions": merged, "config": to_dict(self.cfg), "run_id": self.hb.run_id,
-                "strategy": self.cfg.train.strategy}
-        path = ckpt.save(self.run_dir / "checkpoints", self.step, self.model, self.optimizer, meta,
-                         rank_states, self.cfg.train.keep_checkpoints, self.info.is_main)
-        self.last_ckpt = f"step-{self.step}"
-        if path is not None:
-            self.log(f"checkpoint {path} ({time.time() - t0:.1f} s)")
+        with self.timeouts.long():
+            positions = D.all_gather_objects({str(s): vars(p) for s, p in self.positions.items()})
+            merged = {k: v for part in positions for k, v in part.items()}
+            meta = {"tokens": self.tokens, "world_size": self.info.world_size, "grad_accum": self.grad_accum,
+                    "batch_size": self.cfg.train.batch_size, "global_batch": self.global_batch,
+                    "seq_len": self.cfg.train.seq_len, "n_streams": self.n_streams,
+                    "data_positions": merged, "config": to_dict(self.cfg), "run_id": self.hb.run_id,
+                    "strategy": self.cfg.train.strategy, "device_type": self.info.device.type}
+            self.ckpt.save(self.step, self.model, self.optimizer, meta, self.info.rank, self.info.device,
+                           block=block)
+        self.sync_last_checkpoint()
         self.hb.set_phase("train")
+
+    def sync_last_checkpoint(self) -> None:
+        """``last_ckpt``: the newest committed checkpoint (async saves commit in the background)."""
+        if self.ckpt.last_saved:
+            self.last_ckpt = self.ckpt.last_saved
 
     # ------------------------------------------------------------------ loop
     def run(self) -> str:
@@ -365,6 +378,9 @@ class Trainer:
         last_end = time.perf_counter()
         while self.step < t.steps:
             loss, grad_norm = self.train_step()
+            self.timeouts.steady()  # joined, compiled, one step done: hangs now fail fast
+            self.ckpt.poll()  # a background save that finished is committed here
+            self.sync_last_checkpoint()
             now = time.perf_counter()
             step_time, last_end = now - last_end, now
             self.train_s += step_time
@@ -381,14 +397,15 @@ class Trainer:
                 self.stop.set(f"debug.stop_at_step={self.step}")
                 stopping = True
             if self.step % t.eval_every == 0 or self.step == t.steps:
-                val = self.evaluate()
+                with self.timeouts.long() if self._val is None else contextlib.nullcontext():
+                    val = self.evaluate()  # the first eval builds its batches (and may compile)
                 if val is not None and self.metrics:
                     self.metrics.write(EvalMetric(ts=time.time(), step=self.step, val_loss=val,
                                                   tokens=self.tokens))
                     self.log(f"eval step {self.step}: val_loss {val:.4f}")
                 self.hb.set_phase("train")
             if stopping or self.step % t.save_every == 0 or self.step == t.steps:
-                self.save()
+                self.save(block=stopping or self.step == t.steps)
             if stopping:
                 return "stopped"
             last_end = time.perf_counter()  # eval and checkpoint time are not step time
@@ -417,6 +434,8 @@ class Trainer:
                  f"{step_time * 1000:.0f} ms/step{gate_txt}")
 
     def finish(self) -> None:
+        self.ckpt.close()
+        self.sync_last_checkpoint()
         if self.metrics:
             self.metrics.close()
         if self.debug_log:

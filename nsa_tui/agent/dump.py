@@ -22,7 +22,8 @@ from nsa_tui.agent.procs import run_processes
 
 async def dump(run_dir: Path, run_id: str, wait_s: float = 3.0) -> DumpResult:
     """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
-    ranks = [p for p in await asyncio.to_thread(run_processes, run_id) if p.rank is not None]
+    ranks = [p for p in await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
+             if p.rank is not None]
     if not ranks:
         raise OpError("not_running", f"{run_id} has no live rank to dump")
     stacks = run_dir / "stacks"

@@ -102,7 +102,7 @@ def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 
     live = {}
     seen: dict[int, str] = {}  # each rank's state as found, before anything is done to it
     for rank, b in sorted(beats.items()):
-        proc = run_process(b.pid, run_id)
+        proc = run_process(b.pid, run_id, str(run_dir))
         if proc is None:
             continue
         live[rank] = b

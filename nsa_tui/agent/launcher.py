@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import re
 import secrets
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import nsa_tui
-from nsa.contract import LaunchInfo, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
+from nsa.contract import LaunchInfo, NodeLayout, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
 from nsa.contract.protocol import (
     ActionPlan,
     ConfigSummary,
@@ -38,7 +39,7 @@ from nsa.contract.protocol import (
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
-from nsa_tui.agent.runs import RunStore
+from nsa_tui.agent.runs import RUN_ID_RE, RunStore
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
@@ -66,6 +67,43 @@ def validate_config(path: str, overrides: list[str], shown_as: str | None = None
         return load_config(path, overrides, shown_as=shown_as)
     except ConfigError as exc:
         raise OpError("bad_config", str(exc)) from exc
+
+
+def torchrun_command(python: str, nproc: int, run_id: str, nodes: NodeLayout | None,
+                     join_timeout_s: float) -> list[str]:
+    """torchrun's argv up to the script: one host (``--standalone``), or one node of several
+    meeting at the c10d rendezvous on the first host (docs/multi-node.md)."""
+    cmd = [python, "-m", "torch.distributed.run"]
+    if nodes is None:
+        return [*cmd, "--standalone", f"--nproc_per_node={nproc}"]
+    # is_host: only the first host serves the rendezvous store (on one machine, as in the
+    # tests, every node would otherwise think the endpoint is its own)
+    conf = f"is_host={'true' if nodes.node_rank == 0 else 'false'},join_timeout={int(join_timeout_s)}"
+    cmd += [f"--nnodes={nodes.nnodes}", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={run_id}", f"--rdzv-conf={conf}",
+            "--max-restarts=0"]
+    if nodes.node_addr:
+        cmd.append(f"--local-addr={nodes.node_addr}")
+    return cmd
+
+
+def check_policy_over_hosts(cfg: Any) -> None:
+    """A run over several hosts: each host's watchdog sees only its part, so it may alert and
+    stop, never relaunch (``restart``/``fallback`` are done with every host: the CLI, the panel)."""
+    action = cfg.on_failure.action
+    if action in ("restart", "fallback"):
+        raise OpError("bad_config", f"on_failure.action={action} relaunches on one host: a run over several "
+                      "hosts supports none or stop (fall back or resume it with nsa-tui and all its hosts)")
+
+
+def validate_nodes(nodes: NodeLayout | None) -> None:
+    if nodes is None:
+        return
+    if nodes.nnodes < 2 or len(nodes.hosts) != nodes.nnodes or not 0 <= nodes.node_rank < nodes.nnodes:
+        raise OpError("bad_request", f"inconsistent node layout: {nodes}")
+    host, _, port = nodes.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise OpError("bad_request", f"rdzv_endpoint must be ADDR:PORT, got {nodes.rdzv_endpoint!r}")
 
 
 @contextlib.contextmanager
@@ -134,6 +172,11 @@ class Launcher:
         else:
             raise OpError("bad_request", "needs config_path or config_text")
 
+    def validated(self, config_path: str | None, config_text: str | None, overrides: list[str]) -> Any:
+        """The config, validated on this host as ``launch`` would; nothing created."""
+        with self._config_file(config_path, config_text) as (path, shown):
+            return validate_config(path, [str(o) for o in overrides], shown_as=shown)
+
     def _gpu_message(self) -> str:
         return self.read_gpus()[1] if self.read_gpus else ""
 
@@ -160,14 +203,20 @@ class Launcher:
         resume_from: str | None = None,
         gpu: int | None = None,
         check: bool = True,
+        run_id: str | None = None,
+        nodes: NodeLayout | None = None,
     ) -> LaunchResult:
         """Validate, refuse what cannot run here (``check``; relaunches of a run that ran here
         skip it), create the run directory (0700), copy the config, start detached. On a full
-        disk nothing is left behind: no run directory, no temporary file."""
+        disk nothing is left behind: no run directory, no temporary file. Several hosts: the
+        client gives every host the same ``run_id`` and its ``nodes``."""
         from nsa_tui.agent.describe import describe
 
         overrides = [str(o) for o in (overrides or [])]
         _check_nproc(nproc)
+        if run_id is not None and not RUN_ID_RE.match(run_id):
+            raise OpError("bad_request", f"bad run id {run_id!r}")
+        validate_nodes(nodes)
         self.store.ensure()
         need_room(self.store.root, MIN_FREE_BYTES + (dir_size(Path(resume_from)) if resume_from else 0),
                   f"the checkpoint {resume_from}" if resume_from else "a new run")
@@ -178,9 +227,15 @@ class Launcher:
                 if summary.problems:
                     raise OpError("cannot_run", f"{shown} cannot run on this host: "
                                   + "; ".join(summary.problems))
-            run_id = new_run_id(name or cfg.name)
+            if nodes is not None:
+                check_policy_over_hosts(cfg)
+            run_id = run_id or new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
-            run_dir.mkdir(mode=0o700)
+            try:
+                run_dir.mkdir(mode=0o700)
+            except FileExistsError:
+                raise OpError("run_exists", f"{run_dir} already exists on this host (two hosts of one run "
+                              "sharing a runs root? each host needs its own)") from None
             creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
             os.chmod(run_dir, 0o700)
             text = Path(path).read_text()
@@ -190,7 +245,7 @@ class Launcher:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         n = nproc or max(1, self.gpu_count)
-        command = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
+        command = torchrun_command(self.python, n, run_id, nodes, cfg.train.pg_timeout_start_s)
         command += ["-m", "nsa.train", "--config", str(cfg_copy), "--run-dir", str(run_dir)]
         if overrides:
             command += ["--set", *overrides]
@@ -204,11 +259,11 @@ class Launcher:
             overrides=overrides, boot_id=boot_id(), parent_run=parent_run, resume_from=resume_from,
             config_file=source,
             # applied only when the agent's own environment does not already pin GPUs
-            cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"))
+            cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
         write_json_atomic(run_dir / "launch.json", launch)
         import nsa
 
-        env = dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, NSA_RUN_ID=run_id, NSA_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
         # RANK in a process's environment is what marks a rank (kill TERMs ranks first, dump
         # sends them SIGUSR1, fatal to torchrun): an agent started where RANK is set (a
         # PyTorchJob pod) must not hand it to the supervisor and torchrun. torchrun sets it
@@ -253,7 +308,7 @@ class Launcher:
         """
         launch = read_json(run_dir / "launch.json", LaunchInfo)
         pgid = launch.launcher_pgid if launch else None
-        procs = await asyncio.to_thread(run_processes, run_id)
+        procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
         if not procs:
             return KillResult(run_id=run_id, was_running=False)
         write_json_atomic(run_dir / "stop.json", StopInfo(ts=time.time()))
@@ -268,7 +323,7 @@ class Launcher:
         while procs and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             self.reap()
-            procs = await asyncio.to_thread(run_processes, run_id)
+            procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
             if group_termed or not procs:
                 continue
             if any(p.rank is not None for p in procs):
@@ -285,7 +340,7 @@ class Launcher:
             while procs and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
                 self.reap()
-                procs = await asyncio.to_thread(run_processes, run_id)
+                procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
         if procs:
             raise OpError("kill_incomplete", f"processes of {run_id} remain: {[p.pid for p in procs]}")
         return KillResult(run_id=run_id, was_running=True, forced=forced)
@@ -304,42 +359,69 @@ class Launcher:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _relaunch_args(self, run_id: str, nproc: int | None, op: str) -> tuple[ActionPlan, list[str]]:
-        """What a fallback/resume of ``run_id`` starts (the plan) and the overrides it passes."""
+    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, dict[str, Any]]:
+        """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one;
+        (None, {}) when there is none."""
+        if name:
+            try:
+                path: Path | None = self.store.checkpoint_dir(run_id, name)
+            except KeyError:
+                raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint {name!r}") from None
+        else:
+            latest = self.store.latest_checkpoint(run_id)
+            path = Path(latest) if latest else None
+        if path is None:
+            return None, {}
+        try:
+            return str(path), json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            return str(path), {}
+
+    def _relaunch_args(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
+                       nodes: NodeLayout | None = None) -> tuple[ActionPlan, list[str]]:
+        """What a fallback/resume of ``run_id`` starts (the plan) and the overrides it passes: the
+        gradient accumulation that keeps the checkpoint's global batch on the new world size
+        (``nproc`` per host, ``nodes`` hosts: a resume over several hosts)."""
         run_dir = self.store.run_dir(run_id)
-        ckpt = self.store.latest_checkpoint(run_id)
+        ckpt, meta = self._find_checkpoint(run_id, checkpoint)
         launch = read_json(run_dir / "launch.json", LaunchInfo)
         run = read_json(run_dir / "run.json", RunInfo)
         old = launch.overrides if launch else []
         overrides = [o for o in old if not o.startswith("train.grad_accum=")]
-        world = (run.world_size if run else None) or (launch.nproc if launch else 1)
+        nodes_now = launch.nodes.nnodes if launch and launch.nodes else 1
+        world = (run.world_size if run else None) or int(meta.get("world_size") or 0) or (
+            (launch.nproc if launch else 1) * nodes_now)
+        nproc = nproc or (1 if op == "fallback" else world)
+        new_world = nproc * (nodes.nnodes if nodes else 1)
+        g = meta.get("global_batch") or (run.global_batch if run else None)
+        b = meta.get("batch_size") or (run.batch_size if run else None)
         accum: int | None = None
-        if op == "fallback":
-            nproc = 1
+        problem = None
+        if g and b:
+            if g % (b * new_world):
+                problem = (f"global batch {g} is not a multiple of batch_size {b} x {new_world} rank(s): "
+                           f"{op} cannot keep it")
+            else:
+                accum = g // (b * new_world)
+                overrides.append(f"train.grad_accum={accum}")  # the same global batch
+        elif op == "fallback":
             cfg = validate_config(str(run_dir / "config.yaml"), old)
-            accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world
-            overrides.append(f"train.grad_accum={accum}")  # same global batch on 1 rank
-        else:
-            nproc = nproc or world
-            if run is not None and run.grad_accum:
-                overrides.append(f"train.grad_accum={run.grad_accum}")
-                accum = run.grad_accum
-            if run is not None and run.global_batch and run.batch_size and nproc != world:
-                accum = max(1, run.global_batch // (run.batch_size * nproc))  # the trainer keeps the batch
+            accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world // nproc
+            overrides.append(f"train.grad_accum={accum}")
         name = launch.name if launch else (run.name if run else run_id)
         step = None
         if ckpt is not None and Path(ckpt).name.startswith("step-") and Path(ckpt).name[5:].isdigit():
             step = int(Path(ckpt).name[5:])
         plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
-                            name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
-                            grad_accum=accum, global_batch=run.global_batch if run else None,
-                            gpu=self.freest_gpu() if op == "fallback" else None)
+                          name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
+                          grad_accum=accum, global_batch=g, problem=problem,
+                          gpu=self.freest_gpu() if op == "fallback" and nproc == 1 else None)
         return plan, overrides
 
     def plan(self, run_id: str, op: str, nproc: int | None = None) -> ActionPlan:
         """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
         run_dir = self.store.run_dir(run_id)
-        procs = run_processes(run_id)
+        procs = run_processes(run_id, run_dir=str(run_dir))
         if op == "kill":
             run = read_json(run_dir / "run.json", RunInfo)
             launch = read_json(run_dir / "launch.json", LaunchInfo)
@@ -360,45 +442,55 @@ class Launcher:
             plan.problem = f"{run_id} is still running: stop it first"
         return plan
 
-    def _relaunch(self, run_id: str, nproc: int | None, op: str) -> LaunchResult:
-        """Relaunch from the newest checkpoint as a new run linked to ``run_id`` (lock held)."""
+    def _relaunch(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
+                  new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+        """Relaunch from a checkpoint (default: the newest complete one) as a new run linked to
+        ``run_id``, with the gradient accumulation that keeps its global batch (lock held)."""
         run_dir = self.store.run_dir(run_id)
-        plan, overrides = self._relaunch_args(run_id, nproc, op)
+        plan, overrides = self._relaunch_args(run_id, nproc, op, checkpoint, nodes)
         ckpt = plan.checkpoint
         if ckpt is None:
             raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
+        if plan.problem:
+            raise OpError("bad_request", plan.problem)
         res = self.launch(
             str(run_dir / "config.yaml"), nproc=plan.nproc, overrides=overrides, name=plan.name,
-            parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False,
+            parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False, run_id=new_run_id, nodes=nodes,
         )
         write_json_atomic(run_dir / "relaunch.json",
                           Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
         return res
 
-    async def fallback(self, run_id: str, grace_s: float = 60.0) -> LaunchResult:
-        """Stop the run, relaunch on one GPU from its newest checkpoint, same global batch.
-        Idempotent: a fallback already done (or under way in another agent) returns its run."""
+    async def fallback(self, run_id: str, grace_s: float = 60.0, nproc: int | None = None,
+                       checkpoint: str | None = None) -> LaunchResult:
+        """Stop the run, relaunch on ``nproc`` processes (default 1: one GPU) of this host from
+        its newest (or the given) checkpoint, same global batch. Idempotent: a fallback already
+        done (or under way in another agent) returns its run."""
         run_dir = self.store.run_dir(run_id)
         async with run_lock_async(run_dir):
             done = self._done_before(run_dir, "fallback")
             if done is not None:
                 return done
+            problem = self._relaunch_args(run_id, nproc or 1, "fallback", checkpoint)[0].problem
+            if problem:  # refused before anything is stopped
+                raise OpError("bad_request", problem)
             killed = await self._kill(run_id, run_dir, grace_s)
-            res = await asyncio.to_thread(self._relaunch, run_id, 1, "fallback")
+            res = await asyncio.to_thread(self._relaunch, run_id, nproc or 1, "fallback", checkpoint)
             res.killed = killed
             return res
 
-    def resume(self, run_id: str, nproc: int | None = None) -> LaunchResult:
-        """Relaunch a stopped run from its newest checkpoint as a new run linked to it.
-        Idempotent: a run resumed before returns the run that resume started."""
+    def resume(self, run_id: str, nproc: int | None = None, checkpoint: str | None = None,
+               new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
+        """Relaunch a stopped run from its newest (or the given) checkpoint as a new run linked
+        to it. Idempotent: a run resumed before returns the run that resume started."""
         run_dir = self.store.run_dir(run_id)
         with run_lock(run_dir):
             done = self._done_before(run_dir, "resume")
             if done is not None:
                 return done
-            if run_processes(run_id):
+            if run_processes(run_id, run_dir=str(run_dir)):
                 raise OpError("running", f"{run_id} is still running: kill it first")
-            return self._relaunch(run_id, nproc, "resume")
+            return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)
 
     def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
         """The relaunch a run's own watchdog asks for (its ``on_failure`` policy: ``restart`` or
@@ -409,6 +501,10 @@ class Launcher:
             done = self._done_before(run_dir, op)
             if done is not None:
                 return done
+            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            if launch is not None and launch.nodes is not None:
+                raise OpError("bad_request", f"{run_id} runs over several hosts: one host's watchdog does "
+                              "not relaunch it (nsa-tui fallback/resume with its hosts does)")
             return self._relaunch(run_id, 1 if op == "fallback" else nproc, op)
 
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:

@@ -92,7 +92,8 @@ class PolicyRunner:
         self.stopping.start()
 
     def _ranks(self) -> list[int]:
-        return [p.pid for p in run_processes(self.run_id, fresh=True) if p.rank is not None]
+        return [p.pid for p in run_processes(self.run_id, fresh=True, run_dir=str(self.run_dir))
+                if p.rank is not None]
 
     def _stop_run(self) -> None:
         from nsa_tui.agent.launcher import run_lock

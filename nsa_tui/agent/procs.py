@@ -3,7 +3,10 @@
 Liveness survives PID reuse and reboots (LESSONS 12): a process belongs to a run only
 while it carries ``NSA_RUN_ID=<run id>`` in its environment (every process of a run
 inherits it from the agent's launch). ``RANK`` in that environment marks a rank (torchrun
-sets it for its workers, never for itself or the supervisor).
+sets it for its workers, never for itself or the supervisor). ``NSA_RUN_DIR`` says which
+directory's part of the run it is: one run over several hosts shares its id, and two
+"hosts" may be one machine (two runs roots, as in the tests), so a host's agent counts only
+its own part. Processes started before NSA_RUN_DIR existed carry none and still count.
 """
 
 from __future__ import annotations
@@ -85,8 +88,17 @@ def process_groups(max_age_s: float = GROUPS_MAX_AGE_S) -> dict[int, list[int]]:
     return _GROUPS[1]
 
 
-def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False) -> list[RunProcess]:
-    """Processes carrying ``NSA_RUN_ID=run_id`` (in group ``pgid`` when given).
+def belongs(env: dict[str, str], run_id: str, run_dir: str | None) -> bool:
+    """Whether a process with environment ``env`` is part of ``run_id`` (in ``run_dir``)."""
+    if env.get("NSA_RUN_ID") != run_id:
+        return False
+    mine = env.get("NSA_RUN_DIR")
+    return run_dir is None or mine is None or mine == run_dir
+
+
+def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False,
+                  run_dir: str | None = None) -> list[RunProcess]:
+    """Processes of ``run_id`` (in group ``pgid`` when given; of ``run_dir``'s part when given).
 
     ``fresh`` rescans /proc now (kill's confirmation must not trust a cached scan).
     """
@@ -95,17 +107,17 @@ def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False) -> 
     for grp, pids in ([(pgid, groups.get(pgid, []))] if pgid is not None else groups.items()):
         for pid in pids:
             env = environ_of(pid)
-            if env.get("NSA_RUN_ID") == run_id:
+            if belongs(env, run_id, run_dir):
                 found.append(RunProcess(pid, grp, rank_of(env)))
     return found
 
 
-def run_process(pid: int | None, run_id: str) -> RunProcess | None:
+def run_process(pid: int | None, run_id: str, run_dir: str | None = None) -> RunProcess | None:
     """``pid`` if it is a live process of ``run_id`` (the id, not the pid alone: PID reuse
     cannot fake it)."""
     if not pid:
         return None
     env = environ_of(pid)
-    if env.get("NSA_RUN_ID") != run_id:
+    if not belongs(env, run_id, run_dir):
         return None
     return RunProcess(pid, pgrp(pid), rank_of(env))

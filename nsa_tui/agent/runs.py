@@ -18,6 +18,7 @@ from nsa.contract.io import private_dir, tail_lines
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+STEP_RE = re.compile(r"^step-(\d+)$")
 LOG_TAIL_LINES = 150
 
 
@@ -58,7 +59,7 @@ def _orphan_ranks(run_dir: Path, run_id: str) -> list[RunProcess]:
     """
     found = []
     for beat in latest_beats(run_dir):
-        proc = run_process(beat.pid, run_id)
+        proc = run_process(beat.pid, run_id, str(run_dir))
         if proc is not None:
             found.append(proc)
     return found
@@ -72,9 +73,14 @@ def _younger_than(path: Path, seconds: float) -> bool:
 
 
 def derive_status(info: RunInfo | None, launch: LaunchInfo | None, alive: bool, same_boot: bool,
-                  stop_requested: bool) -> RunStatus:
+                  stop_requested: bool, exited: ExitInfo | None = None) -> RunStatus:
     """The status a user sees (docs/agent-protocol.md, "Run view")."""
     trainer = info.status if info is not None else None
+    if (not alive and launch is not None and launch.nodes is not None and exited is not None and exited.signal
+            and not stop_requested):
+        # one host's torchrun of a run over several hosts was killed (nobody asked): its ranks may
+        # have stopped cleanly (they get SIGTERM when it dies), but the run lost a node
+        return RunStatus.CRASHED
     if alive:
         if trainer is not None and trainer.is_terminal():
             return RunStatus.STOPPING
@@ -87,6 +93,10 @@ def derive_status(info: RunInfo | None, launch: LaunchInfo | None, alive: bool, 
         return RunStatus.LOST
     if stop_requested:
         return RunStatus.STOPPED  # killed through the agent before it wrote an end status
+    if launch.nodes is not None and info is None and exited is not None and exited.exit_code == 0:
+        # a host without rank 0 (run.json is on rank 0's host): its ranks ended cleanly; the
+        # run's own end status (finished or stopped) is rank 0's host's
+        return RunStatus.FINISHED
     return RunStatus.CRASHED
 
 
@@ -134,13 +144,13 @@ class RunStore:
         launcher = launch.launcher_pid if launch else None
         launcher_alive = False
         if same_boot and launch is not None:
-            procs = run_processes(run_id, pgid)  # no pgid yet (launch in progress): every group
+            procs = run_processes(run_id, pgid, run_dir=str(d))  # no pgid yet (launching): every group
             if not procs and pgid and _younger_than(d / "launch.json", 2 * GROUPS_MAX_AGE_S + 1.0):
                 # the shared /proc scan may predate this launch: a run started a moment ago
                 # would read as crashed (a false crash alert, `logs -f` ending at once)
-                procs = run_processes(run_id, pgid, fresh=True)
+                procs = run_processes(run_id, pgid, fresh=True, run_dir=str(d))
             launcher_alive = any(p.pid == launcher for p in procs) or (
-                launcher is not None and not procs and run_process(launcher, run_id) is not None)
+                launcher is not None and not procs and run_process(launcher, run_id, str(d)) is not None)
             if exited is not None:
                 # torchrun has ended: a supervisor still finishing (its last alerts, deliveries,
                 # a policy's backoff) is no process of the run
@@ -148,13 +158,15 @@ class RunStore:
             if not procs and not (info is not None and info.status.is_terminal()):
                 procs = _orphan_ranks(d, run_id)  # launcher and torchrun gone, ranks still up
         alive = bool(procs)
-        status = derive_status(info, launch, alive, same_boot, stop_requested)
+        status = derive_status(info, launch, alive, same_boot, stop_requested, exited)
         if info is None:
             name = launch.name if launch else run_id
+            nodes = launch.nodes if launch else None
             info = RunInfo(run_id=run_id, name=name,
                            status=RunStatus.STARTING if launch else RunStatus.UNKNOWN,
                            started_at=launch.created if launch else None,
-                           world_size=launch.nproc if launch else 1,
+                           world_size=(launch.nproc * (nodes.nnodes if nodes else 1)) if launch else 1,
+                           nnodes=nodes.nnodes if nodes else 1,
                            parent_run=launch.parent_run if launch else None)
         tail = []
         if with_tail and status in (RunStatus.CRASHED, RunStatus.FAILED):
@@ -176,6 +188,37 @@ class RunStore:
             except (KeyError, OSError):
                 continue
         return out
+
+    def checkpoints(self, run_id: str) -> list[tuple[str, int, list[tuple[str, int]], list[str]]]:
+        """Complete checkpoints of the run here, oldest first: (name, step, [(file, size) here],
+        files the checkpoint needs (meta.json's ``files``))."""
+        import json
+
+        root = self.run_dir(run_id) / "checkpoints"
+        out = []
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            return out
+        for e in entries:
+            m = STEP_RE.match(e.name)
+            meta_path = Path(e.path) / "meta.json"
+            if not m or not e.is_dir() or not meta_path.is_file():
+                continue
+            try:
+                needs = [str(f) for f in json.loads(meta_path.read_text()).get("files", [])]
+            except (OSError, ValueError, AttributeError):
+                continue
+            here = [(f.name, f.stat().st_size) for f in os.scandir(e.path) if f.is_file()]
+            out.append((e.name, int(m.group(1)), sorted(here), needs))
+        return sorted(out, key=lambda c: c[1])
+
+    def checkpoint_dir(self, run_id: str, name: str) -> Path:
+        """``checkpoints/<name>`` of a run, for a complete ``step-N``; KeyError otherwise."""
+        path = self.run_dir(run_id) / "checkpoints" / name
+        if not STEP_RE.match(name or "") or not (path / "meta.json").is_file():
+            raise KeyError(f"{run_id}/checkpoints/{name}")
+        return path
 
     def latest_checkpoint(self, run_id: str) -> str | None:
         """Path of the newest complete checkpoint (``checkpoints/latest``), or None."""

@@ -30,6 +30,7 @@ from nsa.contract.protocol import (
     AlertState,
     ArchiveArgs,
     Args,
+    CheckpointFileArgs,
     DeleteArgs,
     DescribeArgs,
     DumpFile,
@@ -37,11 +38,13 @@ from nsa.contract.protocol import (
     EventMsg,
     Evidence,
     EvidenceArgs,
+    FallbackArgs,
     KillArgs,
     LaunchArgs,
     LogChunk,
     NoArgs,
     PlanArgs,
+    PreflightArgs,
     ReadLogArgs,
     Reply,
     Request,
@@ -50,10 +53,13 @@ from nsa.contract.protocol import (
     UnwatchArgs,
     WatchArgs,
     WatchHostArgs,
+    WriteCheckpointFileArgs,
 )
 from nsa_tui import __version__
+from nsa_tui.agent import ckptfiles
 from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher, OpError, run_lock
+from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
 from nsa_tui.agent.sampler import HostSampler
@@ -107,7 +113,7 @@ class Agent:
         self.ops: dict[str, tuple[type[Args], Callable[[Any, Any], Awaitable[Any]]]] = {
             "ping": (NoArgs, self.op_ping), "runs": (NoArgs, self.op_runs), "run": (RunArgs, self.op_run),
             "status": (RunArgs, self.op_status), "launch": (LaunchArgs, self.op_launch),
-            "kill": (KillArgs, self.op_kill), "fallback": (KillArgs, self.op_fallback),
+            "kill": (KillArgs, self.op_kill), "fallback": (FallbackArgs, self.op_fallback),
             "resume": (ResumeArgs, self.op_resume), "dump": (RunArgs, self.op_dump),
             "archive": (ArchiveArgs, self.op_archive), "delete": (DeleteArgs, self.op_delete),
             "read_log": (ReadLogArgs, self.op_read_log), "watch": (WatchArgs, self.op_watch),
@@ -116,6 +122,9 @@ class Agent:
             "watch_alerts": (AlertsArgs, self.op_watch_alerts), "ack": (AckArgs, self.op_ack),
             "evidence": (EvidenceArgs, self.op_evidence),
             "describe": (DescribeArgs, self.op_describe), "plan": (PlanArgs, self.op_plan),
+            "preflight": (PreflightArgs, self.op_preflight), "checkpoints": (RunArgs, self.op_checkpoints),
+            "read_checkpoint_file": (CheckpointFileArgs, self.op_read_checkpoint_file),
+            "write_checkpoint_file": (WriteCheckpointFileArgs, self.op_write_checkpoint_file),
         }
 
     def send(self, msg: Any) -> None:
@@ -257,7 +266,8 @@ class Agent:
         if a.on_failure is not None:  # validated with the config: a wrong value is a bad_config naming it
             overrides.append(f"on_failure.action={a.on_failure}")
         return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
-                                       nproc=a.nproc, overrides=overrides, name=a.name, check=not a.force)
+                                       nproc=a.nproc, overrides=overrides, name=a.name, check=not a.force,
+                                       run_id=a.run_id, nodes=a.nodes)
 
     async def op_describe(self, rid: Any, a: DescribeArgs) -> Any:
         return await asyncio.to_thread(self.launcher.describe, a.config_path, config_text=a.config_text,
@@ -266,14 +276,26 @@ class Agent:
     async def op_plan(self, rid: Any, a: PlanArgs) -> Any:
         return await asyncio.to_thread(self.launcher.plan, a.run, a.action)
 
+    async def op_preflight(self, rid: Any, a: PreflightArgs) -> Any:
+        return await asyncio.to_thread(preflight, self.launcher, self.hello(), a)
+
     async def op_kill(self, rid: Any, a: KillArgs) -> Any:
         return await self.launcher.kill(a.run, float(a.grace_s))
 
-    async def op_fallback(self, rid: Any, a: KillArgs) -> Any:
-        return await self.launcher.fallback(a.run, float(a.grace_s))
+    async def op_fallback(self, rid: Any, a: FallbackArgs) -> Any:
+        return await self.launcher.fallback(a.run, float(a.grace_s), a.nproc, a.checkpoint)
 
     async def op_resume(self, rid: Any, a: ResumeArgs) -> Any:
-        return await asyncio.to_thread(self.launcher.resume, a.run, a.nproc)
+        return await asyncio.to_thread(self.launcher.resume, a.run, a.nproc, a.checkpoint, a.run_id, a.nodes)
+
+    async def op_checkpoints(self, rid: Any, a: RunArgs) -> Any:
+        return await asyncio.to_thread(ckptfiles.checkpoint_list, self.store, a.run)
+
+    async def op_read_checkpoint_file(self, rid: Any, a: CheckpointFileArgs) -> Any:
+        return await asyncio.to_thread(ckptfiles.read_chunk, self.store, a)
+
+    async def op_write_checkpoint_file(self, rid: Any, a: WriteCheckpointFileArgs) -> Any:
+        return await asyncio.to_thread(ckptfiles.write_chunk, self.store, a)
 
     async def op_dump(self, rid: Any, a: RunArgs) -> Any:
         return await self.launcher.dump(a.run)

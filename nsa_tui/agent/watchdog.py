@@ -228,7 +228,7 @@ class Watchdog:
         """A rank whose process vanished without a final beat: fed to the detector (a crash)."""
         vanished = [r for r, b in self.beats.items()
                     if r not in self.gone and not b.phase.is_final() and b.pid
-                    and run_process(b.pid, self.run_id) is None]
+                    and run_process(b.pid, self.run_id, str(self.run_dir)) is None]
         if not vanished:
             return
         self._read_beats()  # a rank that wrote its last beat and exited since this look began
@@ -238,7 +238,9 @@ class Watchdog:
                 self.det.feed_rank_gone(self.run_id, rank, now)
 
     def live_rank_pids(self) -> list[int]:
-        return [b.pid for b in self.beats.values() if b.pid and run_process(b.pid, self.run_id) is not None]
+        mine = str(self.run_dir)
+        return [b.pid for b in self.beats.values()
+                if b.pid and run_process(b.pid, self.run_id, mine) is not None]
 
     def _host_sample(self, now: float) -> HostSample:
         if not self._gpu_tried:
@@ -277,7 +279,7 @@ class Watchdog:
         pids = self.live_rank_pids() if self.exit is not None else []
         alive = launcher or bool(pids)
         stop = (self.run_dir / "stop.json").exists()
-        status = derive_status(info, launch, alive, True, stop)
+        status = derive_status(info, launch, alive, True, stop, self.exit)
         if info is None:
             info = RunInfo(run_id=self.run_id, name=launch.name if launch else self.run_id,
                            status=RunStatus.STARTING, world_size=launch.nproc if launch else 1,

@@ -195,7 +195,14 @@ class NsaApp(ViewActions, App[str | None]):
 
     async def submit_launch(self, host: str, opts: dict[str, Any]) -> str:
         """Launch through the host's service; raises with the host's message on a bad config.
-        A launch that started is remembered for the host (the dialog's preselection, ctrl+r)."""
+        A launch that started is remembered for the host (the dialog's preselection, ctrl+r).
+        ``opts["hosts"]``: one run over these hosts (services/multiactions.py)."""
+        if len(opts.get("hosts") or []) > 1:
+            from nsa_tui.app.services import multiactions
+
+            run_id = await multiactions.launch(self.state, self.services, opts["hosts"], opts)
+            self.select(opts["hosts"][0], run_id)
+            return run_id
         run_id = await self._service(host).actions.launch(opts)
         try:
             userstate.remember(host, RecentLaunch(
@@ -336,8 +343,14 @@ class NsaApp(ViewActions, App[str | None]):
         if svc is None:
             self.notify(f"not connected to {host}", severity="error", markup=False)
             return
+        run = self.state.host(host).runs.get(run_id)
         try:
-            result = await getattr(svc.actions, op)(run_id)
+            if run is not None and len(self.state.parts_of(run)) > 1:  # a run over several hosts
+                from nsa_tui.app.services import multiactions
+
+                result, host = await multiactions.act(op, self.state, self.services, run)
+            else:
+                result = await getattr(svc.actions, op)(run_id)
         except Exception as exc:
             self.notify(str(exc) or type(exc).__name__, title=f"{op} failed", severity="error", timeout=15,
                         markup=False)

@@ -18,6 +18,7 @@ from nsa.contract import Alert, Beat, Hello, HostSample, MetricsFolder, RunStatu
 from nsa.contract.protocol import AlertState, Gap
 from nsa.contract.records import Metric
 from nsa.contract.series import metric_values
+from nsa_tui.multihost import MergedRun, Part, hosts_of, merge, primary_of
 
 LOG_LINES_MAX = 20_000
 SERIES_POINTS_MAX = 2_048
@@ -309,11 +310,47 @@ class PanelState:
         return self.hosts[dest]
 
     def selected_run(self) -> RunState | None:
+        """The selected run; of a run over several hosts, its part with rank 0 (run.json,
+        metrics, the loss curve), whichever host's part was selected."""
         if self.selected is None:
             return None
         host, run_id = self.selected
         h = self.hosts.get(host)
-        return h.runs.get(run_id) if h else None
+        run = h.runs.get(run_id) if h else None
+        return self.main_part(run) if run is not None else None
+
+    # -- runs over several hosts (nsa_tui/multihost.py merges their parts) ----------------------
+    def parts_of(self, run: RunState) -> list[RunState]:
+        """The parts of ``run`` on every host this panel knows, in node order; [run] for a
+        run on one host."""
+        if not hosts_of(run.view):
+            return [run]
+        found = [h.runs[run.run_id] for h in self.hosts.values()
+                 if run.run_id in h.runs and h.runs[run.run_id].view is not None]
+        order = hosts_of(run.view)
+        return sorted(found, key=lambda r: order.index(r.host) if r.host in order else len(order))
+
+    def merged(self, run: RunState) -> MergedRun:
+        """The run as one: its parts merged, a host that is not connected shown as lost."""
+        parts = []
+        for r in self.parts_of(run):
+            host = self.hosts.get(r.host)
+            up = host is not None and host.conn == "connected"
+            parts.append(Part(host=r.host, view=r.view, beats=list(r.beats.values()), reachable=up,
+                              why="" if up else (host.detail if host else "") or (host.conn if host else "")))
+        known = {p.host for p in parts}
+        for name in hosts_of(run.view):
+            if name not in known and name not in self.hosts:  # a host of the run this panel does not watch
+                parts.append(Part(host=name, reachable=False, why="not connected in this panel"))
+        return merge(run.run_id, parts)
+
+    def main_part(self, run: RunState) -> RunState:
+        """The part with rank 0 of a run over several hosts (itself for a run on one host)."""
+        parts = self.parts_of(run)
+        if len(parts) == 1:
+            return run
+        main = primary_of([Part(host=r.host, view=r.view, beats=list(r.beats.values())) for r in parts])
+        return next(r for r in parts if r.host == main.host)
 
     def current_host(self) -> HostState | None:
         if self.selected and self.selected[0] in self.hosts:
@@ -321,9 +358,18 @@ class PanelState:
         return next(iter(self.hosts.values()), None)
 
     def all_runs(self) -> list[RunState]:
-        """Runs of every host that the agents reported, newest first."""
+        """Runs of every host that the agents reported, newest first; a run over several hosts
+        once (its part with rank 0)."""
         runs = [r for h in self.hosts.values() for r in h.runs.values() if r.view is not None]
-        return sorted(runs, key=lambda r: -r.created)
+        out, seen = [], set()
+        for r in runs:
+            if hosts_of(r.view):
+                if r.run_id in seen:
+                    continue
+                seen.add(r.run_id)
+                r = self.main_part(r)
+            out.append(r)
+        return sorted(out, key=lambda r: -r.created)
 
     def run_by_key(self, key: RunKey) -> RunState | None:
         h = self.hosts.get(key[0])

@@ -221,6 +221,13 @@ class SshTransport(Transport):
             raise TransportError(f"{self.dest}: cannot start the agent: {exc}") from exc
         return SshChannel(proc)
 
+    def peer_address(self) -> str | None:
+        """The IP address the SSH connection reached (a destination's alias resolved)."""
+        if self.conn is None:
+            return None
+        peer = self.conn.get_extra_info("peername")
+        return str(peer[0]) if peer else None
+
     def abort(self) -> None:
         """Drop the connection at once, as a network failure would."""
         if self.conn is not None:

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `tests` is not installed: make tests.* importable under any runner
     sys.path.insert(0, str(REPO))
 
-from tests.sshd import sshd  # noqa: E402,F401  (the real OpenSSH server fixture)
+from tests.sshd import sshd, sshd_nodes  # noqa: E402,F401  (real OpenSSH server fixtures)
 
 SMOKE = REPO / "configs" / "smoke-cpu.yaml"
 

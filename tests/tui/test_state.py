@@ -242,3 +242,79 @@ def view(run_id: str, status: str = "running", alive: bool = False, parent_run: 
     info = RunInfo(run_id=run_id, name=run_id, status=RunStatus.RUNNING, parent_run=parent_run, step=step)
     return RunView(run_id=run_id, dir="/x", name=run_id, status=RunStatus(status), info=info, alive=alive,
                    parent_run=parent_run)
+
+
+def node_view(run_id: str, host: str, rank0: bool, status: str = "running", alive: bool = True,
+              signal: int | None = None) -> RunView:
+    """One host's part of a run over hosts h1, h2 (records as the agent sends them)."""
+    from nsa.contract import ExitInfo, LaunchInfo, NodeLayout
+
+    hosts = ["h1", "h2"]
+    nodes = NodeLayout(nnodes=2, node_rank=hosts.index(host), hosts=hosts, rdzv_endpoint="10.0.0.1:29400")
+    info = RunInfo(run_id=run_id, name="big", status=RunStatus.RUNNING, world_size=2, step=7,
+                   pid=1234 if rank0 else None)
+    launch = LaunchInfo(run_id=run_id, name="big", created=100.0, nproc=1, nodes=nodes)
+    return RunView(run_id=run_id, dir="/x", name="big", status=RunStatus(status), info=info, launch=launch,
+                   alive=alive, exit=ExitInfo(signal=signal) if signal else None, created=100.0)
+
+
+def two_host_state() -> PanelState:
+    from nsa.contract import Beat, Phase
+
+    state = PanelState.for_destinations(["h1", "h2"])
+    for host, rank in (("h1", 1), ("h2", 0)):  # c10d put rank 0 on the second host
+        state.host(host).conn = "connected"
+        run = state.host(host).run("r")
+        run.view = node_view("r", host, rank0=rank == 0)
+        run.beats[rank] = Beat(ts=90.0, run_id="r", rank=rank, world_size=2, step=7, phase=Phase.TRAIN)
+    return state
+
+
+def test_a_run_over_two_hosts_is_one_row_with_every_rank_and_its_host() -> None:
+    from nsa_tui.app.widgets.runlist import RunList
+    from nsa_tui.app.widgets.summary import hosts_text, ranks_text
+
+    state = two_host_state()
+    (row,) = state.all_runs()  # one row: the part with rank 0
+    assert row.host == "h2"
+    state.selected = ("h1", "r")  # selecting any part shows the run's rank-0 part
+    assert state.selected_run() is row
+    merged = state.merged(row)
+    assert merged.status == RunStatus.RUNNING and merged.primary == "h2" and not merged.lost
+    from nsa_tui.app.listing import run_rows
+
+    (listed,) = run_rows(state)
+    assert listed.run is row
+    cells = [c.plain for c in RunList._row(listed, 100.0, True, 20, None, merged)]
+    assert (cells[0], cells[2]) == ("h1+h2", "running")
+    assert ranks_text(row, 100.0, merged).plain.splitlines() == [
+        "r0@h2 train step 7 · beat 10s ago", "r1@h1 train step 7 · beat 10s ago"]
+    assert hosts_text(merged).plain == "h1 + h2 (rank 0)"
+
+
+def test_a_host_that_drops_off_is_lost_not_the_run_crashed_until_the_others_fail() -> None:
+    from nsa_tui.app import reducer
+    from nsa_tui.client import ConnectionState
+
+    state = two_host_state()
+    reducer.connection(state, "h1", ConnectionState("reconnecting", 2.0, "connection to h1 dropped"), 100.0)
+    merged = state.merged(state.all_runs()[0])
+    assert merged.status == RunStatus.RUNNING and merged.problem is None
+    assert merged.lost == {"h1": "connection to h1 dropped"}
+    # the other ranks then fail at their next collective: now the run has failed, naming why
+    failed = node_view("r", "h2", rank0=True, status="failed", alive=False)
+    failed.info.exit_reason = "rank 0 failed at step 8: a collective timed out"
+    reducer.run_view(state, "h2", failed)
+    merged = state.merged(state.all_runs()[0])
+    assert merged.status == RunStatus.FAILED
+    assert merged.problem == "h2 (rank 0): rank 0 failed at step 8: a collective timed out"
+
+
+def test_a_torchrun_killed_by_a_signal_makes_the_run_crashed_naming_its_host() -> None:
+    from nsa_tui.app import reducer
+
+    state = two_host_state()
+    reducer.run_view(state, "h1", node_view("r", "h1", rank0=False, status="crashed", alive=False, signal=9))
+    merged = state.merged(state.all_runs()[0])
+    assert merged.status == RunStatus.CRASHED
+    assert merged.problem == "h1 (rank 1): torchrun was killed by signal 9"

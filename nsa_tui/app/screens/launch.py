@@ -111,6 +111,8 @@ class LaunchScreen(ModalScreen[str | None]):
                     yield Label("host")
                     yield Select([(h, h) for h in self._hosts], value=self._host, allow_blank=False,
                                  id="host")
+                    yield Input(placeholder="…or one run over several: " + ",".join(self._hosts[:2]),
+                                id="hosts")
                 yield Label("config (local files are uploaded with the run)")
                 if self._configs:
                     yield Select([(Text(c), c) for c in self._configs], value=self._config, allow_blank=False,
@@ -188,7 +190,13 @@ class LaunchScreen(ModalScreen[str | None]):
                 opts["overrides"] = split_overrides(overrides)
             except ValueError as exc:
                 opts["overrides_error"] = f"--set: {exc}"
-        return self.current_host(), opts
+        host = self.current_host()
+        if len(self._hosts) > 1:  # several hosts, comma-separated: the first serves the rendezvous
+            several = [h.strip() for h in self.query_one("#hosts", Input).value.split(",") if h.strip()]
+            if len(several) > 1:
+                opts["hosts"] = several
+                host = several[0]
+        return host, opts
 
     def fill(self, launch: RecentLaunch) -> None:
         """Put a recent launch into the form (config, processes, overrides, name)."""

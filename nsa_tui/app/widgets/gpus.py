@@ -75,7 +75,8 @@ def gpu_lines(g: GpuReading, on: list[int], width: int) -> list[Text]:
 
 
 class GpuTable(VerticalScroll):
-    """GPUs of the selected run's host, or 'no GPU' honestly. A pane too short for every GPU
+    """GPUs of the selected run's host (of each of its hosts for a run over several hosts), or
+    'no GPU' honestly. A pane too short for every GPU
     says so in its border and scrolls (tab to it, then the arrow keys)."""
 
     DEFAULT_CSS = """
@@ -94,31 +95,43 @@ class GpuTable(VerticalScroll):
         return self.query_one("#gpu-lines", Static).content
 
     def update_from(self, state: PanelState, now: float) -> None:
-        host = state.current_host()
-        sample = host.sample if host else None
         run = state.selected_run()
-        placed = [ranks_on(g, run) for g in (sample.gpus or [])] if sample else []
+        parts = state.parts_of(run) if run is not None else []
+        if len(parts) > 1:  # a run over several hosts: each host's GPUs with that host's ranks
+            shown = [(state.hosts.get(p.host), p) for p in parts]
+        else:
+            shown = [(state.current_host(), run)]
+        samples = [h.sample if h else None for h, _ in shown]
+        placed = [[ranks_on(g, r) for g in (s.gpus or [])] if s else [] for s, (_, r) in zip(samples, shown)]
         width = self.scrollable_content_region.width or self.size.width  # without a scroll bar
         more = self.max_scroll_y > 0
-        sig = (id(sample), sample.ts if sample else None, width, tuple(map(tuple, placed)), more)
+        sig = (tuple((id(s), s.ts if s else None) for s in samples), width,
+               tuple(tuple(map(tuple, p)) for p in placed), more)
         if sig == self._sig:
             return
         self._sig = sig
         lines: list[Text] = []
-        if sample is None:
-            lines.append(Text("GPUs: N/A (no sample yet)", style="dim"))
-        else:
-            lines += host_lines(sample, width)
-            if not sample.gpus:
-                why = (sample.gpu_message or "none on this host").split(":")[0]
-                lines.append(Text(f"GPUs: N/A — {why}", style="dim", no_wrap=True, overflow="ellipsis"))
-            else:
-                for g, on in zip(sample.gpus, placed):
-                    lines += gpu_lines(g, on, width)
+        for (host, _r), sample, on_gpus in zip(shown, samples, placed):
+            if len(shown) > 1:
+                lines.append(Text(host.dest if host else "?", style="bold underline"))
+            lines += self._host_lines(sample, on_gpus, width)
         height = (len(lines), width)
         # re-layout only when the height changes
         self.query_one("#gpu-lines", Static).update(Group(*lines), layout=height != self._height)
         self._height = height
-        count = len(sample.gpus or []) if sample else 0
+        count = sum(len(s.gpus or []) for s in samples if s)
         subtitle = (f"{count} GPUs" if count > 2 else "") + (" · more: tab, ↓" if more else "")
         self.border_subtitle = subtitle or None
+
+    @staticmethod
+    def _host_lines(sample: HostSample | None, placed: list[list[int]], width: int) -> list[Text]:
+        if sample is None:
+            return [Text("GPUs: N/A (no sample yet)", style="dim")]
+        lines = host_lines(sample, width)
+        if not sample.gpus:
+            why = (sample.gpu_message or "none on this host").split(":")[0]
+            lines.append(Text(f"GPUs: N/A — {why}", style="dim", no_wrap=True, overflow="ellipsis"))
+        else:
+            for g, on in zip(sample.gpus, placed):
+                lines += gpu_lines(g, on, width)
+        return lines

@@ -1,5 +1,6 @@
 """Run list: every host's runs as app/listing.py folds and filters them, with marks, status,
-name (cut in the middle), age, parameters, world size, config and parent."""
+name (cut in the middle), age, parameters, world size, config and parent. A run over several
+hosts is one row: its hosts joined with "+", the status of the merged run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nsa_tui.app.listing import Row, counts, lineage_root, run_rows
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.app.widgets.header import STATUS_STYLE
 from nsa_tui.fmt import NA, fmt_count, fmt_duration
+from nsa_tui.multihost import MergedRun, hosts_of
 
 # (column, width); the name's width follows the pane's (NAME_MIN..NAME_MAX)
 COLUMNS = (("", 1), ("status", 8), ("name", 0), ("age", 6), ("params", 7), ("world", 5), ("config", 16),
@@ -120,7 +122,8 @@ class RunList(DataTable):
         self.rows_shown = rows_shown
         multi = len(state.hosts) > 1
         name_w = name_width(self.content_region.width or self.size.width, multi)
-        rows = [self._row(r, now, multi, name_w, mark_of(state, r)) for r in rows_shown]
+        rows = [self._row(r, now, multi, name_w, mark_of(state, r),
+                          state.merged(r.run) if hosts_of(r.run.view) else None) for r in rows_shown]
         keys = tuple(row_key(r.run) for r in rows_shown)
         signature = ((multi, name_w), keys, tuple(tuple(map(cell_sig, row)) for row in rows))
         self._title(state)
@@ -146,8 +149,9 @@ class RunList(DataTable):
             self.clear()
             for row, cells in zip(rows_shown, rows):
                 self.add_row(*cells, key=row_key(row.run))
-            if state.selected is not None:
-                key = f"{state.selected[0]}\x1f{state.selected[1]}"
+            selected = state.selected_run()  # of a run over several hosts: its row's part
+            if selected is not None:
+                key = row_key(selected)
                 if key in keys:
                     self.move_cursor(row=self.get_row_index(key), animate=False)
         finally:
@@ -165,9 +169,10 @@ class RunList(DataTable):
 
     def _follow_selection(self, state: PanelState) -> None:
         """Put the cursor on the selected run when the app selected it (fallback, resume)."""
-        if state.selected is None or not self.row_count:
+        selected = state.selected_run()
+        if selected is None or not self.row_count:
             return
-        key = f"{state.selected[0]}\x1f{state.selected[1]}"
+        key = row_key(selected)
         if key not in self._keys:
             return
         index = self.get_row_index(key)
@@ -180,8 +185,10 @@ class RunList(DataTable):
         self._suppress = False
 
     @staticmethod
-    def _row(row: Row, now: float, multi: bool, name_w: int, mark: tuple[int, bool] | None) -> list:
-        """Cells as Text: names and paths from a host are never parsed as markup."""
+    def _row(row: Row, now: float, multi: bool, name_w: int, mark: tuple[int, bool] | None,
+             merged: MergedRun | None = None) -> list:
+        """Cells as Text: names and paths from a host are never parsed as markup. ``merged``: the
+        run over several hosts that ``row.run`` is rank 0's part of."""
         run = row.run
         view = run.view
         started = run.created or None
@@ -191,7 +198,7 @@ class RunList(DataTable):
             config = view.info.config_path or (view.launch.config_file if view.launch else None)
         config = os.path.basename(str(config)) if config else NA
         info = view.info if view else None
-        status = run.status.value
+        status = merged.status.value if merged is not None else run.status.value
         c = PALETTE[mark[0] % len(PALETTE)] if mark is not None else None
         dot = "●" if mark is not None and mark[1] else "○"  # ○: a marked run folded in this entry
         cells = [Text(dot, style=f"bold rgb({c[0]},{c[1]},{c[2]})") if c else Text(" "),
@@ -202,7 +209,7 @@ class RunList(DataTable):
         if view is not None and view.archived:
             cells[1] = Text(status, style="dim strike")
         if multi:
-            cells.insert(0, Text(run.host))
+            cells.insert(0, Text("+".join(merged.hosts) if merged is not None else run.host))
         return cells
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -11,6 +11,7 @@ from textual.widgets import Static
 from nsa.contract import AttentionOps, GateShares
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
+from nsa_tui.multihost import MergedRun, hosts_of
 
 UNIFORM_TOL = 0.03  # gate shares within 3 points of 1/3 each look untrained (LESSONS 21)
 
@@ -46,17 +47,22 @@ def ops_text(ops: AttentionOps) -> Text:
     return t
 
 
-def ranks_text(run: RunState, now: float) -> Text:
-    """One line per rank: phase, step and heartbeat age (a stuck rank stands out)."""
+def ranks_text(run: RunState, now: float, merged: MergedRun | None = None) -> Text:
+    """One line per rank: phase, step and heartbeat age (a stuck rank stands out); over several
+    hosts, every host's ranks with their host."""
     t = Text()
-    beats = sorted(run.beats.items())
+    if merged is not None:
+        beats = [(b.rank, b) for _, b in merged.ranks]
+        where = {b.rank: h for h, b in merged.ranks}
+    else:
+        beats, where = sorted(run.beats.items()), {}
     if not beats:
         return Text(NA, style="dim")
     top = max(b.step for _, b in beats)
     for i, (rank, b) in enumerate(beats[:8]):
         if i:
             t.append("\n")
-        t.append(f"r{rank} ", style="bold")
+        t.append(f"r{rank}" + (f"@{where[rank]}" if rank in where else "") + " ", style="bold")
         t.append(f"{b.phase.value} step {b.step}", style="yellow" if b.step < top else "")
         t.append(f" · beat {fmt_duration(now - b.ts)} ago", style="dim")
     if len(beats) > 8:
@@ -69,7 +75,33 @@ def _section(cfg: dict[str, Any] | None, name: str) -> dict[str, Any]:
     return sec if isinstance(sec, dict) else {}
 
 
-def summary_table(run: RunState, now: float = 0.0) -> Table:
+def hosts_text(merged: MergedRun) -> Text:
+    """The hosts of a run over several hosts: which holds rank 0, which cannot be reached."""
+    t = Text()
+    for i, host in enumerate(merged.hosts):
+        if i:
+            t.append(" + ")
+        t.append(host, style="bold" if host == merged.primary else "")
+        if host == merged.primary:
+            t.append(" (rank 0)", style="dim")
+        if host in merged.lost:
+            t.append(f" LOST: {merged.lost[host].splitlines()[0] if merged.lost[host] else 'unreachable'}",
+                     style="bold yellow")
+    return t
+
+
+def timeouts_text(run: RunState) -> Text:
+    """The process-group timeouts by phase and which one holds now (docs/training.md)."""
+    info = run.view.info if run.view is not None else None
+    pg = info.pg_timeouts if info is not None else None
+    if pg is None:
+        return Text(NA, style="dim")
+    phase = run.phase()[0]
+    now = "start" if run.step == 0 or phase in ("checkpoint", "boot") else "steady"
+    return Text(f"start {pg.start_s:.0f} s · steady {pg.steady_s:.0f} s (now: {now})")
+
+
+def summary_table(run: RunState, now: float = 0.0, merged: MergedRun | None = None) -> Table:
     view = run.view
     t = Table(box=None, show_header=False, padding=(0, 1), expand=True)
     t.add_column(style="bold", no_wrap=True)
@@ -102,8 +134,14 @@ def summary_table(run: RunState, now: float = 0.0) -> Table:
     t.add_row("gates", gate_text(m.gate_shares if m else None, run.step, train.get("warmup_steps")))
     lr = m.lr if m else None
     t.add_row("last", f"loss {fmt_float(m.loss if m else None)} · lr {f'{lr:.2e}' if is_num(lr) else NA}")
-    if run.alive or run.beats:
-        t.add_row("ranks", ranks_text(run, now))
+    if merged is not None:
+        t.add_row("hosts", hosts_text(merged))
+        if merged.problem:
+            t.add_row(merged.status.value, Text(merged.problem, style="bold red"))
+    if info.pg_timeouts is not None:
+        t.add_row("timeouts", timeouts_text(run))
+    if run.alive or run.beats or (merged is not None and merged.ranks):
+        t.add_row("ranks", ranks_text(run, now, merged))
     if view.parent_run:
         t.add_row("parent", Text(view.parent_run))
     if info.resumed_from:
@@ -120,11 +158,13 @@ class RunSummary(Static):
 
     def update_from(self, state: PanelState, now: float) -> None:
         run = state.selected_run()
-        sig = (run.key, run.version, int(now)) if run else ()
+        parts = state.parts_of(run) if run else []
+        sig = (run.key, tuple(p.version for p in parts), int(now)) if run else ()
         if sig == self._sig and sig:
             return
         self._sig = sig
         if run is None:
             self.update(Text("N/A — no run selected", style="dim"))
             return
-        self.update(summary_table(run, now), layout=False)  # fixed size pane: no re-layout
+        merged = state.merged(run) if hosts_of(run.view) else None
+        self.update(summary_table(run, now, merged), layout=False)  # fixed size pane: no re-layout

@@ -1,0 +1,84 @@
+"""Checkpoint files of a run, listed and moved between hosts in chunks.
+
+A run over several hosts writes each node's shards into that node's run directory
+(docs/run-directory.md); a load needs all of them in one place. Without a shared
+filesystem the client gathers them: it lists each host's checkpoints, reads the shards a
+host lacks from the host that has them and appends them there (docs/multi-node.md).
+Only DCP's own file names of a complete checkpoint can be read or written, and a file
+that exists is never overwritten: these ops cannot touch anything else of the host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from nsa.contract.protocol import (
+    CheckpointEntry,
+    CheckpointFile,
+    CheckpointFileArgs,
+    CheckpointList,
+    FileChunk,
+    WriteCheckpointFileArgs,
+)
+from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.runs import RunStore
+
+DCP_FILE = re.compile(r"^(__\d+_\d+\.distcp|\.metadata)$")
+MAX_CHUNK = 8 << 20
+
+
+def checkpoint_list(store: RunStore, run_id: str) -> CheckpointList:
+    return CheckpointList(checkpoints=[
+        CheckpointEntry(name=name, step=step, files=[CheckpointFile(name=f, size=n) for f, n in here],
+                        needs=needs)
+        for name, step, here, needs in store.checkpoints(run_id)])
+
+
+def _file(store: RunStore, run_id: str, checkpoint: str, name: str) -> Path:
+    """The path of one DCP file of a complete checkpoint (KeyError: no such checkpoint)."""
+    d = store.checkpoint_dir(run_id, checkpoint)
+    if not DCP_FILE.match(name):
+        raise OpError("bad_request", f"{name!r} is not a checkpoint shard or index")
+    return d / name
+
+
+def read_chunk(store: RunStore, a: CheckpointFileArgs) -> FileChunk:
+    path = _file(store, a.run, a.checkpoint, a.file)
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, min(a.offset, size)))
+            data = fh.read(max(0, min(a.max_bytes, MAX_CHUNK)))
+    except FileNotFoundError:
+        where = f"{a.run}/checkpoints/{a.checkpoint}/{a.file}"
+        raise OpError("no_such_file", f"{where} is not on this host") from None
+    return FileChunk(data=data, offset=max(0, min(a.offset, size)), size=size)
+
+
+def write_chunk(store: RunStore, a: WriteCheckpointFileArgs) -> dict[str, int]:
+    """Append ``data`` at ``offset`` of ``.<file>.part``; ``final``: rename it to ``file``."""
+    path = _file(store, a.run, a.checkpoint, a.file)
+    if path.exists():
+        raise OpError("exists", f"{a.run}/checkpoints/{a.checkpoint}/{a.file} already exists here")
+    part = path.with_name(f".{a.file}.part")
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if a.offset == 0 else 0)
+    fd = os.open(part, flags, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if a.offset != size:
+            raise OpError("bad_request", f"chunk at offset {a.offset}, but {part.name} has {size} bytes")
+        os.lseek(fd, size, os.SEEK_SET)
+        view = memoryview(a.data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if a.final:
+            os.fsync(fd)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if a.final:
+        os.rename(part, path)
+    return {"size": size}
