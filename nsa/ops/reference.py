@@ -92,14 +92,24 @@ def _masked_attention(
 # head layout, never from T, so peak memory stays linear in T.
 CHUNK_ELEMS = 1 << 22
 CHUNK_ELEMS_GPU = 1 << 26
+WHOLE_CALL_CHUNKS = 8
 
 
-def _chunk_len(T: int, per_query: int, device: torch.device) -> int:
+def _chunk_len(T: int, per_query: int, device: torch.device, whole: int | None = None) -> int:
     """Queries per chunk so that a chunk's largest temporary has about ``CHUNK_ELEMS``
     (``CHUNK_ELEMS_GPU`` off the CPU) elements, with ``per_query`` elements per query
-    position; at least 1, at most T."""
-    budget = CHUNK_ELEMS if device.type == "cpu" else CHUNK_ELEMS_GPU
+    position; at least 1, at most T. A call whose whole temporary (``whole``, default
+    ``T * per_query``) stays within ``WHOLE_CALL_CHUNKS`` budgets runs as one chunk (no
+    loop, no checkpoint: small calls are faster that way, and their memory is bounded by
+    that constant)."""
+    budget = _budget(device)
+    if (T * per_query if whole is None else whole) <= WHOLE_CALL_CHUNKS * budget:
+        return T
     return max(1, min(T, budget // max(1, per_query)))
+
+
+def _budget(device: torch.device) -> int:
+    return CHUNK_ELEMS if device.type == "cpu" else CHUNK_ELEMS_GPU
 
 
 def _over_chunks(
@@ -232,6 +242,23 @@ def select_blocks(
     return idx
 
 
+# Selected branch: per-query gather of the n blocks, or a masked scan of the keys before
+# each chunk's end, whichever costs less. Measured on CPU (tests/ops, bench/reference_memory):
+# a scanned key costs about 4x a gathered one (masked, mostly invisible), and each
+# gathered (query, group) adds a fixed overhead worth ~2**18 multiply-adds (small
+# per-query products: the gather loses when heads per group and head dim are small).
+# SELECTED_PATH forces one way ("gather" / "prefix"; None: by that estimate).
+GATHER_OVERHEAD = 1 << 18
+SELECTED_PATH: str | None = None
+
+
+def _use_gather(T: int, R: int, D: int, n: int, lp: int) -> bool:
+    """Whether gathering n blocks per query is cheaper than scanning ~T/2 keys per query."""
+    if SELECTED_PATH is not None:
+        return SELECTED_PATH == "gather"
+    return 4 * (T // 2) * R * D >= n * lp * R * D + GATHER_OVERHEAD
+
+
 def selected_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -244,15 +271,68 @@ def selected_attention(
     selected blocks ``idx [B,T,G,n]`` (-1 slots ignored; ``idx`` is a set: a block listed
     twice counts once). A query whose blocks hold no token ``<= t`` gets 0.
 
-    Gather-based: per query the n blocks (``n * l'`` keys) are gathered and masked
-    causally inside the query's own block; O(T * n * l') work and memory, in chunks."""
+    Long sequences: per query the n blocks (``n * l'`` keys) are gathered and masked
+    causally inside the query's own block, O(T * n * l') work and memory. Short ones (see
+    ``_use_gather``): each chunk of queries scans the keys before its end under a mask of
+    the selected blocks, O(T^2) work in larger fused products, which is less there. Both
+    in chunks whose length does not depend on T."""
     B, T, H, D = q.shape
     G, n = idx.shape[2], idx.shape[3]
     scale = D**-0.5 if scale is None else scale
     lp = select_block
+    width = max(D, H // G, v.shape[-1])
+    if not _use_gather(T, H // G, D, n, lp):
+        # scanned keys per query: at most T, and this path means T < n * l' + overhead / (R * D)
+        per_query = B * G * width * (n * lp + GATHER_OVERHEAD // (H // G * D))
+        chunk = _chunk_len(T, per_query, q.device, whole=B * G * width * T * T)
+        return _over_chunks(_selected_prefix_chunk, T, chunk, q, k, v, idx, lp, scale)[0]
     kb, vb = _as_blocks(k, lp), _as_blocks(v, lp)
-    per_query = B * G * n * lp * max(D, H // G, v.shape[-1])
-    return _over_chunks(_selected_chunk, T, _chunk_len(T, per_query, q.device), q, kb, vb, idx, lp, scale)[0]
+    chunk = _chunk_len(T, B * G * n * lp * width, q.device)
+    return _over_chunks(_selected_chunk, T, chunk, q, kb, vb, idx, lp, scale)[0]
+
+
+def _selected_prefix_chunk(
+    t0: int, t1: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, lp: int,
+    scale: float,
+) -> tuple[torch.Tensor]:
+    """Selected attention of the queries ``[t0, t1)`` over the keys ``[0, t1)``: key s is
+    visible to query t iff ``s <= t`` and t selected the block ``s // l'``."""
+    B, G, C, dev = q.shape[0], idx.shape[2], t1 - t0, q.device
+    nb = (t1 + lp - 1) // lp  # blocks that hold the keys [0, t1)
+    sel = idx[:, t0:t1]
+    slot = torch.where((sel >= 0) & (sel < nb), sel, nb)  # -1 and blocks past t1 -> a dropped column
+    chosen = torch.zeros(B, C, G, nb + 1, dtype=torch.bool, device=dev).scatter(-1, slot, True)
+    s = torch.arange(t1, device=dev)
+    t = torch.arange(t0, t1, device=dev)
+    mask = chosen[..., s // lp] & (s[None, :] <= t[:, None])[None, :, None, :]  # [B, C, G, t1]
+    out = _sdpa_chunk(q[:, t0:t1], k[:, :t1], v[:, :t1], mask.permute(0, 2, 1, 3), scale)
+    return (out.to(q.dtype),)
+
+
+def _sdpa_chunk(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Fused masked attention (``F.scaled_dot_product_attention``) of a chunk of queries
+    ``q [B, C, H, D]`` over ``k, v [B, L, G, D]``; ``mask`` (bool, ``[C, L]`` or
+    ``[B, G, C, L]``) says which keys a query sees. In the accumulation dtype (fp32, fp64
+    for fp64 inputs). A row that sees no key gives 0: it is shown key 0 (so the fused
+    kernel never meets an empty row, whose result differs between backends) and its
+    output is zeroed, which zeroes its gradients too."""
+    B, C, H, D = q.shape
+    L, G = k.shape[1], k.shape[2]
+    R = H // G
+    acc = _acc_dtype(q)
+    empty = ~mask.any(dim=-1, keepdim=True)  # [..., C, 1]
+    mask = mask | (empty & (torch.arange(L, device=q.device) == 0))
+    # the group joins the batch, so a per-group mask is shared by the group's R heads
+    qb = q.reshape(B, C, G, R, D).permute(0, 2, 3, 1, 4).reshape(B * G, R, C, D).to(acc)
+    kb = k.permute(0, 2, 1, 3).reshape(B * G, 1, L, D).to(acc)
+    vb = v.permute(0, 2, 1, 3).reshape(B * G, 1, L, v.shape[-1]).to(acc)
+    per_group = mask.dim() == 4
+    mb = mask.reshape(B * G, 1, C, L) if per_group else mask
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb, scale=scale, enable_gqa=True)
+    out = out.masked_fill(empty.reshape(B * G, 1, C, 1) if per_group else empty, 0.0)
+    return out.reshape(B, G, R, C, -1).permute(0, 3, 1, 2, 4).reshape(B, C, H, -1)
 
 
 def _as_blocks(x: torch.Tensor, lp: int) -> torch.Tensor:
@@ -307,9 +387,12 @@ def window_attention(
     w = max(1, min(window, T))  # a window past the start sees the same keys as one of length T
     kp = F.pad(k, (0, 0, 0, 0, w - 1, 0))  # key s is row s + w - 1
     vp = F.pad(v, (0, 0, 0, 0, w - 1, 0))
-    # C ~ w/4 keeps the band's wasted corner (C / w) small; the budget bounds C * B * H * (C + w)
-    c = max(16, w // 4)
-    chunk = min(c, _chunk_len(T, B * max(H, G * D) * (c + w), q.device))
+    # C = max(64, w/4): few chunks, and the band's wasted corner (C / w) stays small; the
+    # budget bounds B * H * C * (C + w)
+    width = B * max(H, G * D)
+    c = max(64, w // 4)
+    chunk = _chunk_len(T, width * (c + w), q.device, whole=width * T * (T + w))
+    chunk = chunk if chunk == T else min(c, chunk)
     return _over_chunks(_window_chunk, T, chunk, q, kp, vp, w, scale)[0]
 
 
@@ -318,23 +401,12 @@ def _window_chunk(
 ) -> tuple[torch.Tensor]:
     """Window attention of the queries ``[t0, t1)``: key column j of the chunk is row
     ``t0 + j`` of the padded ``kp, vp``, i.e. position ``s = t0 - w + 1 + j``."""
-    B, _, H, D = q.shape
-    G = kp.shape[2]
-    R, C, dev = H // G, t1 - t0, q.device
-    L = C + w - 1
-    acc = _acc_dtype(q)
-    qg = q[:, t0:t1].reshape(B, C, G, R, D).permute(0, 2, 1, 3, 4).reshape(B * G, C * R, D).to(acc) * scale
-    keys = kp[:, t0 : t0 + L].permute(0, 2, 1, 3).reshape(B * G, L, D).to(acc)
-    vals = vp[:, t0 : t0 + L].permute(0, 2, 1, 3).reshape(B * G, L, -1).to(acc)
+    C, L, dev = t1 - t0, t1 - t0 + w - 1, q.device
     i = torch.arange(C, device=dev)[:, None]
     j = torch.arange(L, device=dev)[None, :]
     # s <= t: j <= i + w - 1; s > t - w: j >= i; s >= 0: j >= w - 1 - t0
     mask = (j >= i) & (j <= i + (w - 1)) & (j >= w - 1 - t0)  # [C, L]; row i always sees j = i + w - 1
-    scores = torch.bmm(qg, keys.transpose(1, 2)).view(B * G, C, R, L)
-    scores = scores.masked_fill(~mask[:, None, :], torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.bmm(probs.view(B * G, C * R, L), vals)
-    out = out.view(B, G, C, R, -1).permute(0, 2, 1, 3, 4).reshape(B, C, H, -1)
+    out = _sdpa_chunk(q[:, t0:t1], kp[:, t0 : t0 + L], vp[:, t0 : t0 + L], mask, scale)
     return (out.to(q.dtype),)
 
 

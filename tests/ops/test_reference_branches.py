@@ -168,8 +168,18 @@ def test_scale_default_is_inverse_sqrt_head_dim() -> None:
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of a few queries, so every test below crosses chunk boundaries (and, with
-    autograd recording, runs each chunk under a checkpoint)."""
+    autograd recording, runs each chunk under a checkpoint). The tests above run each
+    call as one chunk (their sizes are far below the budget)."""
     monkeypatch.setattr(reference, "CHUNK_ELEMS", 4096)
+    monkeypatch.setattr(reference, "WHOLE_CALL_CHUNKS", 0)
+
+
+@pytest.fixture(params=["gather", "prefix"])
+def selected_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways of the selected branch: per-query gather of the n blocks (long sequences)
+    and a masked scan of the keys before each chunk's end (short ones)."""
+    monkeypatch.setattr(reference, "SELECTED_PATH", request.param)
+    return request.param
 
 
 def _grads(fn, xs: tuple[torch.Tensor, ...], seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -200,7 +210,8 @@ def _random_idx(B: int, T: int, G: int, n: int, lp: int, seed: int, dup: bool = 
 
 
 @pytest.mark.parametrize("T,lp,n", [(29, 4, 3), (37, 8, 9), (5, 8, 4)])  # 9 > eligible; T < l'
-def test_chunked_selected_matches_per_query_loop(small_chunks, T: int, lp: int, n: int) -> None:
+def test_chunked_selected_matches_per_query_loop(small_chunks, selected_path, T: int, lp: int,
+                                                 n: int) -> None:
     B, H, G, D = 2, 4, 2, 8
     q, k, v = _rand(B, T, H, D, seed=20), _rand(B, T, G, D, seed=21), _rand(B, T, G, D, seed=22)
     idx = _random_idx(B, T, G, n, lp, seed=23, dup=True)
@@ -213,7 +224,7 @@ def test_chunked_selected_matches_per_query_loop(small_chunks, T: int, lp: int, 
         torch.testing.assert_close(reference.selected_attention(q, k, v, idx, lp), out)
 
 
-def test_chunked_selected_gradients_match_per_query_loop(small_chunks) -> None:
+def test_chunked_selected_gradients_match_per_query_loop(small_chunks, selected_path) -> None:
     """Gradients through the chunks (checkpointed) equal autograd through the loop."""
     B, T, H, G, D, lp, n = 1, 21, 4, 2, 4, 4, 3
     xs = (_rand(B, T, H, D, seed=24), _rand(B, T, G, D, seed=25), _rand(B, T, G, D, seed=26))
@@ -225,7 +236,7 @@ def test_chunked_selected_gradients_match_per_query_loop(small_chunks) -> None:
         torch.testing.assert_close(g, w, msg=name)
 
 
-def test_selected_query_without_visible_key_gets_zero(small_chunks) -> None:
+def test_selected_query_without_visible_key_gets_zero(small_chunks, selected_path) -> None:
     """All slots -1, or only a block that starts after the query: output 0, no NaN."""
     B, T, H, G, D, lp = 1, 12, 2, 1, 4, 4
     xs = (_rand(B, T, H, D, seed=29), _rand(B, T, G, D, seed=30), _rand(B, T, G, D, seed=31))
@@ -302,9 +313,10 @@ def _saved_bytes(fn, xs: list[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def test_saved_tensors_grow_linearly_in_T(small_chunks) -> None:
+def test_saved_tensors_grow_linearly_in_T(small_chunks, monkeypatch: pytest.MonkeyPatch) -> None:
     """What autograd keeps for the backward of the selected and window branches grows
     like T (the chunks' temporaries are recomputed, not saved), not like T^2."""
+    monkeypatch.setattr(reference, "SELECTED_PATH", "gather")  # the path for long sequences
     H, G, D, lp, n, w = 4, 1, 8, 8, 4, 16
     saved = {}
     for T in (128, 256, 512):
