@@ -218,18 +218,32 @@ def select_blocks(
     Never a block that starts after the query; the first ``num_initial`` blocks and the
     ``num_local`` blocks ending with the query's own block are always in (when they
     exist); the rest by score, ties towards the lower block index. Ascending block order,
-    unused slots -1 (last).
+    unused slots -1 (last). In query chunks (no gradient): the sort's temporaries are a
+    few times the chunk's scores, not the whole ``T x Ns``.
     """
     B, T, G, Ns = scores.shape
+    chunk = _chunk_len(T, 4 * B * G * max(Ns, 1), scores.device)
+    args = (scores.detach(), select_block, num_selected, num_initial, num_local)
+    with torch.no_grad():
+        parts = [_select_chunk(t0, min(T, t0 + chunk), *args) for t0 in range(0, T, chunk)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _select_chunk(
+    t0: int, t1: int, scores: torch.Tensor, select_block: int, num_selected: int, num_initial: int,
+    num_local: int,
+) -> torch.Tensor:
+    """``select_blocks`` of the queries ``[t0, t1)``."""
+    Ns = scores.shape[-1]
     dev = scores.device
-    t = torch.arange(T, device=dev)[:, None]
+    t = torch.arange(t0, t1, device=dev)[:, None]
     j = torch.arange(Ns, device=dev)[None, :]
     own = t // select_block
     eligible = j <= own  # j*l' <= t
     forced = eligible & ((j < num_initial) | (j > own - num_local))
     inf = torch.tensor(float("inf"), device=dev)
-    key = torch.where(eligible[:, None, :], scores.detach().to(_acc_dtype(scores)), -inf)
-    key = torch.where(forced[:, None, :], inf, key)  # [B, T, G, Ns]
+    key = torch.where(eligible[:, None, :], scores[:, t0:t1].to(_acc_dtype(scores)), -inf)
+    key = torch.where(forced[:, None, :], inf, key)  # [B, C, G, Ns]
     k = min(num_selected, Ns)
     # stable descending sort: equal keys keep ascending block order
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :k]
