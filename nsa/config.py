@@ -9,6 +9,8 @@ config at all: ``load_config`` needs a path.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -120,24 +122,104 @@ class DebugConfig:
 
 
 @dataclass
+class FailurePolicy:
+    """What the host's watchdog does when this run fails (docs/host-agent.md, "Policies").
+
+    ``none``: alert only. ``restart``: after a crash or failure, resume from the newest
+    complete checkpoint as a new run linked to this one, at most ``max_restarts`` times in a
+    row, waiting ``backoff_s`` doubled per restart. ``fallback``: after a hang or a rank crash,
+    stop the run and relaunch it on one GPU (the fallback key, done by the watchdog). ``stop``:
+    after a hang, stop the run so its GPUs are free (TERM, KILL after ``grace_s``: a hung rank
+    never ends on TERM, and its peers cannot checkpoint without it)."""
+
+    action: Literal["none", "restart", "fallback", "stop"] = "none"
+    max_restarts: int = 3
+    backoff_s: float = 30.0
+    grace_s: float = 15.0
+
+
+@dataclass
 class Config:
     name: str
     model: ModelConfig
     train: TrainConfig
     data: DataConfig
     debug: DebugConfig = field(default_factory=DebugConfig)
+    on_failure: FailurePolicy = field(default_factory=FailurePolicy)
     source_path: str = field(default="", metadata={"internal": True})
 
 
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read ``path`` (YAML), apply ``"section.key=value"`` overrides, validate strictly."""
+class Origin:
+    """Where a config's values came from, for error messages: ``path:line`` of the user's own
+    file (``name``: the path as the user gave it, also for a file uploaded to a host under a
+    temporary name), or the ``--set`` item that put the value there."""
+
+    def __init__(self, name: str, lines: dict[str, int] | None = None, sets: dict[str, str] | None = None):
+        self.name = name
+        self.lines = lines or {}
+        self.sets = sets or {}
+
+    def __str__(self) -> str:
+        return self.name
+
+    def at(self, key: str | None) -> str:
+        """The place to blame for ``key`` (dotted, e.g. ``train.steps`` or ``data.paths[0]``)."""
+        if not key:
+            return self.name
+        key = re.sub(r"\[\d+\]", "", key)
+        for dotted, item in self.sets.items():
+            if key == dotted or key.startswith(dotted + "."):
+                return f"--set {item} (over {self.name})"
+        parts = key.split(".")
+        while parts:  # the key's own line, else its section's (a missing key)
+            line = self.lines.get(".".join(parts))
+            if line is not None:
+                return f"{self.name}:{line}"
+            parts.pop()
+        return self.name
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Dotted key -> 1-based line of that key in a YAML document (nested mappings)."""
+    out: dict[str, int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(node: Any, prefix: str) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                dotted = f"{prefix}.{k.value}" if prefix else str(k.value)
+                out[dotted] = k.start_mark.line + 1
+                walk(v, dotted)
+
+    walk(root, "")
+    return out
+
+
+def yaml_error(name: str, exc: yaml.YAMLError) -> ConfigError:
+    """A YAML syntax error as ``path:line:column: problem`` (PyYAML says ``"<unicode string>"``)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+    return ConfigError(f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else ""))
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = (),
+                shown_as: str | None = None) -> Config:
+    """Read ``path`` (YAML), apply ``"section.key=value"`` overrides, validate strictly.
+    Errors name ``shown_as`` (the user's own path, when ``path`` is a copy) and the line."""
     if path is None or str(path) == "":
         raise ConfigError("no config given: pass a config file path (there is no default config)")
     p = Path(path)
-    where = str(p)
+    where = shown_as or str(p)
     try:
         text = p.read_text()
     except OSError as exc:
@@ -145,25 +227,61 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from exc
+        raise yaml_error(where, exc) from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level, got {_kind(raw)}")
+    origin = Origin(where, key_lines(text))
     for item in overrides:
-        _apply_override(raw, item, where)
-    cfg = _build(Config, raw, "", where)
+        _apply_override(raw, item, origin)
+    cfg = _build(Config, raw, "", origin)
     cfg.source_path = str(p.resolve())
-    validate(cfg, where)
+    validate(cfg, origin)
     return cfg
+
+
+def build_section(cls: type, raw: Any, where: str | Origin, prefix: str = "") -> Any:
+    """A dataclass ``cls`` from parsed YAML with this module's strictness (unknown keys and
+    wrong types are errors naming ``where``, the key and the expected type). Other files with
+    a schema (nsa-tui's settings.yaml) use it too; an ``Origin`` with the file's key lines
+    (``Origin(path, key_lines(text))``) makes the errors name the line too."""
+    return _build(cls, raw, prefix, where if isinstance(where, Origin) else Origin(where))
 
 
 def config_from_dict(raw: dict[str, Any], where: str = "<dict>") -> Config:
     """Build and validate a config from an already-parsed mapping (checkpoints, tests)."""
     raw = dict(raw)
     source = raw.pop("source_path", "")
-    cfg = _build(Config, raw, "", where)
+    cfg = _build(Config, raw, "", Origin(where))
     cfg.source_path = source or ""
-    validate(cfg, where)
+    validate(cfg, Origin(where))
     return cfg
+
+
+def known_keys() -> dict[str, str]:
+    """Every key a config (or ``--set``) may set, dotted, with its type and default in words:
+    what the panel's ``--set`` field completes."""
+    out: dict[str, str] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("internal"):
+                continue
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, key)
+                continue
+            if f.default is not dataclasses.MISSING:
+                default = f"default {f.default!r}"
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f"default {f.default_factory()!r}"
+            else:
+                default = "required"
+            out[key] = f"{_type_name(tp)}, {default}"
+
+    walk(Config, "")
+    return out
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -174,11 +292,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Split ``"a.b.c=value"`` into (["a", "b", "c"], parsed value)."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected section.key=value")
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
     key, _, value = item.partition("=")
     parts = [k.strip() for k in key.split(".")]
     if not all(parts):
-        raise ConfigError(f"override {item!r}: empty key part in {key!r}")
+        raise ConfigError(f"--set {item!r}: empty key part in {key!r}")
     try:
         parsed = yaml.safe_load(value) if value.strip() else None
     except yaml.YAMLError:
@@ -186,7 +304,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return parts, parsed
 
 
-def _apply_override(raw: dict[str, Any], item: str, where: str) -> None:
+def _apply_override(raw: dict[str, Any], item: str, origin: Origin) -> None:
     parts, value = parse_override(item)
     node = raw
     for i, part in enumerate(parts[:-1]):
@@ -195,9 +313,10 @@ def _apply_override(raw: dict[str, Any], item: str, where: str) -> None:
             nxt = node[part] = {}
         if not isinstance(nxt, dict):
             dotted = ".".join(parts[: i + 1])
-            raise ConfigError(f"{where}: override {item!r}: {dotted} is not a section")
+            raise ConfigError(f"--set {item} (over {origin}): {dotted} is not a section")
         node = nxt
     node[parts[-1]] = value
+    origin.sets[".".join(parts)] = item
 
 
 def _kind(value: Any) -> str:
@@ -218,17 +337,19 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _build(cls: type, raw: Any, prefix: str, where: str) -> Any:
+def _build(cls: type, raw: Any, prefix: str, where: Origin) -> Any:
     label = prefix or "<top level>"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: {label}: expected a mapping (section), got {_kind(raw)}")
+        raise ConfigError(f"{where.at(prefix)}: {label}: expected a mapping (section), got {_kind(raw)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"{where}: unknown key {key!r}; known keys of {label}: {', '.join(sorted(fields))}"
+            f"{where.at(key)}: unknown key {key!r}{hint}; known keys of {label}: {', '.join(sorted(fields))}"
         )
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
@@ -236,16 +357,17 @@ def _build(cls: type, raw: Any, prefix: str, where: str) -> Any:
         if name not in raw:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ConfigError(
-                    f"{where}: missing required key {key!r} (expected {_type_name(hints[name])})"
+                    f"{where.at(prefix)}: missing required key {key!r} (expected {_type_name(hints[name])})"
                 )
             continue
         kwargs[name] = _coerce(hints[name], raw[name], key, where)
     return cls(**kwargs)
 
 
-def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
+def _coerce(tp: Any, value: Any, key: str, where: Origin) -> Any:
     origin = typing.get_origin(tp)
-    bad = ConfigError(f"{where}: key {key!r}: expected {_type_name(tp)}, got {value!r} ({_kind(value)})")
+    bad = ConfigError(f"{where.at(key)}: key {key!r}: expected {_type_name(tp)}, "
+                      f"got {value!r} ({_kind(value)})")
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key, where)
     if origin in (Union, types.UnionType):
@@ -290,18 +412,18 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
         if isinstance(value, str):
             return value
         raise bad
-    raise ConfigError(f"{where}: key {key!r}: unsupported type {tp!r}")  # schema bug
+    raise ConfigError(f"{where.at(key)}: key {key!r}: unsupported type {tp!r}")  # schema bug
 
 
 # --------------------------------------------------------------------------- semantics
 
 
-def _require(cond: bool, where: str, key: str, expected: str, value: Any) -> None:
+def _require(cond: bool, where: Origin, key: str, expected: str, value: Any) -> None:
     if not cond:
-        raise ConfigError(f"{where}: key {key!r}: expected {expected}, got {value!r}")
+        raise ConfigError(f"{where.at(key)}: key {key!r}: expected {expected}, got {value!r}")
 
 
-def validate(cfg: Config, where: str) -> None:
+def validate(cfg: Config, where: Origin) -> None:
     """Relations between values that types alone cannot express."""
     m, a, t, d = cfg.model, cfg.model.attention, cfg.train, cfg.data
     for key, value in [
@@ -368,3 +490,9 @@ def validate(cfg: Config, where: str) -> None:
         if value is not None:
             _require(value >= 0, where, key, "a non-negative integer", value)
     _require(dbg.slow_data_s >= 0, where, "debug.slow_data_s", "a non-negative number", dbg.slow_data_s)
+    pol = cfg.on_failure
+    _require(pol.max_restarts >= 0, where, "on_failure.max_restarts", "a non-negative integer",
+             pol.max_restarts)
+    _require(pol.backoff_s >= 0, where, "on_failure.backoff_s", "a non-negative number of seconds",
+             pol.backoff_s)
+    _require(pol.grace_s > 0, where, "on_failure.grace_s", "a positive number of seconds", pol.grace_s)

@@ -79,6 +79,11 @@ def matmul_flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
     return flops
 
 
+def train_flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
+    """FLOPs of one trained token (3x forward): what run.json records for TFLOP/s and MFU."""
+    return 3.0 * (attention_flops_per_token(model_cfg, seq_len) + matmul_flops_per_token(model_cfg, seq_len))
+
+
 @dataclass
 class ModelStats:
     """Everything ``python -m nsa.stats`` prints."""
@@ -95,7 +100,7 @@ def model_stats(model_cfg: ModelConfig, seq_len: int) -> ModelStats:
     """Parameters and FLOPs per token of ``model_cfg`` at ``seq_len``."""
     attn = attention_flops_per_token(model_cfg, seq_len)
     fwd = attn + matmul_flops_per_token(model_cfg, seq_len)
-    return ModelStats(
+    return ModelStats(  # train_flops_per_token == 3 * fwd
         params=param_count(model_cfg),
         params_non_embedding=param_count(model_cfg, non_embedding=True),
         seq_len=seq_len,

@@ -1,8 +1,9 @@
 """Stall and failure detection: a pure function of the event stream and a clock.
 
-Feed every ``Event`` of a host (``feed``), then ask ``check(now)`` for the alerts that
-hold at ``now``. Nothing here reads files, the network or the wall clock, so every rule
-is unit-tested on synthetic event sequences (tests/test_alerts.py).
+Feed every ``Event`` of a host (``feed``; or the typed ``feed_*`` methods), then ask
+``check(now)`` for the alerts that hold at ``now``. Inputs are the contract's records
+(nsa.contract). Nothing here reads files, the network or the wall clock, so every rule is
+unit-tested on synthetic event sequences (tests/test_alerts.py).
 
 Clocks: heartbeats carry the host's clock; ``now`` is the caller's. The detector
 estimates the offset from events that carry both (``Event.received`` set by the client
@@ -15,7 +16,13 @@ median step time, with a floor); a rank with no heartbeat at all; ranks drifting
 in step; processes gone without a final status (crash, with exit code and traceback);
 a trainer-reported failure; a run lost across a reboot; NaN loss; throughput collapse;
 a GPU at high utilisation but idle power while its rank is stalled (the NCCL hang
-signature); a config whose parameter count or sequence length is far from its name.
+signature); a config whose parameter count or sequence length is far from its name;
+the runs root's disk nearly full, and a run that failed for want of space; a rank whose
+process vanished while the run goes on; a rank that outlived its launcher. A crash names
+the rank that failed first (nsa_tui/rootcause.py), not the survivors that failed after it.
+
+The same detector runs in each run's watchdog on the host (nsa_tui/agent/watchdog.py, fed
+from the run's files) and in the panel and CLI for runs that have no watchdog.
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-ALIVE = ("starting", "running", "stopping")
+from nsa.contract import Alert, Beat, EvalMetric, HostSample, Metric, RunStatus, RunView, TrainMetric, on_gpu
+from nsa.contract.protocol import LogLines
+from nsa_tui.fmt import fmt_bytes
+from nsa_tui.rootcause import ENOSPC_RE, rank_traceback, root_cause, summary_block, traceback_tail
+
+__all__ = ["AlertDetector", "Thresholds", "expected_from_name", "traceback_tail"]
+GIB = 1 << 30
 
 
 @dataclass
@@ -41,38 +54,48 @@ class Thresholds:
     train_floor_s: float = 60.0
     no_heartbeat_s: float = 30.0  # heartbeats come at least every 5 s in every phase
     drift_steps: int = 2
-    throughput_drop: float = 0.3  # recent below this share of the earlier median
-    throughput_min_points: int = 10
+    throughput_drop: float = 0.3  # the last window's median below this share of the earlier median
+    throughput_window_s: float = 60.0  # at least; 5 x the median step time when steps are slower
+    throughput_min_points: int = 3  # in the window and before it
     nccl_util_pct: float = 90.0
     nccl_power_frac: float = 0.4
     size_factor: float = 2.0  # params or seq off by more than this factor from the name
+    disk_warn_bytes: int = 10 * GIB  # free space of the runs root's file system
+    disk_critical_bytes: int = 1 * GIB
 
 
-@dataclass
-class Alert:
-    """One alert with its evidence; ``key`` is stable while the condition lasts."""
+THROUGHPUT_WINDOW_MAX_S = 1200.0
 
-    kind: str
-    severity: str  # "critical" | "warning"
-    host: str
-    run: str | None
-    rank: int | None = None
-    gpu: int | None = None
-    phase: str | None = None
-    last_step: int | None = None
-    heartbeat_age_s: float | None = None
-    log_tail: list[str] = field(default_factory=list)
-    message: str = ""
-    suggested_actions: list[str] = field(default_factory=list)
 
-    @property
-    def key(self) -> str:
-        return f"{self.host}|{self.run}|{self.kind}|{self.rank}"
+class RateBins:
+    """tokens/s in bins of ``bin_s`` seconds (mean per bin), the last hour: what the throughput
+    rule compares, bounded whatever the step rate (100 steps/s or one per minute)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["key"] = self.key
-        return d
+    def __init__(self, bin_s: float = 5.0, keep: int = 720) -> None:
+        self.bin_s = bin_s
+        self.bins: deque[list[float]] = deque(maxlen=keep)  # [start, sum, n]
+
+    def add(self, ts: float, value: float) -> None:
+        if not (_finite(ts) and _finite(value)):
+            return
+        start = math.floor(ts / self.bin_s) * self.bin_s
+        if self.bins and self.bins[-1][0] == start:
+            self.bins[-1][1] += value
+            self.bins[-1][2] += 1
+        elif not self.bins or start > self.bins[-1][0]:
+            self.bins.append([start, value, 1])
+
+    def split(self, window_s: float) -> tuple[tuple[float, int], tuple[float, int]] | None:
+        """((median, points) of the bins in the last ``window_s``, the same of the 2 windows before)."""
+        if not self.bins:
+            return None
+        newest = self.bins[-1][0]
+        recent = [b for b in self.bins if b[0] > newest - window_s]
+        base = [b for b in self.bins if newest - 3 * window_s < b[0] <= newest - window_s]
+        if not recent or not base:
+            return None
+        med = lambda bins: statistics.median(b[1] / b[2] for b in bins)  # noqa: E731
+        return (med(recent), int(sum(b[2] for b in recent))), (med(base), int(sum(b[2] for b in base)))
 
 
 @dataclass
@@ -82,9 +105,8 @@ class _Rank:
     phase_since: float = 0.0
     last_ts: float = 0.0
     advanced_at: float = 0.0
-    pid: int | None = None
-    gpu: int | None = None
-    gpu_uuid: str | None = None
+    gpu: int | None = None  # the CUDA index the rank reported (shown; placement uses on_gpu)
+    beat: Beat | None = None  # the newest beat
     history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))  # (ts, step)
 
     def step_at(self, ts: float) -> int | None:
@@ -99,41 +121,18 @@ class _Rank:
 
 @dataclass
 class _Run:
-    record: dict[str, Any] = field(default_factory=dict)
+    view: RunView | None = None
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
-    tps: deque[float] = field(default_factory=lambda: deque(maxlen=60))
+    tps: RateBins = field(default_factory=lambda: RateBins())
     nan_step: int | None = None
     log: deque[str] = field(default_factory=lambda: deque(maxlen=40))
     backfilling: bool = False  # a live subscription's backlog is still arriving
+    gone: dict[int, float] = field(default_factory=dict)  # rank -> when its process was seen gone
 
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def _block(lines: list[str], start: int) -> list[str]:
-    """One traceback: from its first line to its (unindented) exception line."""
-    for j in range(start + 1, len(lines)):
-        ln = lines[j]
-        if ln and not ln[0].isspace() and not ln.startswith("Traceback"):
-            return lines[start : j + 1]
-    return lines[start:]
-
-
-def traceback_tail(lines: list[str], n: int = 15) -> list[str]:
-    """The root-cause traceback in ``lines``, else the last ``n`` lines.
-
-    torchrun prints its own traceback (ChildFailedError) after the ranks' ones; the
-    first rank traceback is the cause, so torchrun's is skipped when another exists.
-    """
-    starts = [i for i, ln in enumerate(lines) if "Traceback (most recent call last)" in ln]
-    blocks = [_block(lines, i) for i in starts]
-    ours = [b for b in blocks if not any("ChildFailedError" in ln or "distributed/run.py" in ln for ln in b)]
-    if not blocks:
-        return lines[-n:]
-    block = (ours or blocks)[0]
-    return block if len(block) <= n else [block[0], "...", *block[-(n - 2):]]
 
 
 _NAN_RE = re.compile(r"non-finite|\bnan\b", re.I)
@@ -160,66 +159,90 @@ class AlertDetector:
         self.host = host
         self.t = thresholds or Thresholds()
         self.runs: dict[str, _Run] = {}
-        self.gpus: list[dict[str, Any]] = []
+        self.gpus: list[Any] = []
+        self.disk: Any = None  # the newest sample's Usage of the runs root's file system
         self._skews: deque[float] = deque(maxlen=120)
 
     # -- input ----------------------------------------------------------------------
     def feed(self, event: Any) -> None:
-        """Take one Event (kind, run, stream, offset, data, received)."""
-        kind, data = event.kind, event.data or {}
-        ts = data.get("ts")
+        """Take one client Event (kind, run, data, received, initial)."""
+        kind, data, run_id = event.kind, event.data, event.run
         received = getattr(event, "received", 0.0) or 0.0
+        if kind == "host":
+            self.feed_host(data, received)
+        elif run_id is None:
+            return
+        elif kind == "beats":
+            for b in data:
+                self.feed_beat(run_id, b, received)
+        elif kind == "metrics":
+            for m in data:
+                self.feed_metric(run_id, m)
+        elif kind == "log":
+            self.feed_log(run_id, data.lines if isinstance(data, LogLines) else list(data))
+        elif kind == "status":
+            self.feed_view(run_id, data, getattr(event, "initial", False))
+        elif kind == "synced":
+            self._skew(received, getattr(data, "ts", None))  # the agent's clock when it sent it
+            self.run(run_id).backfilling = False
+
+    def run(self, run_id: str) -> _Run:
+        return self.runs.setdefault(run_id, _Run())
+
+    def _skew(self, received: float, ts: float | None) -> None:
         if received and _finite(ts):
             self._skews.append(received - ts)
-        if kind == "host":
-            self.gpus = list(data.get("gpus") or [])
-            return
-        if event.run is None:
-            return
-        run = self.runs.setdefault(event.run, _Run())
-        if kind == "heartbeat":
-            self._beat(run, data)
-        elif kind == "metric":
-            self._metric(run, data)
-        elif kind == "log":
-            run.log.append(str(data.get("line", "")))
-        elif kind == "status":
-            run.record = dict(data)
-            if data.get("initial"):
-                run.backfilling = True  # a (re)subscription: its backlog comes, then "synced"
-        elif kind == "synced":
-            run.backfilling = False
 
-    def _beat(self, run: _Run, d: dict[str, Any]) -> None:
-        rank = d.get("rank")
-        ts = d.get("ts")
-        if not isinstance(rank, int) or not _finite(ts):
+    def feed_host(self, sample: HostSample, received: float = 0.0) -> None:
+        self._skew(received, sample.ts)
+        self.gpus = list(sample.gpus or [])
+        self.disk = sample.disk
+
+    def feed_rank_gone(self, run_id: str, rank: int, ts: float) -> None:
+        """The process of ``rank`` (the pid of its beats) no longer exists (the watchdog looks)."""
+        self.run(run_id).gone.setdefault(rank, ts)
+
+    def feed_view(self, run_id: str, view: RunView, initial: bool = False) -> None:
+        """The run's status; ``initial``: a (re)subscription, whose backlog comes next."""
+        run = self.run(run_id)
+        run.view = view
+        if initial:
+            run.backfilling = True
+
+    def feed_log(self, run_id: str, lines: list[str]) -> None:
+        self.run(run_id).log.extend(str(ln) for ln in lines)
+
+    def feed_beat(self, run_id: str, b: Beat, received: float = 0.0) -> None:
+        self._skew(received, b.ts)
+        run = self.run(run_id)
+        if not _finite(b.ts):
             return
-        r = run.ranks.setdefault(rank, _Rank(advanced_at=ts))
-        if ts < r.last_ts:
+        r = run.ranks.setdefault(b.rank, _Rank(advanced_at=b.ts))
+        if b.ts < r.last_ts:
             return  # out of order: keep the newest
-        step = d.get("step")
-        if step != r.step:
-            r.step, r.advanced_at = step, ts
-        if isinstance(step, int):
-            r.history.append((ts, step))
-        r.phase = d.get("phase")
-        r.phase_since = d.get("phase_since") if _finite(d.get("phase_since")) else ts
-        r.last_ts = ts
-        r.pid = d.get("pid")
-        dev = d.get("device") or {}
-        r.gpu = dev.get("index") if dev.get("type") == "cuda" else None
-        r.gpu_uuid = dev.get("uuid") if dev.get("type") == "cuda" else None
+        if b.step != r.step:
+            r.step, r.advanced_at = b.step, b.ts
+        r.history.append((b.ts, b.step))
+        r.phase = b.phase.value
+        r.phase_since = b.phase_since if b.phase_since is not None and _finite(b.phase_since) else b.ts
+        r.last_ts = b.ts
+        r.beat = b
+        r.gpu = b.device.index if b.device.type == "cuda" else None
 
-    def _metric(self, run: _Run, d: dict[str, Any]) -> None:
-        if d.get("kind", "train") == "train":
-            if _finite(d.get("step_time_s")):
-                run.step_times.append(float(d["step_time_s"]))
-            if _finite(d.get("tokens_per_s")):
-                run.tps.append(float(d["tokens_per_s"]))
-        for key in ("loss", "val_loss"):
-            if key in d and not _finite(d[key]) and run.nan_step is None:
-                run.nan_step = d.get("step")
+    def feed_metric(self, run_id: str, m: Metric) -> None:
+        run = self.run(run_id)
+        if isinstance(m, TrainMetric):
+            if m.step_time_s is not None and _finite(m.step_time_s):
+                run.step_times.append(float(m.step_time_s))
+            if m.tokens_per_s is not None and _finite(m.tokens_per_s):
+                run.tps.add(m.ts, float(m.tokens_per_s))
+            value = m.loss
+        elif isinstance(m, EvalMetric):
+            value = m.val_loss
+        else:
+            return
+        if not math.isfinite(value) and run.nan_step is None:
+            run.nan_step = m.step
 
     # -- output ---------------------------------------------------------------------
     def skew(self) -> float:
@@ -236,42 +259,41 @@ class AlertDetector:
     def check(self, now: float) -> list[Alert]:
         """Every alert that holds at ``now`` (the caller's clock)."""
         host_now = now - self.skew()
-        out: list[Alert] = []
+        out: list[Alert] = self._disk_alerts()
         for run_id, run in self.runs.items():
             out += self._check_run(run_id, run, host_now)
         return out
 
+    def _disk_alerts(self) -> list[Alert]:
+        """The runs root's file system nearly full: a host-level alert (``run`` None)."""
+        d = self.disk
+        if d is None or d.free_bytes is None:
+            return []
+        free = d.free_bytes
+        if free >= self.t.disk_warn_bytes:
+            return []
+        severity = "critical" if free < self.t.disk_critical_bytes else "warning"
+        total = f" of {fmt_bytes(d.total_bytes)}" if d.total_bytes else ""
+        return [Alert(kind="disk", severity=severity, host=self.host, run=None,
+                      message=f"disk of the runs root nearly full: {fmt_bytes(free)} free{total} "
+                              f"(alert below {fmt_bytes(self.t.disk_warn_bytes)}); checkpoints will fail "
+                              "with ENOSPC",
+                      suggested_actions=["free space", "kill"])]
+
     def _alert(self, kind: str, severity: str, run_id: str, run: _Run, **kw: Any) -> Alert:
         kw.setdefault("log_tail", list(run.log)[-10:])
-        return Alert(kind, severity, self.host, run_id, **kw)
+        return Alert(kind=kind, severity=severity, host=self.host, run=run_id, **kw)  # type: ignore[arg-type]
 
     def _check_run(self, run_id: str, run: _Run, now: float) -> list[Alert]:
-        rec = run.record
-        status = rec.get("status")
+        view = run.view
+        status = view.status if view is not None else None
         out: list[Alert] = []
-        tail = list(rec.get("log_tail") or []) or list(run.log)
-        if status == "crashed":
-            code = rec.get("exit_code")
-            tb = traceback_tail(tail)
-            last = next((ln for ln in reversed(tb) if ln.strip()), "no output")
-            out.append(self._alert(
-                "crash", "critical", run_id, run, last_step=rec.get("step"), log_tail=tb,
-                message=f"run processes exited with code {code} without a final status: {last.strip()}",
-                suggested_actions=["logs", "resume"]))
-        elif status == "failed":
-            reason = str(rec.get("exit_reason") or "")
-            # the trainer says "non-finite loss at step N ..." (docs/run-directory.md); a bare
-            # substring test would miss it and call "maintenance" or "/home/fernando" a NaN
-            kind = "nan" if _NAN_RE.search(reason) else "crash"
-            first = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
-            code = rec.get("exit_code")
-            out.append(self._alert(
-                kind, "critical", run_id, run, last_step=rec.get("step"),
-                log_tail=traceback_tail(tail if any("Traceback" in x for x in tail) else reason.splitlines()),
-                message=f"trainer failed{f' (exit code {code})' if code is not None else ''}: {first}",
-                suggested_actions=["logs", "resume"]))
-        elif status == "lost":
-            out.append(self._alert("lost", "warning", run_id, run, last_step=rec.get("step"),
+        tail = (list(view.log_tail) if view is not None else []) or list(run.log)
+        step = view.info.step if view is not None else None
+        if view is not None and status in (RunStatus.CRASHED, RunStatus.FAILED):
+            out.append(self._ended_alert(run_id, run, view, tail))
+        elif status == RunStatus.LOST:
+            out.append(self._alert("lost", "warning", run_id, run, last_step=step,
                                    message="run was running when the host rebooted; its processes are gone",
                                    suggested_actions=["resume"]))
         if run.nan_step is not None and not any(a.kind == "nan" for a in out):
@@ -279,21 +301,122 @@ class AlertDetector:
                                    message=f"loss is NaN/inf at step {run.nan_step}",
                                    suggested_actions=["kill", "resume"]))
         out += self._config_alerts(run_id, run)
-        if (status not in ALIVE and rec) or run.backfilling:
+        out += self._orphan_alerts(run_id, run)
+        if (status is not None and not status.is_alive()) or run.backfilling:
             return out  # old lines of a backlog would look like stalls until it is in
+        out += self._gone_alerts(run_id, run)
         stalled = self._stall_alerts(run_id, run, now)
         out += stalled
         out += self._nccl_alerts(run_id, run, stalled)
         out += self._drift_alerts(run_id, run)
-        if len(run.tps) >= self.t.throughput_min_points:
-            vals = list(run.tps)
-            recent, base = statistics.median(vals[-3:]), statistics.median(vals[:-3][-20:])
-            if base > 0 and recent < self.t.throughput_drop * base:
-                out.append(self._alert(
-                    "throughput", "warning", run_id, run,
-                    message=f"throughput collapsed: {recent:,.0f} tok/s, was {base:,.0f} tok/s",
-                    suggested_actions=["dump"]))
+        drop = self._throughput_drop(run_id, run)
+        if drop is not None:
+            recent, base = drop
+            out.append(self._alert(
+                "throughput", "warning", run_id, run,
+                message=f"throughput collapsed: {recent:,.0f} tok/s over the last "
+                        f"{self._throughput_window(run_id):.0f} s, was {base:,.0f} tok/s",
+                suggested_actions=["dump"]))
         return out
+
+    def _throughput_window(self, run_id: str) -> float:
+        run = self.runs.get(run_id)
+        step = statistics.median(run.step_times) if run is not None and run.step_times else 0.0
+        return min(THROUGHPUT_WINDOW_MAX_S, max(self.t.throughput_window_s, 5 * step))
+
+    def _throughput_drop(self, run_id: str, run: _Run) -> tuple[float, float] | None:
+        """(median of the last window, median before it) when the first fell below
+        ``throughput_drop`` of the second. A whole window, not a few steps: a loaded machine makes
+        single steps slow (a busy scheduler), which is no collapse."""
+        window = self._throughput_window(run_id)
+        split = run.tps.split(window)
+        if split is None:
+            return None
+        (recent, n_recent), (base, n_base) = split
+        if min(n_recent, n_base) < self.t.throughput_min_points or base <= 0:
+            return None
+        return (recent, base) if recent < self.t.throughput_drop * base else None
+
+    def _ended_alert(self, run_id: str, run: _Run, view: RunView, tail: list[str]) -> Alert:
+        """A crashed or failed run: what failed first (the root cause), with its evidence."""
+        step = view.info.step
+        code = view.exit.exit_code if view.exit is not None else None
+        if view.exit is not None and view.exit.signal:
+            code_text = f"signal {view.exit.signal}"
+        else:
+            code_text = f"code {code}"
+        beats = {k: r.beat for k, r in run.ranks.items() if r.beat is not None}
+        cause = root_cause(beats, tail, run.gone)
+        reason = (view.info.exit_reason or "").strip() if view.status == RunStatus.FAILED else ""
+        evidence_text = "\n".join([reason, *tail])
+        kind = "crash"
+        if ENOSPC_RE.search(evidence_text):
+            kind = "disk_full"
+        elif reason and _NAN_RE.search(reason):
+            # the trainer says "non-finite loss at step N ..." (docs/run-directory.md); a bare
+            # substring test would miss it and call "maintenance" or "/home/fernando" a NaN
+            kind = "nan"
+        log_tail: list[str] = []
+        if cause is not None and cause.rank is not None:
+            block = summary_block(tail, cause.rank) if cause.by_signal else []
+            log_tail = block or rank_traceback(tail, cause.rank)
+        if not log_tail:
+            source = tail if any("Traceback" in x for x in tail) else (reason.splitlines() or tail)
+            log_tail = traceback_tail(source)
+        if view.status == RunStatus.FAILED:
+            first = reason.splitlines()[0] if reason else "no reason given"
+            head = f"trainer failed{f' (exit {code_text})' if code is not None or view.exit else ''}"
+            if cause is not None and not first.startswith(cause.text.split(":")[0]):
+                message = f"{head}: {cause.text}; then: {first}"
+            else:
+                message = f"{head}: {first}"
+        else:
+            last = next((ln for ln in reversed(log_tail) if ln.strip()), "no output")
+            what = cause.text if cause is not None else last.strip()
+            message = f"run processes exited with {code_text} without a final status: {what}"
+        if kind == "disk_full":
+            message = f"no space left on device: {message}"
+        return self._alert(kind, "critical", run_id, run, rank=cause.rank if cause else None, last_step=step,
+                           log_tail=log_tail, message=message,
+                           suggested_actions=["logs", "free space", "resume"] if kind == "disk_full"
+                           else ["logs", "resume"])
+
+    def _gone_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+        """A rank's process vanished without a final beat while the run goes on (kill -9, the
+        OOM killer): the crash, named at once, before torchrun tears the others down."""
+        out: list[Alert] = []
+        if run.view is not None and run.view.stop_requested:
+            return out  # a person (or the run's policy) is stopping it: ranks are meant to go
+        for rank, at in sorted(run.gone.items()):
+            r = run.ranks.get(rank)
+            if r is None or r.phase in ("done", "failed"):
+                continue
+            pid = r.beat.pid if r.beat is not None else None
+            out.append(self._alert(
+                "crash", "critical", run_id, run, rank=rank, phase=r.phase, last_step=r.step,
+                heartbeat_age_s=at - r.last_ts,
+                message=f"rank {rank}'s process (pid {pid}) is gone without a final heartbeat at step "
+                        f"{r.step} (phase {r.phase}): killed?",
+                suggested_actions=["logs", "resume"]))
+        return out
+
+    def _orphan_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+        """Ranks alive after their launcher (torchrun and its supervisor) ended: they hold their GPUs."""
+        view = run.view
+        if view is None or not view.alive or view.launch is None:
+            return []
+        launcher_gone = view.exit is not None or (
+            view.launch.launcher_pid is not None and not view.launcher_alive)
+        if not launcher_gone:
+            return []
+        pids = set(view.pids)
+        ranks = sorted(k for k, r in run.ranks.items() if r.beat is not None and r.beat.pid in pids)
+        who = ", ".join(f"rank {k}" for k in ranks) or f"pids {sorted(pids)}"
+        rank = ranks[0] if len(ranks) == 1 else None
+        return [self._alert("orphan_rank", "critical", run_id, run, rank=rank,
+                            message=f"{who} outlived the run's launcher (torchrun has exited): it holds its "
+                                    "GPU and will not be restarted; stop it",
+                            suggested_actions=["kill"])]
 
     def _drift_alerts(self, run_id: str, run: _Run) -> list[Alert]:
         """Ranks compared at the same host time (the newest time every rank has reported),
@@ -317,6 +440,8 @@ class AlertDetector:
         for rank, r in sorted(run.ranks.items()):
             age = now - r.last_ts
             common = dict(rank=rank, gpu=r.gpu, phase=r.phase, last_step=r.step, heartbeat_age_s=age)
+            if rank in run.gone:
+                continue  # a crash, said by _gone_alerts
             if age > self.t.no_heartbeat_s:
                 out.append(self._alert(
                     "no_heartbeat", "critical", run_id, run, **common,
@@ -336,7 +461,7 @@ class AlertDetector:
                 out.append(self._alert(
                     "stall", "critical", run_id, run, **common,
                     message=f"rank {rank}: step {r.step} has not advanced for {stuck:.0f} s in phase "
-                            f"{r.phase} (threshold {limit:.0f} s); heartbeats still arrive",
+                            f"{r.phase} (threshold {limit:.0f} s); last heartbeat {max(0.0, age):.1f} s ago",
                     suggested_actions=["dump", "kill", "fallback"]))
         return out
 
@@ -344,37 +469,38 @@ class AlertDetector:
         out = []
         for a in stalled:
             r = run.ranks.get(a.rank) if a.rank is not None else None
+            if r is None or r.beat is None:
+                continue
             for g in self.gpus:
-                # by PID, else by UUID (CUDA_VISIBLE_DEVICES renumbers indexes), else by index
-                same = (g.get("uuid") == r.gpu_uuid) if r and r.gpu_uuid else (
-                    a.gpu is not None and g.get("index") == a.gpu)
-                on_it = r is not None and (r.pid in (g.get("pids") or []) or same)
-                util, power, limit = g.get("util_pct"), g.get("power_w"), g.get("power_limit_w")
-                if not on_it or not (_finite(util) and _finite(power) and _finite(limit) and limit > 0):
+                util, power, limit = g.util_pct, g.power_w, g.power_limit_w
+                if not on_gpu(g, r.beat) or util is None or power is None or not limit:
                     continue
                 if util >= self.t.nccl_util_pct and power < self.t.nccl_power_frac * limit:
                     out.append(self._alert(
-                        "nccl_hang", "critical", run_id, run, rank=a.rank, gpu=g.get("index"), phase=a.phase,
+                        "nccl_hang", "critical", run_id, run, rank=a.rank, gpu=g.index, phase=a.phase,
                         last_step=a.last_step, heartbeat_age_s=a.heartbeat_age_s,
-                        message=f"GPU {g.get('index')} reads {util:.0f}% busy at {power:.0f} W of "
+                        message=f"GPU {g.index} reads {util:.0f}% busy at {power:.0f} W of "
                                 f"{limit:.0f} W while rank {a.rank} is stalled: collective hang?",
                         suggested_actions=["dump", "kill", "fallback"]))
         return out
 
     def _config_alerts(self, run_id: str, run: _Run) -> list[Alert]:
         """The config's name and the run's name (LESSONS 1: a toy model under a big name)."""
-        rec = run.record
-        names = [str(n) for n in ((rec.get("config") or {}).get("name"), rec.get("name")) if n]
+        if run.view is None:
+            return []
+        info = run.view.info
+        cfg_name = (info.config or {}).get("name")
+        names = [str(n) for n in (cfg_name, run.view.name) if n]
         f = self.t.size_factor
-        pc, sl = rec.get("param_count"), rec.get("seq_len")
+        pc, sl = info.param_count, info.seq_len
         out: dict[str, Alert] = {}
         for name in dict.fromkeys(names):
             params, seq = expected_from_name(name)
-            if params and _finite(pc) and pc > 0 and not (params / f <= pc <= params * f):
+            if params and pc and not (params / f <= pc <= params * f):
                 out.setdefault("config_size", self._alert(
                     "config_size", "warning", run_id, run, suggested_actions=["kill"],
                     message=f"{name!r} promises {params / 1e6:.0f}M parameters, model: {pc / 1e6:.1f}M"))
-            if seq and _finite(sl) and sl > 0 and not (seq / f <= sl <= seq * f):
+            if seq and sl and not (seq / f <= sl <= seq * f):
                 out.setdefault("config_seq", self._alert(
                     "config_seq", "warning", run_id, run, suggested_actions=["kill"],
                     message=f"{name!r} promises seq_len {seq}, the run trains at {sl}"))

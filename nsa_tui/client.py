@@ -1,71 +1,103 @@
-"""The async client API the panel and the CLI use to talk to one host's agent.
+"""The async client the panel and the CLI use to talk to one host's agent.
 
     client = HostClient("local" | "[user@]host[:port]" | "ssh-config-alias",
                         runs_root=None,            # default: the agent's ~/nsa-runs
                         confirm_host_key=None,     # async (host, fingerprint) -> bool
                         on_state=None)             # called with every ConnectionState
-    await client.start()          # first connection; raises TransportError (see below)
-    client.hello                  # agent hello: host, gpus, gpu_message, versions, runs_root
+    await client.start()          # first connection; raises TransportError (retry=True: keep trying)
+    client.hello                  # Hello: host, gpus, gpu_message, versions, runs_root, problems
     client.state                  # ConnectionState(status, retry_in_s, message)
-    await client.runs()           # [run record]; a record is run.json + "launch" + derived
-                                  #   "status" (starting|running|stopping|stopped|finished|
-                                  #   failed|crashed|lost), "alive", "pids", "exit_code"
-    await client.run(run_id)      # one record, with "log_tail" for crashed/failed runs
-    await client.launch(config_path, nproc=None, overrides=(), name=None, upload=False)
-                                  # -> {"run_id", "dir", "nproc", "command", ...}
-                                  # upload=True sends the local file's text (config picker)
-    await client.kill(run_id)     # -> {"run_id", "was_running", "forced", "remaining": []}
-    await client.fallback(run_id) # -> the new run: {"run_id", "parent_run", "resume_from", ...}
-    await client.resume(run_id)   # same shape as fallback, same nproc as before
-    await client.dump(run_id)     # -> {"files": [{"name", "text"}], "ranks", "notes"}
-    await client.read_log(run_id, offset=0, max_bytes=1 << 20) # -> {"text", "offset", "size"}
+    await client.runs()           # [RunView] newest first
+    await client.run(run_id)      # RunView, with log_tail for crashed/failed runs
+    await client.status(run_id)   # RunStatusReport: the view and every rank's newest beat
+    await client.launch(config_path, nproc=None, overrides=(), name=None, upload=False)  # LaunchResult
+    await client.describe(config_path, nproc=None, overrides=(), upload=False)  # ConfigSummary
+    await client.plan(run_id, "fallback" | "resume")  # ActionPlan: what it would do
+    await client.kill(run_id)     # KillResult
+    await client.fallback(run_id) # LaunchResult of the new run (``again``: an earlier fallback's run)
+    await client.resume(run_id)   # LaunchResult, same world size as before
+    await client.dump(run_id)     # DumpResult
+    await client.archive(run_id, archived=True)   # RunView (hidden from the default list)
+    await client.delete(run_id, dry_run=False)    # DeleteResult: bytes it frees / freed
+    await client.read_log(run_id, offset=0, max_bytes=1 << 20)  # LogChunk
+    await client.alerts(run_id=None)  # AlertList: the host's recorded alerts (alerts.jsonl)
+    await client.ack(run_id, alert)   # AlertState, acknowledged
+    await client.evidence(run_id, alert)  # Evidence: the files captured for it
+    async for ev in client.watch_alerts(): ...    # "alerts" once, then "alert" per change
     async for ev in client.watch(run_id): ...     # Event, survives reconnects (below)
-    async for sample in client.host_samples(): ... # dict per second (docs/agent-protocol.md)
-    async for ev in client.host_events(): ...      # the same as Events, for AlertDetector.feed
+    async for ev in client.watch_runs(): ...      # "runs" once, then "run" / "run_removed"
+    async for sample in client.host_samples(): ... # HostSample per second
     client.drop_connection()      # cut the link now (a "reconnect" key; tests)
     await client.close()          # closes the channel; runs keep running
 
-Events (``Event``): ``kind`` is ``heartbeat`` | ``metric`` | ``log`` | ``status`` |
-``synced`` (backfill done: everything written so far has been delivered) | ``host``.
-``stream`` names the source (``metrics``, ``log``, ``heartbeats/rank-R``, ``status``);
-``offset`` is the byte offset after the line; ``data`` is the parsed JSON line (``log``:
-``{"line": text}``; ``status``: the run record plus ``ts``, the agent's clock);
-``received`` is this machine's clock when it arrived (alerts use it against clock skew).
+Records are the contract's (nsa.contract); an ``Event``'s ``data`` is already validated
+for its kind (nsa.contract.protocol.EVENT_DATA). ``received`` is this machine's clock when
+it arrived (alerts use it against clock skew).
 
 Reconnects: when the channel drops, ``state`` becomes ``reconnecting`` (``retry_in_s``
-counts the backoff: 0.5 s doubling to 30 s) and every open ``watch`` re-subscribes with
-the last offset of each stream, so the iterator sees no gap and no duplicate. Requests
-in flight when the channel drops raise ``AgentError("disconnected")``; they are not
-retried (a launch must not happen twice). Fatal errors (changed host key, no agent on
+counts the backoff: 0.5 s doubling to 30 s; ``message`` says why the last try failed) and
+every open subscription re-subscribes, a ``watch`` with the offsets it saw, so the
+iterator sees no gap and no duplicate (or, after a long outage, a fresh bounded view).
+Requests in flight when the channel drops raise ``AgentError("disconnected")``; they are
+not retried (a launch must not happen twice). Fatal errors (changed host key, no agent on
 the host) end in ``lost`` without retries.
 
 Errors: ``AgentError(code, message)`` for a refused request (codes in
-docs/agent-protocol.md, e.g. ``bad_config``, ``no_such_run``, ``no_checkpoint``);
-``nsa_tui.transport.TransportError`` and subclasses (``HostKeyError``, ``AuthError``,
-``AgentMissing``) from ``start``.
+docs/agent-protocol.md); ``nsa_tui.transport.TransportError`` and subclasses
+(``HostKeyError``, ``AuthError``, ``AgentMissing``) from ``start``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from nsa.contract import PROTOCOL, Hello, HostSample, Metric, RunStatusReport, RunView, decode_lines
+from nsa.contract.io import ContractError, convert, decode, encode
+from nsa.contract.protocol import (
+    EVENT_DATA,
+    ActionPlan,
+    AlertList,
+    AlertState,
+    ConfigSummary,
+    DeleteResult,
+    DumpResult,
+    ErrorInfo,
+    EventEnvelope,
+    Evidence,
+    KillResult,
+    LaunchResult,
+    LogChunk,
+)
 from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
 
-PROTOCOL = 1
 HELLO_TIMEOUT_S = 60.0
+T = TypeVar("T")
+
+
+class Backoff:
+    """Reconnect delays: 0.5 s doubling to 30 s, reset after a success (the one policy)."""
+
+    first_s, max_s = 0.5, 30.0
+
+    def __init__(self) -> None:
+        self.delay = self.first_s
+
+    def next(self) -> float:
+        d = self.delay
+        self.delay = min(self.delay * 2, self.max_s)
+        return d
 
 
 @dataclass
 class ConnectionState:
-    """What the panel shows for a host's connection."""
+    """What the panel shows for a host's connection; ``message`` says why when not connected."""
 
     status: Literal["connecting", "connected", "reconnecting", "lost"] = "connecting"
     retry_in_s: float | None = None
@@ -74,14 +106,15 @@ class ConnectionState:
 
 @dataclass
 class Event:
-    """One event of a watch or host stream (see the module docstring)."""
+    """One event of a subscription: ``data`` is the contract record of its ``kind``."""
 
     kind: str
     run: str | None
     stream: str
     offset: int
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Any = None
     received: float = 0.0
+    initial: bool = False
 
 
 class AgentError(Exception):
@@ -93,11 +126,11 @@ class AgentError(Exception):
         self.message = message
 
 
-FILE_STREAMS = ("metrics", "log")
+OFFSET_KINDS = ("beats", "metrics", "log")  # events whose offset resumes their stream
 
 
 class _Sub:
-    """One open watch (or host stream): its queue and the offsets it has seen."""
+    """One open subscription: its queue and, for a watch, the offsets it has seen."""
 
     def __init__(self, op: str, args: dict[str, Any]) -> None:
         self.op = op
@@ -107,8 +140,8 @@ class _Sub:
         self.rid: int | None = None
 
     def accept(self, ev: Event) -> bool:
-        """Drop what this subscription already saw (the backfill after a reconnect)."""
-        if ev.stream in FILE_STREAMS or ev.stream.startswith("heartbeats/"):
+        """Drop what this subscription already saw (a resumed stream's overlap)."""
+        if ev.kind in OFFSET_KINDS:
             if ev.offset <= self.offsets.get(ev.stream, 0):
                 return False
             self.offsets[ev.stream] = ev.offset
@@ -130,10 +163,11 @@ class HostClient:
         self.on_state = on_state
         self.reconnect = reconnect
         self.state = ConnectionState()
-        self.hello: dict[str, Any] = {}
+        self.hello = Hello(agent=0, nsa_tui="")
+        self.bytes_received = 0  # everything read from the channel (benchmarks)
         self._chan: Channel | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any], Any]] = {}
         self._subs: dict[int, _Sub] = {}  # request id -> subscription
         self._open: set[_Sub] = set()
         self._reader: asyncio.Task[None] | None = None
@@ -146,14 +180,23 @@ class HostClient:
         if self.on_state:
             self.on_state(self.state)
 
-    async def start(self) -> None:
-        """Connect and read the agent's hello; raises TransportError if that fails."""
+    async def start(self, retry: bool = False) -> None:
+        """Connect and read the agent's hello. Raises TransportError if that fails; with
+        ``retry`` a failure that a retry could fix is retried with backoff until it works
+        (the state says why each try failed), a fatal one still raises."""
         self._set_state("connecting", f"connecting to {self.dest}")
-        try:
-            await self._connect()
-        except TransportError as exc:
-            self._set_state("lost", str(exc))
-            raise
+        backoff = Backoff()
+        while True:
+            try:
+                await self._connect()
+                return
+            except TransportError as exc:
+                if exc.fatal or not retry or self._closed:
+                    self._set_state("lost", str(exc))
+                    raise
+                delay = backoff.next()
+                self._set_state("reconnecting", str(exc), delay)
+                await asyncio.sleep(delay)
 
     async def _connect(self) -> None:
         chan = await self.transport.connect()
@@ -163,11 +206,8 @@ class HostClient:
             await chan.close()
             raise TransportError(
                 f"{self.dest}: the agent did not answer within {HELLO_TIMEOUT_S:.0f} s") from None
-        try:
-            hello = json.loads(line)["hello"] if line else None
-        except (ValueError, KeyError, TypeError):
-            hello = None
-        if not isinstance(hello, dict):
+        hello = _hello(line)
+        if hello is None:
             err = (await chan.stderr_text()).strip()
             await chan.close()
             if not line and any(s in err for s in ("No module named", "not found", "No such file")):
@@ -176,20 +216,21 @@ class HostClient:
                     f"{self.dest}: no nsa_tui agent on the host ({last})",
                     f"install this version there with: nsa-tui setup {self.dest}")
             raise TransportError(f"{self.dest}: the agent did not start: {err or line[:200]!r}")
-        if hello.get("agent") != PROTOCOL:
+        if hello.agent != PROTOCOL:
             await chan.close()
             raise AgentMissing(
-                f"{self.dest}: agent protocol {hello.get('agent')}, this client speaks {PROTOCOL}",
+                f"{self.dest}: agent protocol {hello.agent} (nsa-tui {hello.nsa_tui}), this client "
+                f"speaks {PROTOCOL} (nsa-tui {__version__})",
                 f"update the host with: nsa-tui setup {self.dest}")
         self.hello = hello
         self._chan = chan
+        self.bytes_received += len(line)
         self._reader = asyncio.create_task(self._read(chan))
-        notes = list(hello.get("problems") or [])
-        if hello.get("nsa_tui") != __version__:
-            notes.append(f"agent {hello.get('nsa_tui')} differs from this nsa-tui {__version__}: "
+        notes = list(hello.problems)
+        if hello.nsa_tui != __version__:
+            notes.append(f"agent {hello.nsa_tui} differs from this nsa-tui {__version__}: "
                          f"nsa-tui setup {self.dest}")
-        head = f"{hello.get('host')}: agent {hello.get('nsa_tui')}"
-        self._set_state("connected", "; ".join([head, *notes]))
+        self._set_state("connected", "; ".join([f"{hello.host}: agent {hello.nsa_tui}", *notes]))
         for sub in list(self._open):
             await self._subscribe(sub)
 
@@ -198,40 +239,50 @@ class HostClient:
             line = await chan.readline()
             if not line:
                 break
+            self.bytes_received += len(line)
             try:
-                msg = json.loads(line)
-            except ValueError:
+                msg = decode(line, EventEnvelope)
+            except ContractError:
                 continue
-            if not isinstance(msg, dict):
-                continue
-            rid = msg.get("id")
-            if "event" in msg:
-                sub = self._subs.get(rid)
-                if sub is None:
+            if msg.event is not None:
+                self._on_event(msg)
+            elif isinstance(msg.id, int) and msg.id in self._pending:
+                fut, typ = self._pending.pop(msg.id)
+                if fut.done():
                     continue
-                if msg["event"] == "error":
-                    err = msg.get("data") or {}
-                    sub.queue.put_nowait(AgentError(err.get("code", "internal"), err.get("message", "")))
-                    continue
-                ev = Event(msg["event"], msg.get("run"), msg.get("stream", ""), int(msg.get("offset") or 0),
-                           msg.get("data") or {}, time.time())
-                if sub.accept(ev):
-                    sub.queue.put_nowait(ev)
-            elif rid in self._pending:
-                fut = self._pending.pop(rid)
-                if not fut.done():
-                    if msg.get("ok"):
-                        fut.set_result(msg.get("result"))
-                    else:
-                        err = msg.get("error") or {}
-                        fut.set_exception(AgentError(err.get("code", "internal"), err.get("message", "")))
+                if msg.ok:
+                    try:
+                        fut.set_result(decode(msg.result, typ, f"{self.dest}: reply") if typ else None)
+                    except ContractError as exc:
+                        fut.set_exception(AgentError("bad_reply", str(exc)))
+                else:
+                    err = msg.error or ErrorInfo(code="internal", message="no error given")
+                    fut.set_exception(AgentError(err.code, err.message))
         self._dropped(chan)
+
+    def _on_event(self, msg: EventEnvelope) -> None:
+        sub = self._subs.get(msg.id) if isinstance(msg.id, int) else None
+        if sub is None or msg.event is None:
+            return
+        typ = EVENT_DATA.get(msg.event)
+        if typ is None:
+            return  # a newer agent's event kind: not ours to show
+        try:
+            data = decode(msg.data, typ, f"{self.dest}: {msg.event} event")
+        except ContractError:
+            return  # validated at the edge: a bad event is dropped, never fatal
+        if msg.event == "error":
+            sub.queue.put_nowait(AgentError(data.code, data.message))
+            return
+        ev = Event(msg.event, msg.run, msg.stream, msg.offset, data, time.time(), msg.initial)
+        if sub.accept(ev):
+            sub.queue.put_nowait(ev)
 
     def _dropped(self, chan: Channel) -> None:
         if self._chan is not chan:
             return
         self._chan = None
-        for fut in self._pending.values():
+        for fut, _typ in self._pending.values():
             if not fut.done():
                 fut.set_exception(AgentError("disconnected", f"connection to {self.dest} dropped"))
         self._pending.clear()
@@ -247,9 +298,11 @@ class HostClient:
         self._retry = asyncio.create_task(self._reconnect_loop())
 
     async def _reconnect_loop(self) -> None:
-        delay = 0.5
+        backoff = Backoff()
+        why = f"connection to {self.dest} dropped"
         while not self._closed:
-            self._set_state("reconnecting", f"connection to {self.dest} dropped; retrying", delay)
+            delay = backoff.next()
+            self._set_state("reconnecting", f"{why}; retrying", delay)
             await asyncio.sleep(delay)
             try:
                 await self._connect()
@@ -260,8 +313,7 @@ class HostClient:
                     for sub in self._open:
                         sub.queue.put_nowait(AgentError("lost", str(exc)))
                     return
-                self.state.message = str(exc)
-            delay = min(delay * 2, 30.0)
+                why = str(exc)
 
     def drop_connection(self) -> None:
         """Cut the link as a network failure would (tests and the panel's "reconnect" key)."""
@@ -281,7 +333,7 @@ class HostClient:
             await chan.close()
         if self._reader:
             self._reader.cancel()
-        for fut in self._pending.values():
+        for fut, _typ in self._pending.values():
             if not fut.done():
                 fut.set_exception(AgentError("closed", "client closed"))
         for sub in self._open:
@@ -290,73 +342,129 @@ class HostClient:
         self._set_state("lost", "closed")
 
     # -- requests -----------------------------------------------------------------
-    async def request(self, op: str, **args: Any) -> Any:
-        """Send one request and wait for its reply; raises AgentError."""
-        return await (await self._send(op, args))
+    async def request(self, op: str, result: type[T] | Any = None, **args: Any) -> T:
+        """Send one request and wait for its reply, validated as ``result``; raises AgentError."""
+        return await (await self._send(op, args, result))
 
-    async def _send(self, op: str, args: dict[str, Any], sub: _Sub | None = None) -> asyncio.Future[Any]:
+    async def _send(self, op: str, args: dict[str, Any], result: Any = None,
+                    sub: _Sub | None = None) -> asyncio.Future[Any]:
         """Write a request; the returned future gets its reply (kept even if it comes at once)."""
         if self._chan is None:
-            raise AgentError("disconnected", f"not connected to {self.dest} ({self.state.status})")
+            why = f": {self.state.message}" if self.state.message else ""
+            raise AgentError("disconnected", f"not connected to {self.dest} ({self.state.status}{why})")
         rid = next(self._ids)
-        fut = self._pending[rid] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (fut, result)
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved" noise
         if sub is not None:
             sub.rid = rid
             self._subs[rid] = sub
         try:
-            await self._chan.write(json.dumps({"id": rid, "op": op, "args": args}).encode() + b"\n")
+            await self._chan.write(encode({"id": rid, "op": op, "args": args}) + b"\n")
         except TransportError as exc:
             self._pending.pop(rid, None)
             raise AgentError("disconnected", str(exc)) from exc
         return fut
 
-    async def ping(self) -> dict[str, Any]:
-        return await self.request("ping")
+    async def ping(self) -> dict[str, float]:
+        return await self.request("ping", dict[str, float])
 
-    async def runs(self) -> list[dict[str, Any]]:
-        return (await self.request("runs"))["runs"]
+    async def runs(self) -> list[RunView]:
+        return (await self.request("runs", dict[str, list[RunView]]))["runs"]
 
-    async def run(self, run_id: str) -> dict[str, Any]:
-        return await self.request("run", run=run_id)
+    async def run(self, run_id: str) -> RunView:
+        return await self.request("run", RunView, run=run_id)
+
+    async def status(self, run_id: str) -> RunStatusReport:
+        return await self.request("status", RunStatusReport, run=run_id)
 
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
-                     name: str | None = None, upload: bool = False) -> dict[str, Any]:
-        """Validate on the host and start; ``upload`` sends this machine's file text along."""
-        args: dict[str, Any] = {"nproc": nproc, "overrides": list(overrides), "name": name}
-        if upload:
-            try:
-                args["config_text"] = Path(config_path).expanduser().read_text()
-            except OSError as exc:
-                raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
-        args["config_path"] = config_path
-        return await self.request("launch", **args)
+                     name: str | None = None, upload: bool = False, on_failure: str | None = None,
+                     force: bool = False) -> LaunchResult:
+        """Validate on the host and start; ``upload`` sends this machine's file text along (errors
+        still name ``config_path``); ``on_failure``: the watchdog's policy for the run (restart,
+        fallback, stop, none); ``force`` starts what ``describe`` would refuse."""
+        args = _config_args(config_path, upload)
+        args.update(nproc=nproc, overrides=list(overrides), name=name)
+        if on_failure is not None:
+            args["on_failure"] = on_failure
+        if force:
+            args["force"] = True
+        return await self.request("launch", LaunchResult, **args)
 
-    async def kill(self, run_id: str, grace_s: float = 60.0) -> dict[str, Any]:
-        return await self.request("kill", run=run_id, grace_s=grace_s)
+    async def describe(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
+                       upload: bool = False) -> ConfigSummary:
+        """What the config is and whether it can run on the host; nothing starts."""
+        args = _config_args(config_path, upload)
+        args.update(nproc=nproc, overrides=list(overrides))
+        return await self.request("describe", ConfigSummary, **args)
 
-    async def fallback(self, run_id: str, grace_s: float = 60.0) -> dict[str, Any]:
-        return await self.request("fallback", run=run_id, grace_s=grace_s)
+    async def plan(self, run_id: str, op: str) -> ActionPlan:
+        """What ``fallback``/``resume`` of the run would do now (for a confirmation)."""
+        return await self.request("plan", ActionPlan, run=run_id, action=op)
 
-    async def resume(self, run_id: str) -> dict[str, Any]:
-        return await self.request("resume", run=run_id)
+    async def kill(self, run_id: str, grace_s: float = 60.0) -> KillResult:
+        return await self.request("kill", KillResult, run=run_id, grace_s=grace_s)
 
-    async def dump(self, run_id: str) -> dict[str, Any]:
-        return await self.request("dump", run=run_id)
+    async def fallback(self, run_id: str, grace_s: float = 60.0) -> LaunchResult:
+        return await self.request("fallback", LaunchResult, run=run_id, grace_s=grace_s)
 
-    async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20) -> dict[str, Any]:
-        return await self.request("read_log", run=run_id, offset=offset, max_bytes=max_bytes)
+    async def resume(self, run_id: str) -> LaunchResult:
+        return await self.request("resume", LaunchResult, run=run_id)
+
+    async def dump(self, run_id: str) -> DumpResult:
+        return await self.request("dump", DumpResult, run=run_id)
+
+    async def archive(self, run_id: str, archived: bool = True) -> RunView:
+        """Hide a run that is not alive from the default run list (False: show it again)."""
+        return await self.request("archive", RunView, run=run_id, archived=archived)
+
+    async def delete(self, run_id: str, dry_run: bool = False) -> DeleteResult:
+        """Remove a run that is not alive; ``dry_run``: only say how many bytes that frees."""
+        return await self.request("delete", DeleteResult, run=run_id, dry_run=dry_run)
+
+    async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20,
+                       file: str = "train.log") -> LogChunk:
+        """A piece of the run's train.log (or, ``file="metrics.jsonl"``, of its metrics lines)."""
+        args: dict[str, Any] = {"run": run_id, "offset": offset, "max_bytes": max_bytes}
+        if file != "train.log":
+            args["file"] = file
+        return await self.request("read_log", LogChunk, **args)
+
+    async def metrics(self, run_id: str) -> list[Metric]:
+        """Every line of the run's metrics.jsonl as contract records (exports: O(run length),
+        read in 4 MiB pieces; a malformed line is skipped)."""
+        out: list[Metric] = []
+        offset, carry = 0, b""
+        while True:
+            chunk = await self.read_log(run_id, offset, 4 << 20, file="metrics.jsonl")
+            data = carry + chunk.text.encode()
+            lines = data.split(b"\n")
+            carry = lines.pop()  # a line still being written waits for its newline
+            out += decode_lines([ln for ln in lines if ln.strip()], Metric)
+            if chunk.offset >= chunk.size or chunk.offset == offset:
+                return out
+            offset = chunk.offset
+
+    async def alerts(self, run_id: str | None = None, history: int = 100) -> AlertList:
+        return await self.request("alerts", AlertList, run=run_id, history=history)
+
+    async def ack(self, run_id: str, alert: str, by: str | None = None) -> AlertState:
+        return await self.request("ack", AlertState, run=run_id, alert=alert, by=by)
+
+    async def evidence(self, run_id: str, alert: str) -> Evidence:
+        return await self.request("evidence", Evidence, run=run_id, alert=alert)
 
     # -- streams ------------------------------------------------------------------
     async def _subscribe(self, sub: _Sub) -> None:
         args = dict(sub.args)
         if sub.op == "watch":
             args["offsets"] = dict(sub.offsets)
-        fut = await self._send(sub.op, args, sub)
+        fut = await self._send(sub.op, args, None, sub)
         try:
             await fut
         except AgentError as exc:
-            self._subs.pop(sub.rid, None)
+            self._subs.pop(sub.rid, None)  # type: ignore[arg-type]
             if exc.code != "disconnected":
                 sub.queue.put_nowait(exc)
 
@@ -380,17 +488,56 @@ class HostClient:
                     pass
 
     def watch(self, run_id: str, offsets: dict[str, int] | None = None,
-              streams: Sequence[str] | None = None) -> AsyncIterator[Event]:
-        """Events of one run from ``offsets`` on (default: from the start, full backfill)."""
-        sub = _Sub("watch", {"run": run_id, "streams": list(streams) if streams else None})
+              streams: Sequence[str] | None = None, **bounds: int) -> AsyncIterator[Event]:
+        """Events of one run (docs/agent-protocol.md, "watch"): its bounded current view, then
+        live. ``offsets`` continues streams from there; ``bounds``: summary_points,
+        recent_metrics, log_tail_bytes."""
+        sub = _Sub("watch", {"run": run_id, "streams": list(streams) if streams else None, **bounds})
         sub.offsets = dict(offsets or {})
         return self._stream(sub)
 
-    async def host_samples(self, interval_s: float = 1.0) -> AsyncIterator[dict[str, Any]]:
-        """Host samples (dicts), one per ``interval_s``; resumes after reconnects."""
+    def watch_runs(self) -> AsyncIterator[Event]:
+        """The run list (a ``runs`` event), then ``run`` for every change, ``run_removed``; after
+        a reconnect the whole list again."""
+        return self._stream(_Sub("watch_runs", {}))
+
+    def watch_alerts(self, history: int = 100, run_id: str | None = None) -> AsyncIterator[Event]:
+        """The host's recorded alerts: an ``alerts`` event (AlertList), then ``alert`` (AlertState)
+        for every change; after a reconnect the whole list again."""
+        return self._stream(_Sub("watch_alerts", {"history": history, "run": run_id}))
+
+    async def host_samples(self, interval_s: float = 1.0) -> AsyncIterator[HostSample]:
+        """Host samples, one per ``interval_s``; resumes after reconnects."""
         async for ev in self._stream(_Sub("watch_host", {"interval_s": interval_s})):
             yield ev.data
 
     def host_events(self, interval_s: float = 1.0) -> AsyncIterator[Event]:
-        """Host samples as Events (kind ``host``), for feeding the alert detector."""
+        """Host samples as Events (kind ``host``)."""
         return self._stream(_Sub("watch_host", {"interval_s": interval_s}))
+
+
+def _config_args(config_path: str, upload: bool) -> dict[str, Any]:
+    """``config_path`` (a path on the host), or with ``upload`` this machine's file's text too."""
+    args: dict[str, Any] = {"config_path": config_path}
+    if upload:
+        try:
+            args["config_text"] = Path(config_path).expanduser().read_text()
+        except OSError as exc:
+            raise AgentError("bad_config", f"{config_path}: cannot read config file ({exc})") from exc
+    return args
+
+
+def _hello(line: bytes) -> Hello | None:
+    """The agent's first line, or None when it is not a hello. A hello of another protocol
+    version that does not validate still says its version (for the "update" message)."""
+    try:
+        raw = decode(line, dict[str, Any]).get("hello") if line else None
+    except ContractError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return convert(raw, Hello)
+    except ContractError:
+        agent = raw.get("agent")
+        return Hello(agent=agent if isinstance(agent, int) else 0, nsa_tui=str(raw.get("nsa_tui", "?")))

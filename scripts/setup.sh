@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Install nsa-tui into the current Python environment.
-#   scripts/setup.sh          the product
-#   scripts/setup.sh --test   the product and its test tools
+# Install nsa-tui with its training side (extra `host`) into the current Python
+# environment (make a venv first: Debian's system python refuses pip install).
+#   scripts/setup.sh          the panel, the CLI, the agent and the trainer
+#   scripts/setup.sh --test   the same and the test tools
 # A machine that already has torch keeps it (GPU hosts); a machine without torch gets
-# the CPU build 2.13.0, never the multi-GB CUDA wheels.
+# the CPU build 2.13.0, never the multi-GB CUDA wheels. A laptop that only watches
+# needs none of this: `pip install .` (docs/install.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,6 +15,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 else
   echo "setup: keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
 fi
-extra=""
-if [ "${1:-}" = "--test" ]; then extra="[test]"; fi
-"$PY" -m pip install --quiet --disable-pip-version-check -e ".${extra}"
+extras="host"
+if [ "${1:-}" = "--test" ]; then extras="host,test"; fi
+"$PY" -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+echo "done: run \`nsa-tui\`"

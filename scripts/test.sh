@@ -12,4 +12,5 @@ if [ ! -x /usr/sbin/sshd ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssh-server >/dev/null
 fi
 export TRITON_INTERPRET=1 PYTHONUNBUFFERED=1
-exec "${PYTHON:-python3}" -m pytest -q -ra "$@"
+# pytest's default output: one line per test file with its progress, so a long run is never silent
+exec "${PYTHON:-python3}" -m pytest -ra "$@"

@@ -4,28 +4,55 @@ from __future__ import annotations
 
 import math
 
+from nsa.contract import (
+    Beat,
+    DeviceInfo,
+    ExitInfo,
+    GpuReading,
+    HostSample,
+    Phase,
+    RunInfo,
+    RunStatus,
+    RunView,
+    TrainMetric,
+)
+from nsa.contract.protocol import Synced
 from nsa_tui.alerts import AlertDetector, Thresholds, expected_from_name, traceback_tail
 from nsa_tui.client import Event
 
 T0 = 1_000_000.0
 RUN = "r1"
+INFO_FIELDS = ("step", "exit_reason", "config", "param_count", "seq_len")
 
 
 def beat(rank: int, step: int, ts: float, phase: str = "train", since: float = T0, pid: int = 100,
-         gpu: int | None = None, received: float = 0.0) -> Event:
-    dev = {"type": "cuda", "index": gpu, "uuid": None} if gpu is not None else {"type": "cpu", "index": None}
-    data = {"ts": ts, "rank": rank, "step": step, "phase": phase, "phase_since": since, "pid": pid + rank,
-            "device": dev, "source": "step"}
-    return Event("heartbeat", RUN, f"heartbeats/rank-{rank}", 0, data, received)
+         gpu: int | None = None, received: float = 0.0, uuid: str | None = None) -> Event:
+    dev = DeviceInfo(type="cuda", index=gpu, uuid=uuid) if gpu is not None else DeviceInfo()
+    b = Beat(ts=ts, run_id=RUN, rank=rank, step=step, phase=Phase(phase), phase_since=since, pid=pid + rank,
+             device=dev, source="step")
+    return Event("beats", RUN, f"heartbeats/rank-{rank}", 0, [b], received)
 
 
-def status(st: str = "running", **kw: object) -> Event:
-    return Event("status", RUN, "status", 0, {"run_id": RUN, "status": st, "ts": T0, **kw})
+def view(st: str = "running", initial: bool = False, **kw: object) -> RunView:
+    info = RunInfo(run_id=RUN, name=str(kw.get("name", "run")), status=RunStatus.RUNNING,
+                   **{k: kw[k] for k in INFO_FIELDS if k in kw})  # type: ignore[arg-type]
+    code = kw.get("exit_code")
+    return RunView(run_id=RUN, dir="/x", name=info.name, status=RunStatus(st), info=info,
+                   exit=ExitInfo(exit_code=code) if code is not None else None,  # type: ignore[arg-type]
+                   alive=RunStatus(st).is_alive(), log_tail=list(kw.get("log_tail", [])))  # type: ignore[arg-type]
+
+
+def status(st: str = "running", initial: bool = False, received: float = 0.0, **kw: object) -> Event:
+    return Event("status", RUN, "status", 0, view(st, **kw), received, initial)
 
 
 def metric(step: int, ts: float, step_time: float = 1.0, tps: float = 1000.0, loss: float = 2.0) -> Event:
-    return Event("metric", RUN, "metrics", 0, {"kind": "train", "ts": ts, "step": step, "loss": loss,
-                                                "step_time_s": step_time, "tokens_per_s": tps})
+    m = TrainMetric(ts=ts, step=step, loss=loss, step_time_s=step_time, tokens_per_s=tps)
+    return Event("metrics", RUN, "metrics", 0, [m])
+
+
+def host(ts: float, *gpus: GpuReading) -> Event:
+    return Event("host", None, "host", 1, HostSample(ts=ts, gpus=list(gpus)))
 
 
 def healthy(det: AlertDetector, steps: int = 20, world: int = 2, dt: float = 1.0) -> float:
@@ -146,15 +173,22 @@ def test_nan_loss_and_failed_and_lost() -> None:
     assert ("lost", None) in kinds(det2.check(T0))
 
 
-def test_throughput_collapse() -> None:
-    det = AlertDetector("h", Thresholds(train_floor_s=1000))
+def test_throughput_collapse_over_a_whole_window_not_a_few_slow_steps() -> None:
+    det = AlertDetector("h", Thresholds(train_floor_s=1000, throughput_window_s=60))
     det.feed(status())
-    for s in range(1, 21):
+    for s in range(1, 201):
         det.feed(metric(s, T0 + s, tps=1000.0))
-    assert det.check(T0 + 21) == []
-    for s in range(21, 24):
+    assert det.check(T0 + 201) == []
+    for s in range(201, 221):  # a busy scheduler: 20 s of slow steps among fast ones
+        det.feed(metric(s, T0 + s, tps=100.0 if s % 3 else 1000.0))
+    assert det.check(T0 + 221) == []
+    for s in range(221, 241):  # 20 s of uniformly slow steps: not yet a window's median
         det.feed(metric(s, T0 + s, tps=100.0))
-    assert ("throughput", None) in kinds(det.check(T0 + 24))
+    assert det.check(T0 + 241) == []
+    for s in range(241, 281):  # a minute of it
+        det.feed(metric(s, T0 + s, tps=100.0))
+    [drop] = det.check(T0 + 281)
+    assert drop.kind == "throughput" and "last 60 s" in drop.message
 
 
 def test_nccl_hang_signature_needs_busy_gpu_at_idle_power() -> None:
@@ -163,13 +197,12 @@ def test_nccl_hang_signature_needs_busy_gpu_at_idle_power() -> None:
     det.feed(metric(21, T0, step_time=1.0))
     for k in range(0, 20):
         det.feed(beat(0, 21, T0 + k, gpu=0))
-    sample = {"ts": T0 + 19, "gpus": [{"index": 0, "util_pct": 100, "power_w": 80.0, "power_limit_w": 400.0,
-                                       "pids": [100]}]}
-    det.feed(Event("host", None, "host", 1, sample))
+    gpu = GpuReading(index=0, util_pct=100, power_w=80.0, power_limit_w=400.0, pids=[100])
+    det.feed(host(T0 + 19, gpu))
     alerts = det.check(T0 + 19)
     assert ("nccl_hang", 0) in kinds(alerts) and ("stall", 0) in kinds(alerts)
-    sample["gpus"][0]["power_w"] = 390.0  # busy and drawing power: working, not the hang signature
-    det.feed(Event("host", None, "host", 2, sample))
+    gpu.power_w = 390.0  # busy and drawing power: working, not the hang signature
+    det.feed(host(T0 + 19, gpu))
     assert ("nccl_hang", 0) not in kinds(det.check(T0 + 19))
 
 
@@ -225,13 +258,12 @@ def test_partial_batches_of_one_rank_are_no_drift() -> None:
 def test_no_liveness_alerts_while_a_backlog_arrives() -> None:
     det = AlertDetector("h", Thresholds(train_floor_s=5, train_factor=1))
     now = T0 + 3600  # an hour-old backlog of a run that is alive now
-    first = {"status": "running", "ts": now, "initial": True}
-    det.feed(Event("status", RUN, "status", 0, first, received=now))
+    det.feed(status("running", initial=True, received=now))
     for s in range(1, 10):
         det.feed(beat(0, s, T0 + s, received=now))
         det.feed(metric(s, T0 + s))
     assert det.check(now) == []
-    det.feed(Event("synced", RUN, "synced", 0, {"ts": now}, received=now))
+    det.feed(Event("synced", RUN, "synced", 0, Synced(ts=now), received=now))
     assert ("no_heartbeat", 0) in kinds(det.check(now))  # nothing newer came: now it counts
 
 
@@ -240,11 +272,157 @@ def test_nccl_signature_matches_gpu_by_uuid_when_indexes_are_renumbered() -> Non
     det.feed(status())
     det.feed(metric(1, T0, step_time=1.0))
     for k in range(0, 20):  # CUDA_VISIBLE_DEVICES=1: the rank calls it cuda:0
-        b = beat(0, 1, T0 + k, gpu=0, pid=900)
-        b.data["device"]["uuid"] = "GPU-b"
-        det.feed(b)
-    busy = {"util_pct": 100, "power_w": 70.0, "power_limit_w": 700.0, "pids": []}
-    gpus = [{"index": 0, "uuid": "GPU-a", **busy}, {"index": 1, "uuid": "GPU-b", **busy}]
-    det.feed(Event("host", None, "host", 1, {"ts": T0 + 19, "gpus": gpus}))
+        det.feed(beat(0, 1, T0 + k, gpu=0, pid=900, uuid="GPU-b"))
+    busy = {"util_pct": 100, "power_w": 70.0, "power_limit_w": 700.0}
+    det.feed(host(T0 + 19, GpuReading(index=0, uuid="GPU-a", **busy),
+                  GpuReading(index=1, uuid="GPU-b", **busy)))
     hangs = [a for a in det.check(T0 + 19) if a.kind == "nccl_hang"]
     assert [a.gpu for a in hangs] == [1]
+
+
+# torchrun's own words after `kill -9` of rank 1 (torch 2.13, tests/faults and bench/watchdog_faults.py)
+KILLED_RANK_1 = [
+    "step 30/100000 loss 3.2250",
+    "[rank 0] FAILED at step 30:",
+    "Traceback (most recent call last):",
+    '  File "nsa/train/checkpoint.py", line 89, in save',
+    "    dist.barrier()",
+    "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31457.",
+    "E1123 05:23:40.474000 13591 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+    "(exitcode: -9) local_rank: 1 (pid: 13613) of binary: python",
+    "Traceback (most recent call last):",
+    '  File "torch/distributed/run.py", line 1028, in main',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "nsa.train FAILED",
+    "------------------------------------------------------------",
+    "Failures:",
+    "[1]:",
+    "  time      : 2026-11-23_05:23:40",
+    "  host      : localhost",
+    "  rank      : 0 (local_rank: 0)",
+    "  exitcode  : 1 (pid: 13612) ",
+    "  error_file: <N/A>",
+    "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-11-23_05:23:39",
+    "  host      : localhost",
+    "  rank      : 1 (local_rank: 1)",
+    "  exitcode  : -9 (pid: 13613)  (SIGKILL)",
+    "  error_file: <N/A>",
+    "  traceback : Signal 9 (SIGKILL) received by PID 13613",
+    "============================================================",
+]
+
+
+def final_beat(rank: int, ts: float, phase: str, step: int, error: str | None = None) -> Event:
+    b = Beat(ts=ts, run_id=RUN, rank=rank, step=step, phase=Phase(phase), pid=100 + rank, error=error)
+    return Event("beats", RUN, f"heartbeats/rank-{rank}", 0, [b])
+
+
+def test_a_killed_rank_is_the_root_cause_not_the_survivor_that_failed_after_it() -> None:
+    """kill -9 of rank 1: rank 0 then fails on the broken collective and writes run.json's reason.
+    The alert names rank 1 and its signal, with torchrun's summary of it as evidence."""
+    det = AlertDetector("h")
+    healthy(det, steps=30)  # rank 1's last beat: T0 + 30 (then it was killed)
+    det.feed(final_beat(0, T0 + 30.4, "failed", 30, "rank 0 failed during checkpoint (after step 30): "
+                                                    "RuntimeError: Connection closed by peer"))
+    det.feed(status("failed", exit_code=1, step=30, log_tail=KILLED_RANK_1,
+                    exit_reason="rank 0 failed during checkpoint (after step 30): RuntimeError: Connection "
+                                "closed by peer"))
+    [crash] = [a for a in det.check(T0 + 40) if a.kind == "crash"]
+    assert crash.rank == 1
+    assert crash.message.index("rank 1 was killed by signal 9 (SIGKILL)") < crash.message.index("rank 0")
+    assert any("exitcode  : -9" in ln for ln in crash.log_tail)
+    assert not any("Connection closed" in ln for ln in crash.log_tail)
+    # rank 0 killed instead: no end status from anyone (crashed); rank 1's connection error is not the cause
+    det2 = AlertDetector("h")
+    healthy(det2, steps=30)
+    det2.feed(final_beat(1, T0 + 30.4, "failed", 30, "rank 1 failed at step 31: RuntimeError: reset"))
+    swapped = [ln.replace("rank      : 1 (", "rank      : X (").replace("rank      : 0 (", "rank      : 1 (")
+               .replace("rank      : X (", "rank      : 0 (") for ln in KILLED_RANK_1]
+    det2.feed(status("crashed", exit_code=1, step=30, log_tail=swapped))
+    [crash] = [a for a in det2.check(T0 + 40) if a.kind == "crash"]
+    assert crash.rank == 0 and "rank 0 was killed by signal 9" in crash.message
+
+
+def test_the_rank_that_raised_first_is_the_cause_when_both_wrote_tracebacks() -> None:
+    det = AlertDetector("h")
+    healthy(det, steps=4)
+    det.feed(final_beat(1, T0 + 5.0, "failed", 4, "rank 1 failed at step 5: InjectedCrash: boom"))
+    det.feed(final_beat(0, T0 + 5.2, "failed", 4, "rank 0 failed at step 5: RuntimeError: Connection reset"))
+    det.feed(status("failed", exit_code=1, exit_reason="rank 1 failed at step 5: InjectedCrash: boom"))
+    [crash] = [a for a in det.check(T0 + 9) if a.kind == "crash"]
+    assert crash.rank == 1 and "InjectedCrash" in crash.message and "then" not in crash.message
+
+
+def test_a_rank_process_gone_while_the_run_lives_is_a_crash_at_once() -> None:
+    det = AlertDetector("h", Thresholds(no_heartbeat_s=30))
+    t = healthy(det, steps=10)
+    det.feed_rank_gone(RUN, 1, t + 0.5)
+    [crash] = [a for a in det.check(t + 1) if a.kind == "crash"]
+    assert crash.rank == 1 and crash.severity == "critical" and "gone" in crash.message
+    assert ("no_heartbeat", 1) not in kinds(det.check(t + 60))  # said once, as a crash
+
+
+def test_disk_nearly_full_and_a_run_that_failed_for_want_of_space() -> None:
+    from nsa.contract.records import Usage
+
+    def disk(free: int) -> Event:
+        sample = HostSample(ts=T0, disk=Usage(free_bytes=free, total_bytes=10**6))
+        return Event("host", None, "host", 1, sample)
+
+    det = AlertDetector("h", Thresholds(disk_warn_bytes=1000, disk_critical_bytes=100))
+    det.feed(status())
+    det.feed(disk(5000))
+    assert det.check(T0) == []
+    det.feed(disk(500))
+    [low] = det.check(T0)
+    assert (low.kind, low.severity, low.run) == ("disk", "warning", None)
+    det.feed(disk(50))
+    assert det.check(T0)[0].severity == "critical"
+    det2 = AlertDetector("h")
+    det2.feed(status("failed", exit_reason="rank 0 failed during checkpoint (after step 3): OSError: "
+                                           "[Errno 28] No space left on device"))
+    [full] = det2.check(T0)
+    assert full.kind == "disk_full" and "no space left" in full.message
+
+
+def test_a_rank_alive_after_its_launcher_is_an_orphan() -> None:
+    from nsa.contract import LaunchInfo
+
+    det = AlertDetector("h")
+    healthy(det, steps=3)
+    launch = LaunchInfo(run_id=RUN, name="run", created=T0, launcher_pid=42)
+    v = view("running")
+    det.feed_view(RUN, msgspec_replace(v, launch=launch, launcher_alive=True, alive=True, pids=[101]))
+    assert det.check(T0 + 3.5) == []
+    det.feed_view(RUN, msgspec_replace(v, launch=launch, launcher_alive=False, alive=True, pids=[101]))
+    [orphan] = [a for a in det.check(T0 + 3.5) if a.kind == "orphan_rank"]
+    assert orphan.rank == 1 and "outlived" in orphan.message
+
+
+def msgspec_replace(obj, **kw):
+    import msgspec
+
+    return msgspec.structs.replace(obj, **kw)
+
+
+def test_a_non_numeric_loss_is_no_nan_alert() -> None:
+    """A metrics line whose loss is not a number is skipped (and counted) at the edge; only a real
+    non-finite loss ("NaN", as the trainer writes it) is a NaN."""
+    from nsa.contract import Metric, decode_lines
+    from nsa.contract.io import LineStats
+
+    stats = LineStats()
+    lines = ['{"kind":"train","ts":1,"step":5,"loss":"abc"}', '{"kind":"train","ts":1,"step":6,"loss":true}',
+             '{"kind":"train","ts":1,"step":7,"loss":"1e999x"}']
+    det = AlertDetector("h")
+    healthy(det, steps=4)
+    det.feed(Event("metrics", RUN, "metrics", 0, decode_lines(lines, Metric, stats)))
+    assert stats.bad == 3 and not [a for a in det.check(T0 + 5) if a.kind == "nan"]
+    nan = decode_lines(['{"kind":"train","ts":1,"step":8,"loss":"NaN"}'], Metric)
+    det.feed(Event("metrics", RUN, "metrics", 0, nan))
+    assert ("nan", None) in kinds(det.check(T0 + 5))

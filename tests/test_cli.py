@@ -62,7 +62,7 @@ def test_crash_is_reported_by_status_logs_and_resume(tmp_path: Path) -> None:
         await c.start()
         try:
             async for ev in c.watch(rid, streams=["heartbeats"]):
-                if ev.kind == "heartbeat":
+                if ev.kind == "beats":
                     return time.monotonic() - t0
         finally:
             await c.close()
@@ -107,3 +107,26 @@ def test_logs_json_never_cuts_a_line(tmp_path: Path) -> None:
         r = nsa_tui("logs", "local", rid, "--runs-root", str(tmp_path), "--json", *follow)
         assert r.returncode == 0, r.stderr
         assert [json.loads(x)["line"] for x in r.stdout.splitlines()] == [*lines, "no newline yet"], follow
+
+
+def test_runs_hides_archived_runs_unless_all_and_delete_says_what_it_frees(tmp_path: Path) -> None:
+    root = ["--runs-root", str(tmp_path)]
+    ids = ["20260101-000000-keep-0001", "20260101-000100-old-0002"]
+    for rid in ids:
+        (tmp_path / rid).mkdir(mode=0o700)
+        (tmp_path / rid / "run.json").write_text(json.dumps({"run_id": rid, "status": "finished"}))
+    (tmp_path / ids[1] / "big.bin").write_bytes(b"\0" * (5 << 20))
+    r = nsa_tui("archive", "local", ids[1], *root)
+    assert r.returncode == 0 and "archived" in r.stdout, r.stderr
+    listed = nsa_tui("runs", "local", *root)
+    assert ids[0] in listed.stdout and ids[1] not in listed.stdout and "1 archived: --all" in listed.stdout
+    every = nsa_tui("runs", "local", "--all", *root)
+    assert ids[0] in every.stdout and f"{ids[1]}" in every.stdout and "finished (archived)" in every.stdout
+    as_json = json.loads(nsa_tui("runs", "local", "--json", "--all", *root).stdout)
+    assert {v["run_id"]: v["archived"] for v in as_json} == {ids[0]: False, ids[1]: True}
+    r = nsa_tui("delete", "local", ids[1], *root)  # no terminal, no --yes: it says what and stops
+    assert r.returncode == cli.EXIT_USAGE and "5 MiB in 4 files" in r.stderr and "--yes" in r.stderr
+    assert (tmp_path / ids[1]).is_dir()
+    r = nsa_tui("delete", "local", ids[1], "--yes", *root)
+    assert r.returncode == 0 and "freed 5 MiB" in r.stdout, r.stderr
+    assert not (tmp_path / ids[1]).exists() and (tmp_path / ids[0]).is_dir()

@@ -106,3 +106,37 @@ def test_shipped_configs_load_and_build(path: Path) -> None:
         model = build_model(cfg.model)
     tokens = torch.zeros(1, 5, dtype=torch.long, device="meta")
     assert model(tokens).shape == (1, 5, cfg.model.vocab_size)
+
+
+def test_errors_name_the_users_file_and_line(tmp_path: Path) -> None:
+    """A YAML error says path:line:column, not PyYAML's "<unicode string>"; a wrong key says the
+    line it is on; a copy (an upload's temporary file) is named by the user's own path."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: x\nmodel:\n  dim: 1\n  n_layers: 2: 3\ntrain: {}\n")
+    msg = _error(path)
+    assert msg.startswith(f"{path}:4:") and "not valid YAML" in msg and "<unicode string>" not in msg
+    text = (CONFIGS / "tiny-cpu.yaml").read_text().replace("  n_layers: 4", "  n_layer: 4")
+    path.write_text(text)
+    line = text.splitlines().index("  n_layer: 4") + 1
+    msg = _error(path)
+    assert msg.startswith(f"{path}:{line}: unknown key 'model.n_layer' (did you mean 'n_layers'?)"), msg
+    copy = tmp_path / ".upload-qvxtwcp1.yaml"
+    copy.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(copy, shown_as="configs/mine.yaml")
+    msg = str(exc.value)
+    assert msg.startswith(f"configs/mine.yaml:{line}: unknown key") and ".upload" not in msg
+    path.write_text(text.replace("n_layer: 4", "n_layers: 4").replace("  dim: 128", "  dim: big"))
+    assert _error(path).startswith(f"{path}:{text.splitlines().index('  dim: 128') + 1}: key 'model.dim'")
+
+
+def test_an_override_error_says_it_came_from_set(tmp_path: Path) -> None:
+    path = CONFIGS / "tiny-cpu.yaml"
+    msg = _error(path, ["train.stepz=5"])
+    assert msg.startswith(f"--set train.stepz=5 (over {path}): unknown key 'train.stepz'"), msg
+    msg = _error(path, ["model.attention.window=-1"])
+    assert msg.startswith(f"--set model.attention.window=-1 (over {path}): key 'model.attention.window'"), msg
+    # a file's own error stays the file's when another key is overridden
+    bad = _write(tmp_path, lambda r: r["model"].update(n_kv_heads=3))
+    line = bad.read_text().splitlines().index("  n_kv_heads: 3") + 1
+    assert _error(bad, ["train.steps=5"]).startswith(f"{bad}:{line}: key 'model.n_kv_heads'")

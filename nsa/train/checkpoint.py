@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from nsa.train.telemetry import write_json_atomic
+from nsa.contract import write_json_atomic
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -73,12 +73,19 @@ def save(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimiz
     final: Path | None = None
     if is_main:
         final = root / f"step-{step}"
+        for stale in root.glob(".tmp-step-*") if root.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)  # a save that was killed half-way: space back
         tmp = root / f".tmp-step-{step}-{os.getpid()}-{int(time.time() * 1000)}"
         tmp.mkdir(parents=True)
-        torch.save({"model": model_sd, "optimizer": optim_sd}, tmp / "state.pt")
-        torch.save(rank_states, tmp / "ranks.pt")
-        write_json_atomic(tmp / "meta.json", {**meta, "step": step, "saved_at": time.time()})
-        _fsync_dir(tmp)
+        try:
+            torch.save({"model": model_sd, "optimizer": optim_sd}, tmp / "state.pt")
+            torch.save(rank_states, tmp / "ranks.pt")
+            write_json_atomic(tmp / "meta.json", {**meta, "step": step, "saved_at": time.time()})
+            _fsync_dir(tmp)
+        except BaseException:
+            # a partial checkpoint (a full disk) must not keep the disk full and block a resume
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():  # the same step saved again (e.g. a stop right after a save)
             shutil.rmtree(final)
         os.rename(tmp, final)

@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", required=True, help="this run's own directory (created, mode 0700)")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="SECTION.KEY=VALUE",
                    help="override config values, e.g. --set train.steps=100 data.source=synthetic")
+    p.add_argument("--parent-run", default=None, metavar="RUN_ID",
+                   help="the run this one continues (fallback/resume): recorded in run.json")
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="auto: newest complete checkpoint of this run directory (none: start fresh); "
                         "PATH: a checkpoint directory, or a run directory to take its newest from")
@@ -68,13 +70,13 @@ def versions() -> dict[str, str | None]:
 def other_run(run_dir: Path, run_id: str) -> str | None:
     """The id and status of a different run that already wrote ``run_dir/run.json``, if any
     (one directory, one run: LESSONS 4). Ranks of this run see their own id and go on."""
-    try:
-        data = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+    from nsa.contract import read_json
+
+    data = read_json(run_dir / "run.json", dict[str, Any])  # any version's run.json names its run
+    other = data.get("run_id") if data else None
+    if not other or other == run_id:
         return None
-    if not isinstance(data, dict) or data.get("run_id") == run_id:
-        return None
-    return f"{data.get('run_id')} (status {data.get('status')})"
+    return f"{other} (status {data.get('status') if data else None})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         except (AttributeError, ValueError):
             pass
     args = parse_args(argv)
+    os.umask(0o077)  # every file of the run (checkpoints, stacks, NCCL dumps) is its user's alone
+    from nsa.train import threads
+
+    try:  # before torch loads its OpenMP runtime (below)
+        cpu = threads.configure()
+    except ValueError as exc:
+        print(f"nsa-train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     from nsa.config import ConfigError, load_config, to_dict
 
     try:
@@ -99,9 +109,12 @@ def main(argv: list[str] | None = None) -> int:
               "(or --resume auto to continue that run)", file=sys.stderr)
         return EXIT_USAGE
 
+    from nsa.contract import RunInfo
     from nsa.train import distributed as D
+
+    threads.apply(cpu)
     from nsa.train.faults import StackDumper, StopFlag, stop_when_launcher_dies
-    from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir, read_launch
+    from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir
 
     run_dir = ensure_run_dir(Path(args.run_dir).expanduser().resolve())
     rank, local_rank, world, launched = D.env_ranks()
@@ -130,16 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         from nsa.train import checkpoint as ckpt
         from nsa.train.trainer import Trainer
 
-        launch = read_launch(run_dir)
         if rank == 0:  # before anything can fail, so a failure always has a run.json to land in
-            record = RunRecord(run_dir, {
-                "run_id": run_id, "name": cfg.name, "config_path": cfg.source_path, "config": to_dict(cfg),
-                "param_count": None, "world_size": world, "batch_size": cfg.train.batch_size,
-                "grad_accum": None, "global_batch": None, "seq_len": cfg.train.seq_len, "dtype": None,
-                "device": str(device), "data_source": cfg.data.source, "command": sys.argv,
-                "versions": versions(), "host": socket.gethostname(), "total_steps": cfg.train.steps,
-                "resumed_from": None, "parent_run": launch.get("parent_run"),
-                "strategy": cfg.train.strategy, "pid": os.getpid()})
+            record = RunRecord(run_dir, RunInfo(
+                run_id=run_id, name=cfg.name, config_path=cfg.source_path, config=to_dict(cfg),
+                world_size=world, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
+                device=str(device), data_source=cfg.data.source, command=list(sys.argv), versions=versions(),
+                host=socket.gethostname(), total_steps=cfg.train.steps, parent_run=args.parent_run,
+                strategy=cfg.train.strategy, pid=os.getpid(), cpu_threads=cpu))
         resume = ckpt.resolve(args.resume, run_dir)
         if record and resume:
             record.update(resumed_from=str(resume))
@@ -147,10 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, run_dir, info, hb, stop, record, resume, log)
         boot = trainer.setup()
         banner(log, cfg, args, run_id, run_dir, world, device, boot, trainer, resume)
+        log(threads.describe(cpu))
         if record:
+            from nsa.stats import train_flops_per_token
+
             record.update(param_count=boot["param_count"], grad_accum=boot["grad_accum"],
                           global_batch=boot["global_batch"], dtype=boot["dtype"],
-                          data_source=boot["data_source"], resume_note=trainer.resume_note)
+                          data_source=boot["data_source"], resume_note=trainer.resume_note,
+                          attention_ops=boot["attention_ops"],
+                          train_flops_per_token=train_flops_per_token(cfg.model, cfg.train.seq_len))
         status = trainer.run()
         trainer.finish()
         overhead = trainer.telemetry_s / trainer.train_s if trainer.train_s else 0.0
@@ -174,14 +189,18 @@ def main(argv: list[str] | None = None) -> int:
 def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: Path, world: int, device: Any,
            boot: dict[str, Any], trainer: Any, resume: Path | None) -> None:
     from nsa.config import to_dict
-    from nsa.ops import get_ops
 
     t = cfg.train
     log(f"nsa-train run {run_id} in {run_dir}")
     log(f"config {cfg.source_path} (overrides: {' '.join(args.set) or 'none'})")
     log("resolved config " + json.dumps(to_dict(cfg), sort_keys=True))
     attn = cfg.model.attention
-    ops = "sdpa" if attn.kind == "dense" else get_ops(attn.backend, device).__name__.rsplit(".", 1)[-1]
+    chosen = boot["attention_ops"]
+    ops = chosen.backend
+    if chosen.fallback_reason:
+        ops += f" (requested {chosen.requested}; FALLBACK: {chosen.fallback_reason})"
+    elif chosen.self_check:
+        ops += f" (self-check passed on {chosen.self_check.device} in {chosen.self_check.seconds:.1f} s)"
     log(f"model {attn.kind}: {boot['param_count']:,} parameters "
         f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
         f"attention ops: {ops}")
@@ -206,15 +225,24 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     step = trainer.step if trainer is not None else 0
-    print(f"[rank {rank}] FAILED at step {step}:\n{tb}", file=sys.stderr, flush=True)
+    try:
+        print(f"[rank {rank}] FAILED at step {step}:\n{tb}", file=sys.stderr, flush=True)
+    except OSError:
+        pass  # train.log on a full disk: run.json and the heartbeat still say it
     tail = "\n".join(tb.strip().splitlines()[-6:])
-    if isinstance(exc, NonFiniteLoss):
+    phase = getattr(hb.phase, "value", hb.phase)
+    no_space = "" if isinstance(exc, NonFiniteLoss) else out_of_space(exc, run_dir)
+    if no_space:
+        # kept short: there may be room for nothing but run.json's own blocks
+        reason = (f"rank {rank} failed during {phase} after step {step}: no space left on device (ENOSPC): "
+                  f"{no_space}; free space on the run directory's disk, then resume")
+    elif isinstance(exc, NonFiniteLoss):
         kept = trainer.last_ckpt if trainer and trainer.last_ckpt else None
         ck = f"the last good checkpoint {kept} is kept" if kept else "no checkpoint was saved yet"
         reason = f"{exc}; every rank stopped; {ck}"
     else:
-        where = f"at step {step + 1}" if hb.phase in ("train", "compile", "data") and trainer and \
-            getattr(trainer, "loader", None) else f"during {hb.phase} (after step {step})"
+        where = f"at step {step + 1}" if phase in ("train", "compile", "data") and trainer and \
+            getattr(trainer, "loader", None) else f"during {phase} (after step {step})"
         reason = f"rank {rank} failed {where}: {type(exc).__name__}: {exc}\n{tail}"
         if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
             reason = (f"rank {rank} failed {where}: a collective timed out after train.pg_timeout_s: a peer "
@@ -227,7 +255,7 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
     if record is not None:
         time.sleep(1.0)  # let a peer that failed first write its beat, then name it
         first = first_peer_failure(run_dir, rank)
-        if first and not isinstance(exc, NonFiniteLoss):
+        if first and not isinstance(exc, NonFiniteLoss) and not no_space:
             reason = f"{first}\n(rank {rank} then failed: {type(exc).__name__}: {str(exc)[:300]})"
         try:
             record.update(status="failed", exit_reason=reason, ended_at=time.time(),
@@ -240,18 +268,42 @@ def fail(exc: BaseException, rank: int, run_dir: Path, hb: Any, record: Any, tra
     os._exit(EXIT_FAILED)  # no teardown handshakes with dead or hung peers
 
 
+def out_of_space(exc: BaseException, run_dir: Path) -> str:
+    """Why ``exc`` is a full disk ("" when it is not): an ENOSPC anywhere in its chain; a failed
+    write (torch.save says only "file write failed") while the disk has next to nothing free; or
+    any failure on a disk that is full (a peer that ran out of space first could not say so)."""
+    import errno
+    import shutil
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    write_failed = False
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text:
+            return f"{type(e).__name__}: {text[:200]}"
+        write_failed = write_failed or isinstance(e, OSError) or "write failed" in text
+        e = e.__cause__ or e.__context__
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return ""
+    if free < (16 << 20 if write_failed else 1 << 20):
+        return f"only {free} bytes free; {type(exc).__name__}: {str(exc)[:200]}"
+    return ""
+
+
 def first_peer_failure(run_dir: Path, me: int) -> str | None:
     """The earliest ``failed`` heartbeat of another rank on this host, if any."""
-    best: tuple[float, str] | None = None
+    from nsa.contract import Beat, Phase, last_record
+
+    best: Beat | None = None
     for path in (run_dir / "heartbeats").glob("rank-*.jsonl"):
         if path.name == f"rank-{me}.jsonl":
             continue
-        try:
-            last = path.read_text().strip().splitlines()[-1]
-            rec = json.loads(last)
-        except (OSError, ValueError, IndexError):
-            continue
-        if rec.get("phase") == "failed" and rec.get("error"):
-            if best is None or rec["ts"] < best[0]:
-                best = (rec["ts"], rec["error"])
-    return best[1] if best else None
+        beat = last_record(path, Beat)
+        if beat is not None and beat.phase == Phase.FAILED and beat.error:
+            if best is None or beat.ts < best.ts:
+                best = beat
+    return best.error if best else None

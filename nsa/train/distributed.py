@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nsa.config import TrainConfig
+from nsa.contract import DeviceInfo
 
 
 @dataclass
@@ -58,7 +59,7 @@ def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def device_record(device: torch.device) -> dict[str, Any]:
+def device_record(device: torch.device) -> DeviceInfo:
     """The heartbeat's ``device`` field: type, index and (CUDA) UUID."""
     if device.type == "cuda":
         uuid: str | None = None
@@ -67,8 +68,8 @@ def device_record(device: torch.device) -> dict[str, Any]:
             uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
         except Exception:
             uuid = None
-        return {"type": "cuda", "index": device.index, "uuid": uuid}
-    return {"type": "cpu", "index": None, "uuid": None}
+        return DeviceInfo(type="cuda", index=device.index, uuid=uuid)
+    return DeviceInfo(type="cpu")
 
 
 def enable_flight_recorder(run_dir: Path) -> None:
@@ -118,9 +119,22 @@ def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) ->
 
     # The model's only buffers are per-rank gate statistics: broadcasting them from rank 0
     # before every forward would cost a collective per micro-batch for nothing.
-    if info.device.type == "cuda":
-        return DDP(model, device_ids=[info.device.index], broadcast_buffers=False)
-    return DDP(model, broadcast_buffers=False)
+    kwargs = {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
+    return DDP(model, **kwargs, **no_buffer_sync_kwargs())
+
+
+def no_buffer_sync_kwargs() -> dict[str, bool]:
+    """DDP's "do not broadcast buffers before each forward" in this torch's words: torch 2.13
+    renamed ``broadcast_buffers`` to ``forward_sync_buffers`` and warns on the old name (the
+    first line of every run's log); GPU hosts may run an older torch without the new one. The
+    new flag still syncs buffers once at init: ours are NaN placeholders then, equal everywhere."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -1,85 +1,83 @@
-"""The run directory's files: run.json, heartbeats, metrics (docs/run-directory.md).
+"""The trainer's side of the run directory: run.json, heartbeats, metrics and their summary.
 
-Every JSON file is written atomically (temporary name, then ``os.replace``); every JSONL
-line is one ``write`` of a complete line, flushed, so a reader never sees half a record.
-The heartbeat thread beats in every phase, so a rank that is alive but stuck (its ``step``
-frozen while timer beats continue) is told apart from a rank that is gone (LESSONS 8, 10).
+The records are the contract's (nsa/contract; docs/run-directory.md). Every JSON file is
+written atomically, every JSONL line with one write. The heartbeat thread beats in every
+phase, so a rank that is alive but stuck (its ``step`` frozen while timer beats continue)
+is told apart from a rank that is gone (LESSONS 8, 10). Heartbeat files rotate at
+:data:`HEARTBEAT_ROTATE_BYTES` (the previous file is kept as ``rank-R.jsonl.1``), so a
+week-long run's beats cost a bounded amount of disk and reading the latest is O(1).
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-PHASES = ("boot", "data", "compile", "train", "eval", "checkpoint", "done", "failed")
-STATUSES = ("starting", "running", "stopped", "finished", "failed")
+import msgspec
 
+from nsa.contract import (
+    TRAINER_STATUSES,
+    Beat,
+    DeviceInfo,
+    Metric,
+    MetricsFolder,
+    MetricsSummary,
+    Phase,
+    RunInfo,
+    RunStatus,
+    read_json,
+    write_json_atomic,
+)
+from nsa.contract.io import JsonlWriter, decode_lines, private_dir, read_lines, write_json_in_place
 
-def write_json_atomic(path: Path, data: Any, durable: bool = True) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file in the same directory
-    (``durable``: fsync first, for records that must survive a power cut)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, default=str)
-            f.write("\n")
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-class JsonlWriter:
-    """Appends one complete JSON line per record, thread-safe, flushed at once."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._f = open(path, "a", encoding="utf-8", buffering=1)
-        self._lock = threading.Lock()
-
-    def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
-        with self._lock:
-            self._f.write(line)
-            self._f.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            self._f.close()
+HEARTBEAT_ROTATE_BYTES = 32 << 20
+SUMMARY_EVERY_S = 10.0
+SUBDIRS = ("heartbeats", "stacks", "checkpoints")
 
 
 def ensure_run_dir(run_dir: Path) -> Path:
-    """Create the run directory private to its user (mode 0700) and its subdirectories."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(run_dir, 0o700)
-    for sub in ("heartbeats", "stacks", "checkpoints"):
-        (run_dir / sub).mkdir(exist_ok=True)
+    """Create the run directory and its subdirectories private to their user (0700)."""
+    private_dir(run_dir)
+    for sub in SUBDIRS:
+        private_dir(run_dir / sub)
     return run_dir
+
+
+class RotatingJsonl(JsonlWriter):
+    """A JSONL file that moves itself to ``<name>.1`` (replacing the older one) past ``max_bytes``."""
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        super().__init__(path)
+        self.max_bytes = max_bytes
+        self._size = self.size()
+        self._rotate_lock = threading.Lock()
+
+    def write(self, record: Any) -> int:
+        n = super().write(record)
+        with self._rotate_lock:
+            self._size += n
+            if self._size >= self.max_bytes:
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self.reopen()
+                self._size = 0
+        return n
 
 
 class Heartbeat:
     """Per-rank heartbeats: ``step`` beats from the training loop, ``timer`` beats from a thread."""
 
     def __init__(self, run_dir: Path, run_id: str, rank: int, local_rank: int, world_size: int,
-                 device: dict[str, Any], interval_s: float) -> None:
-        self.writer = JsonlWriter(run_dir / "heartbeats" / f"rank-{rank}.jsonl")
-        self.base = {"run_id": run_id, "rank": rank, "local_rank": local_rank, "world_size": world_size,
-                     "pid": os.getpid(), "host": socket.gethostname(), "device": device}
+                 device: DeviceInfo, interval_s: float, rotate_bytes: int = HEARTBEAT_ROTATE_BYTES) -> None:
+        self.writer = RotatingJsonl(run_dir / "heartbeats" / f"rank-{rank}.jsonl", rotate_bytes)
+        self.run_id, self.rank, self.local_rank, self.world_size = run_id, rank, local_rank, world_size
+        self.pid, self.host, self.device = os.getpid(), socket.gethostname(), device
         self.interval_s = interval_s
-        self.phase, self.phase_since, self.step = "boot", time.time(), 0
+        self.phase, self.phase_since, self.step = Phase.BOOT, time.time(), 0
         self.cost_s = 0.0  # time the training thread spent writing beats (overhead accounting)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nsa-heartbeat", daemon=True)
@@ -88,19 +86,19 @@ class Heartbeat:
         self.beat("timer")
         self._thread.start()
 
-    def set_phase(self, phase: str) -> None:
-        if phase not in PHASES:
-            raise ValueError(f"unknown phase {phase!r}")
+    def set_phase(self, phase: Phase | str) -> None:
+        phase = Phase(phase)
         if phase != self.phase:
             self.phase, self.phase_since = phase, time.time()
             self.beat("timer")
 
-    def beat(self, source: str, step: int | None = None, **extra: Any) -> None:
+    def beat(self, source: str, step: int | None = None, error: str | None = None) -> None:
         if step is not None:
             self.step = step
-        rec = {"ts": time.time(), **self.base, "phase": self.phase, "phase_since": self.phase_since,
-               "step": self.step, "source": source, **extra}
-        self.writer.write(rec)
+        self.writer.write(Beat(
+            ts=time.time(), run_id=self.run_id, rank=self.rank, local_rank=self.local_rank,
+            world_size=self.world_size, pid=self.pid, host=self.host, device=self.device, phase=self.phase,
+            phase_since=self.phase_since, step=self.step, source=source, error=error))  # type: ignore[arg-type]
 
     def step_beat(self, step: int) -> None:
         t0 = time.perf_counter()
@@ -114,48 +112,95 @@ class Heartbeat:
             except Exception:  # a full disk must not kill the rank from this thread
                 pass
 
-    def stop(self, final_phase: str, **extra: Any) -> None:
+    def stop(self, final_phase: Phase | str, error: str | None = None) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
-        self.phase, self.phase_since = final_phase, time.time()
-        self.beat("timer", **extra)
+        self.phase, self.phase_since = Phase(final_phase), time.time()
+        self.beat("timer", error=error)
         self.writer.close()
 
 
 class RunRecord:
     """run.json, owned by rank 0: identity, resolved config, status, progress."""
 
-    def __init__(self, run_dir: Path, fields: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, info: RunInfo) -> None:
         self.path = run_dir / "run.json"
         now = time.time()
-        self.data: dict[str, Any] = {"status": "starting", "exit_reason": None, "started_at": now,
-                                     "updated_at": now, "ended_at": None, "step": 0, "tokens": 0, **fields}
+        self.info = msgspec.structs.replace(info, status=RunStatus.STARTING, started_at=now, updated_at=now)
         self._last_write = 0.0
         self.write()
 
     def update(self, **fields: Any) -> None:
-        if "status" in fields and fields["status"] not in STATUSES:
-            raise ValueError(f"unknown status {fields['status']!r}")
-        self.data.update(fields)
+        status = fields.get("status")
+        if status is not None and RunStatus(status) not in TRAINER_STATUSES:
+            raise ValueError(f"the trainer cannot write status {status!r}")
+        self.info = msgspec.structs.replace(self.info, **fields)
         self.write()
 
     def progress(self, step: int, tokens: int, every_s: float = 10.0) -> None:
         """Step and tokens, rewritten at most every ``every_s`` seconds (cheap, atomic)."""
-        self.data.update(step=step, tokens=tokens)
+        self.info.step, self.info.tokens = step, tokens
         if time.time() - self._last_write >= every_s:
             self.write(durable=False)
 
     def write(self, durable: bool = True) -> None:
-        self.data["updated_at"] = time.time()
-        write_json_atomic(self.path, self.data, durable)
+        self.info.updated_at = time.time()
+        try:
+            write_json_atomic(self.path, self.info, durable)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.path.exists():
+                raise
+            self._write_on_full_disk()
         self._last_write = time.time()
 
+    def _write_on_full_disk(self) -> None:
+        """The disk is full: the record goes into run.json's own blocks (compact, then with a
+        shorter reason if even that does not fit), so a failure for want of space is still said."""
+        try:
+            write_json_in_place(self.path, self.info)
+        except OSError:
+            reason = (self.info.exit_reason or "")[:200]
+            write_json_in_place(self.path, msgspec.structs.replace(self.info, exit_reason=reason))
 
-def read_launch(run_dir: Path) -> dict[str, Any]:
-    """launch.json of THIS run directory (written by the agent), or {} when run by hand."""
-    try:
-        data = json.loads((run_dir / "launch.json").read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+
+class MetricsLog:
+    """metrics.jsonl (every line) and metrics-summary.json (every series in bounded buckets,
+    rewritten at most every ``every_s`` and at the end): what lets a panel show a run of any
+    age without reading all of it."""
+
+    def __init__(self, run_dir: Path, every_s: float = SUMMARY_EVERY_S) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.summary_path = run_dir / "metrics-summary.json"
+        self.every_s = every_s
+        self.folder = MetricsFolder(summary=read_json(self.summary_path, MetricsSummary))
+        self._catch_up()
+        self.writer = JsonlWriter(self.path)
+        self._last_summary = 0.0
+
+    def _catch_up(self) -> None:
+        """A run continued in place (``--resume auto``): fold the lines its summary misses."""
+        offset = self.folder.upto_offset
+        while True:
+            lines, end = read_lines(self.path, offset)
+            if not lines:
+                break
+            for line in lines:
+                for rec in decode_lines([line.text], Metric):
+                    self.folder.add(rec)
+            offset = end
+        self.folder.upto_offset = offset
+
+    def write(self, metric: Metric) -> None:
+        self.writer.write(metric)
+        self.folder.add(metric, self.writer.size())
+        if time.time() - self._last_summary >= self.every_s:
+            self.write_summary()
+
+    def write_summary(self) -> None:
+        write_json_atomic(self.summary_path, self.folder.summary(), durable=False)
+        self._last_summary = time.time()
+
+    def close(self) -> None:
+        self.write_summary()
+        self.writer.close()

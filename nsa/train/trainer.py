@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nsa.config import Config, to_dict
+from nsa.contract import AttentionOps, EpochMetric, EvalMetric, GateShares, TrainMetric
+from nsa.contract.io import JsonlWriter
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
 from nsa.train.data import (
@@ -29,7 +31,7 @@ from nsa.train.data import (
 from nsa.train.faults import Faults, StopFlag
 from nsa.train.schedule import lr_at
 from nsa.train.sources import build_source
-from nsa.train.telemetry import Heartbeat, JsonlWriter, RunRecord
+from nsa.train.telemetry import Heartbeat, MetricsLog, RunRecord
 from nsa.train.tokenizer import build_tokenizer
 
 # Sources read through ``datasets`` streaming: no global document index (see _load_checkpoint).
@@ -67,7 +69,7 @@ class Trainer:
         self.cfg, self.run_dir, self.info, self.hb, self.stop = cfg, run_dir, info, hb, stop
         self.record, self.resume_path, self.log = record, resume, log
         self.faults = Faults(cfg.debug, info.rank)
-        self.metrics = JsonlWriter(run_dir / "metrics.jsonl") if info.is_main else None
+        self.metrics = MetricsLog(run_dir) if info.is_main else None
         self.debug_log = (JsonlWriter(run_dir / "debug" / f"rank-{info.rank}.jsonl")
                           if cfg.debug.record_rank_state else None)
         self.step = 0
@@ -87,6 +89,7 @@ class Trainer:
         self.use_bf16 = t.dtype == "bf16" or (t.dtype == "auto" and info.device.type == "cuda")
         if self.use_bf16 and info.device.type != "cuda":
             raise RuntimeError("train.dtype bf16 needs CUDA here; use dtype auto or fp32 on CPU")
+        self.attention_ops = self._choose_attention_ops()
         from nsa import build_model
 
         torch.manual_seed(t.seed)  # identical initial weights on every rank
@@ -107,8 +110,47 @@ class Trainer:
         self.global_batch = t.batch_size * info.world_size * self.grad_accum
         self._setup_data(positions)
         return {"param_count": self.param_count, "grad_accum": self.grad_accum,
-                "global_batch": self.global_batch, "dtype": "bf16 autocast, fp32 params" if self.use_bf16
-                else "fp32", "data_source": self.source.description, "n_streams": self.n_streams}
+                "attention_ops": self.attention_ops, "global_batch": self.global_batch,
+                "dtype": "bf16 autocast, fp32 params" if self.use_bf16 else "fp32",
+                "data_source": self.source.description, "n_streams": self.n_streams}
+
+    def _choose_attention_ops(self) -> AttentionOps:
+        """Settle the attention ops before anything trains, the same on every rank
+        (``nsa.ops.choose_ops``: on CUDA the kernels must pass a self-check first).
+        Returns run.json's ``attention_ops``."""
+        m = self.cfg.model
+        if m.attention.kind != "nsa":
+            return AttentionOps(backend="sdpa", requested="sdpa")
+        from nsa.ops import AttentionShape, choose_ops, fall_back
+
+        requested, device = m.attention.backend, self.info.device
+        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
+        choice, error = None, None
+        checks = requested == "triton" or (requested == "auto" and device.type == "cuda")
+        if checks:
+            self.hb.set_phase("compile")  # the check compiles the kernels for this GPU
+        try:
+            choice = choose_ops(requested, device, dtype, AttentionShape.of_model(m))
+        except Exception as exc:  # backend triton and a failing check: an error on every rank (no hang)
+            error = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
+        finally:
+            if checks:
+                self.hb.set_phase("boot")
+        ranks = D.all_gather_objects((error, choice.record() if choice else None))
+        for rank, (err, _) in enumerate(ranks):
+            if err:
+                raise RuntimeError(err if rank == self.info.rank else f"rank {rank}: {err}")
+        assert choice is not None
+        if not choice.fallback_reason:
+            for rank, (_, rec) in enumerate(ranks):
+                if rec.fallback_reason:  # every rank must run the same ops
+                    reason = f"rank {rank}: {rec.fallback_reason}"
+                    choice = fall_back(requested, device, reason, choice.check)
+                    break
+        if choice.fallback_reason:
+            self.log(f"WARNING: attention backend {requested!r}: training on the PyTorch reference ops, far "
+                     f"slower than the Triton kernels, because: {choice.fallback_reason}")
+        return choice.record()
 
     def _load_checkpoint(self, path: Path) -> dict[int, StreamPos]:
         cfg, info = self.cfg, self.info
@@ -201,9 +243,9 @@ class Trainer:
         for msg in batch.events:
             self.log(f"[rank {self.info.rank}] data: {msg}")
             if self.metrics:
-                self.metrics.write({"kind": "epoch", "ts": time.time(), "step": self.step,
-                                    "epoch": batch.positions[batch.stream].epoch, "split": "train",
-                                    "message": msg})
+                self.metrics.write(EpochMetric(ts=time.time(), step=self.step,
+                                               epoch=batch.positions[batch.stream].epoch, split="train",
+                                               message=msg))
         return batch
 
     def train_step(self) -> tuple[float, torch.Tensor | None]:
@@ -298,7 +340,7 @@ class Trainer:
         meta = {"tokens": self.tokens, "world_size": self.info.world_size, "grad_accum": self.grad_accum,
                 "batch_size": self.cfg.train.batch_size, "global_batch": self.global_batch,
                 "seq_len": self.cfg.train.seq_len, "n_streams": self.n_streams,
-                "data_positions": merged, "config": to_dict(self.cfg), "run_id": self.hb.base["run_id"],
+                "data_positions": merged, "config": to_dict(self.cfg), "run_id": self.hb.run_id,
                 "strategy": self.cfg.train.strategy}
         path = ckpt.save(self.run_dir / "checkpoints", self.step, self.model, self.optimizer, meta,
                          rank_states, self.cfg.train.keep_checkpoints, self.info.is_main)
@@ -341,8 +383,8 @@ class Trainer:
             if self.step % t.eval_every == 0 or self.step == t.steps:
                 val = self.evaluate()
                 if val is not None and self.metrics:
-                    self.metrics.write({"kind": "eval", "ts": time.time(), "step": self.step,
-                                        "val_loss": val, "tokens": self.tokens})
+                    self.metrics.write(EvalMetric(ts=time.time(), step=self.step, val_loss=val,
+                                                  tokens=self.tokens))
                     self.log(f"eval step {self.step}: val_loss {val:.4f}")
                 self.hb.set_phase("train")
             if stopping or self.step % t.save_every == 0 or self.step == t.steps:
@@ -357,24 +399,26 @@ class Trainer:
         gates = None
         if shares is not None:
             c, s, w = shares.float().tolist()
-            gates = {"compressed": c, "selected": s, "window": w}
+            gates = GateShares(compressed=c, selected=s, window=w)
         if self.info.device.type == "cuda":
             alloc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         else:
             alloc = reserved = self._proc.memory_info().rss  # CPU: process RSS (psutil)
         gn = float(grad_norm) if grad_norm is not None else None
         tps = self.global_batch * self.cfg.train.seq_len / step_time if step_time > 0 else None
-        rec = {"kind": "train", "ts": time.time(), "step": self.step, "loss": loss, "lr": self.last_lr,
-               "tokens": self.tokens, "tokens_per_s": tps, "step_time_s": step_time, "grad_norm": gn,
-               "gate_shares": gates, "mem_allocated_bytes": alloc, "mem_reserved_bytes": reserved}
-        self.metrics.write(rec)
-        gate_txt = (f" gates c/s/w {gates['compressed']:.2f}/{gates['selected']:.2f}/{gates['window']:.2f}"
+        self.metrics.write(TrainMetric(
+            ts=time.time(), step=self.step, loss=loss, lr=self.last_lr, tokens=self.tokens, tokens_per_s=tps,
+            step_time_s=step_time, grad_norm=gn, gate_shares=gates, mem_allocated_bytes=alloc,
+            mem_reserved_bytes=reserved))
+        gate_txt = (f" gates c/s/w {gates.compressed:.2f}/{gates.selected:.2f}/{gates.window:.2f}"
                     if gates else "")
         self.log(f"step {self.step}/{self.cfg.train.steps} loss {loss:.4f} lr {self.last_lr:.3g} "
                  f"grad_norm {gn if gn is None else round(gn, 3)} {tps or 0:.0f} tok/s "
                  f"{step_time * 1000:.0f} ms/step{gate_txt}")
 
     def finish(self) -> None:
+        if self.metrics:
+            self.metrics.close()
         if self.debug_log:
             self.debug_log.write({"final_step": self.step, "param_digest": param_digest(self.model)})
             self.debug_log.close()

@@ -11,10 +11,10 @@ DEFAULT_ROOT = "~/nsa-runs"
 
 
 async def _amain(runs_root: str) -> None:
-    from nsa_tui.agent.server import Agent
+    from nsa_tui.agent.server import MAX_LINE, Agent
 
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=16 << 20)
+    reader = asyncio.StreamReader(limit=MAX_LINE)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     await Agent(runs_root).serve(reader)
 

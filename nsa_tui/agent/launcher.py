@@ -3,37 +3,46 @@
 Every command is an argument list handed to ``subprocess.Popen`` (never a shell), so
 run names, config paths and overrides cannot inject anything. Runs start detached:
 own session and process group, stdin from /dev/null, output to ``train.log``.
+
+Several agents (two panels, a panel and a script) may act on one run at once: every
+change of a run's state (stop, fallback, resume) holds that run's lock
+(``<run>/.lock``, flock), and a relaunch is recorded in the parent (``relaunch.json``),
+so a second fallback of the same run returns the run the first one started.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import nsa_tui
-from nsa_tui.agent.runs import RunStore, boot_id, read_json, run_processes, write_json
-from nsa_tui.transport.base import env_with_package_path
+from nsa.contract import LaunchInfo, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
+from nsa.contract.protocol import (
+    ActionPlan,
+    ConfigSummary,
+    DumpResult,
+    KillResult,
+    LaunchResult,
+)
+from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
+from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
+from nsa_tui.agent.runs import RunStore
+from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
-
-
-class OpError(Exception):
-    """A request that cannot be done; ``code`` is machine-readable (see docs/agent-protocol.md)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _slug(name: str) -> str:
@@ -46,16 +55,39 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_slug(name)}-{secrets.token_hex(2)}"
 
 
-def validate_config(path: str, overrides: list[str]) -> Any:
-    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2)."""
+def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
+    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2). Errors name
+    ``shown_as``: the user's own path of an uploaded file, never its temporary copy."""
     try:
         from nsa.config import ConfigError, load_config
     except ImportError as exc:
         raise OpError("nsa_missing", f"cannot import nsa on this host: {exc}") from exc
     try:
-        return load_config(path, overrides)
+        return load_config(path, overrides, shown_as=shown_as)
     except ConfigError as exc:
         raise OpError("bad_config", str(exc)) from exc
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Exclusive lock of one run (blocking): across agents, threads and requests alike."""
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.asynccontextmanager
+async def run_lock_async(run_dir: Path) -> AsyncIterator[None]:
+    """``run_lock`` for coroutines: waiting for it does not block the agent's event loop."""
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class Launcher:
@@ -72,15 +104,50 @@ class Launcher:
     def freest_gpu(self) -> int | None:
         """The GPU with the most free memory (the fallback's one GPU), None without NVML."""
         gpus = self.read_gpus()[0] if self.read_gpus else None
-        ok = [g for g in gpus or [] if g.get("mem_total_bytes") and g.get("mem_used_bytes") is not None]
+        ok = [g for g in gpus or [] if g.mem_total_bytes and g.mem_used_bytes is not None]
         if not ok:
             return None
-        return max(ok, key=lambda g: g["mem_total_bytes"] - g["mem_used_bytes"])["index"]
+        return max(ok, key=lambda g: g.mem_total_bytes - g.mem_used_bytes).index
 
     def reap(self) -> None:
         """Collect exited supervisors so they do not linger as zombies."""
         self.children = [p for p in self.children if p.poll() is None]
 
+    @contextlib.contextmanager
+    def _config_file(self, config_path: str | None, config_text: str | None) -> Iterator[tuple[str, str]]:
+        """(a file to read the config from, the name to show for it): an upload is written to a
+        private temporary file for the duration, shown by the path the user gave."""
+        if config_text is not None:
+            self.store.ensure()
+            fd, tmp = _private_temp(self.store.root)
+            try:
+                try:
+                    with os.fdopen(fd, "w") as fh:
+                        fh.write(config_text)
+                except OSError as exc:  # a full disk: said as such (diskroom.no_space)
+                    raise no_space(exc, self.store.root) from exc
+                yield tmp, config_path or "<uploaded>"
+            finally:
+                os.unlink(tmp)
+        elif config_path:
+            yield os.path.expanduser(config_path), config_path
+        else:
+            raise OpError("bad_request", "needs config_path or config_text")
+
+    def _gpu_message(self) -> str:
+        return self.read_gpus()[1] if self.read_gpus else ""
+
+    def describe(self, config_path: str | None = None, *, config_text: str | None = None,
+                 nproc: int | None = None, overrides: list[str] | None = None) -> ConfigSummary:
+        """What the config is and whether it can run here (nothing is started)."""
+        from nsa_tui.agent.describe import describe
+
+        _check_nproc(nproc)
+        with self._config_file(config_path, config_text) as (path, shown):
+            cfg = validate_config(path, [str(o) for o in overrides or []], shown_as=shown)
+        return describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
+
+    @launch_safely
     def launch(
         self,
         config_path: str | None = None,
@@ -92,58 +159,53 @@ class Launcher:
         parent_run: str | None = None,
         resume_from: str | None = None,
         gpu: int | None = None,
-    ) -> dict[str, Any]:
-        """Validate, create the run directory (0700), copy the config, start detached."""
+        check: bool = True,
+    ) -> LaunchResult:
+        """Validate, refuse what cannot run here (``check``; relaunches of a run that ran here
+        skip it), create the run directory (0700), copy the config, start detached. On a full
+        disk nothing is left behind: no run directory, no temporary file."""
+        from nsa_tui.agent.describe import describe
+
         overrides = [str(o) for o in (overrides or [])]
-        if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
-            raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
+        _check_nproc(nproc)
         self.store.ensure()
-        if config_text is not None:
-            fd, tmp = _private_temp(self.store.root)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(config_text)
-            source = config_path or "<uploaded>"
-        elif config_path:
-            tmp, source = None, os.path.expanduser(config_path)
-        else:
-            raise OpError("bad_request", "launch needs config_path or config_text")
-        try:
-            cfg = validate_config(tmp or source, overrides)
+        need_room(self.store.root, MIN_FREE_BYTES + (dir_size(Path(resume_from)) if resume_from else 0),
+                  f"the checkpoint {resume_from}" if resume_from else "a new run")
+        with self._config_file(config_path, config_text) as (path, shown):
+            cfg = validate_config(path, overrides, shown_as=shown)
+            if check:
+                summary = describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
+                if summary.problems:
+                    raise OpError("cannot_run", f"{shown} cannot run on this host: "
+                                  + "; ".join(summary.problems))
             run_id = new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
             run_dir.mkdir(mode=0o700)
+            creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
             os.chmod(run_dir, 0o700)
-            text = Path(tmp or source).read_text()
-        finally:
-            if tmp:
-                os.unlink(tmp)
+            text = Path(path).read_text()
+        source = shown if config_text is not None else path  # recorded: the user's path, ~ expanded here
         cfg_copy = run_dir / "config.yaml"
-        cfg_copy.write_text(text)
+        fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
         n = nproc or max(1, self.gpu_count)
         command = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
         command += ["-m", "nsa.train", "--config", str(cfg_copy), "--run-dir", str(run_dir)]
         if overrides:
             command += ["--set", *overrides]
+        if parent_run:
+            command += ["--parent-run", parent_run]
         if resume_from:
             command += ["--resume", resume_from]
-        launch = {
-            "run_id": run_id,
-            "name": name or cfg.name,
-            "created": time.time(),
-            "command": command,
-            "nproc": n,
-            "overrides": overrides,
-            "launcher_pid": None,
-            "launcher_pgid": None,
-            "boot_id": boot_id(),
-            "parent_run": parent_run,
-            "resume_from": resume_from,
-            "config_file": source,
+        pin = gpu is not None and "CUDA_VISIBLE_DEVICES" not in os.environ
+        launch = LaunchInfo(
+            run_id=run_id, name=name or cfg.name, created=time.time(), command=command, nproc=n,
+            overrides=overrides, boot_id=boot_id(), parent_run=parent_run, resume_from=resume_from,
+            config_file=source,
             # applied only when the agent's own environment does not already pin GPUs
-            "cuda_visible_devices": str(gpu) if gpu is not None and "CUDA_VISIBLE_DEVICES" not in os.environ
-            else os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
-        write_json(run_dir / "launch.json", launch)
+            cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"))
+        write_json_atomic(run_dir / "launch.json", launch)
         import nsa
 
         env = dict(os.environ, NSA_RUN_ID=run_id, PYTHONUNBUFFERED="1")
@@ -154,28 +216,34 @@ class Launcher:
         env.pop("RANK", None)
         env = env_with_package_path(env, nsa.__file__)
         env = env_with_package_path(env, nsa_tui.__file__)  # the supervisor
-        if gpu is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        if pin:
             # NVML numbers GPUs in PCI bus order; CUDA's default order may differ on mixed hosts
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         argv = [self.python, "-m", "nsa_tui.agent.supervise", str(run_dir), "--", *command]
-        log = open(run_dir / "train.log", "ab", buffering=0)
-        os.chmod(run_dir / "train.log", 0o600)
+        log_fd = os.open(run_dir / "train.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=str(run_dir), env=env, close_fds=True,
             )
         finally:
-            log.close()
+            os.close(log_fd)
         self.children.append(proc)
-        launch["launcher_pid"] = proc.pid
-        launch["launcher_pgid"] = proc.pid  # a new session's leader leads its group
-        write_json(run_dir / "launch.json", launch)
-        return {"run_id": run_id, "dir": str(run_dir), "nproc": n, "command": command,
-                "launcher_pid": proc.pid, "launcher_pgid": proc.pid}
+        launch.launcher_pid = proc.pid
+        launch.launcher_pgid = proc.pid  # a new session's leader leads its group
+        write_json_atomic(run_dir / "launch.json", launch)
+        return LaunchResult(run_id=run_id, dir=str(run_dir), nproc=n, command=command, launcher_pid=proc.pid,
+                            view=self.store.view(run_id, with_tail=False), parent_run=parent_run,
+                            resume_from=resume_from)
 
-    async def kill(self, run_id: str, grace_s: float = 60.0) -> dict[str, Any]:
+    async def kill(self, run_id: str, grace_s: float = 60.0) -> KillResult:
+        """Stop a run: the whole of it, confirmed (under the run's lock)."""
+        run_dir = self.store.run_dir(run_id)
+        async with run_lock_async(run_dir):
+            return await self._kill(run_id, run_dir, grace_s)
+
+    async def _kill(self, run_id: str, run_dir: Path, grace_s: float) -> KillResult:
         """TERM (the trainer checkpoints and exits), KILL after the grace, confirm.
 
         The ranks get TERM first: they save and exit 0, and torchrun, seeing every worker
@@ -183,14 +251,13 @@ class Launcher:
         of the run is still there a few seconds after the ranks are gone (or when no rank
         is up yet) gets TERM through the whole group.
         """
-        run_dir = self.store.run_dir(run_id)
-        launch = read_json(run_dir / "launch.json") or {}
-        pgid = launch.get("launcher_pgid")
+        launch = read_json(run_dir / "launch.json", LaunchInfo)
+        pgid = launch.launcher_pgid if launch else None
         procs = await asyncio.to_thread(run_processes, run_id)
         if not procs:
-            return {"run_id": run_id, "was_running": False, "forced": False, "remaining": []}
-        write_json(run_dir / "stop.json", {"ts": time.time(), "by": "nsa-tui agent"})
-        ranks = [p for p in procs if p["rank"] is not None]
+            return KillResult(run_id=run_id, was_running=False)
+        write_json_atomic(run_dir / "stop.json", StopInfo(ts=time.time()))
+        ranks = [p for p in procs if p.rank is not None]
         if ranks:
             _signal_all(None, ranks, signal.SIGTERM)
         else:
@@ -204,7 +271,7 @@ class Launcher:
             procs = await asyncio.to_thread(run_processes, run_id)
             if group_termed or not procs:
                 continue
-            if any(p["rank"] is not None for p in procs):
+            if any(p.rank is not None for p in procs):
                 ranks_gone_at = None
                 continue
             ranks_gone_at = ranks_gone_at or time.monotonic()
@@ -220,119 +287,164 @@ class Launcher:
                 self.reap()
                 procs = await asyncio.to_thread(run_processes, run_id)
         if procs:
-            raise OpError("kill_incomplete", f"processes of {run_id} remain: {[p['pid'] for p in procs]}")
-        return {"run_id": run_id, "was_running": True, "forced": forced, "remaining": []}
+            raise OpError("kill_incomplete", f"processes of {run_id} remain: {[p.pid for p in procs]}")
+        return KillResult(run_id=run_id, was_running=True, forced=forced)
 
-    def _relaunch(self, run_id: str, nproc: int | None, suffix: str, fallback: bool) -> dict[str, Any]:
+    def _done_before(self, run_dir: Path, op: str) -> LaunchResult | None:
+        """The run an earlier ``op`` of this parent started, if any (the idempotent answer)."""
+        done = read_json(run_dir / "relaunch.json", Relaunch)
+        if done is None or done.op != op:
+            return None
+        try:
+            view = self.store.view(done.child_run, with_tail=False)
+        except KeyError:
+            return None
+        launch = view.launch
+        return LaunchResult(run_id=done.child_run, dir=view.dir, nproc=launch.nproc if launch else 1,
+                            command=launch.command if launch else [], view=view, parent_run=run_dir.name,
+                            resume_from=done.resume_from, again=True)
+
+    def _relaunch_args(self, run_id: str, nproc: int | None, op: str) -> tuple[ActionPlan, list[str]]:
+        """What a fallback/resume of ``run_id`` starts (the plan) and the overrides it passes."""
         run_dir = self.store.run_dir(run_id)
         ckpt = self.store.latest_checkpoint(run_id)
-        if ckpt is None:
-            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
-        launch = read_json(run_dir / "launch.json") or {}
-        run = read_json(run_dir / "run.json") or {}
-        overrides = [o for o in launch.get("overrides", []) if not o.startswith("train.grad_accum=")]
-        world = int(run.get("world_size") or launch.get("nproc") or 1)
-        if fallback:
-            cfg = validate_config(str(run_dir / "config.yaml"), launch.get("overrides", []))
-            accum = int(run.get("grad_accum") or cfg.train.grad_accum)
-            overrides.append(f"train.grad_accum={accum * world}")  # same global batch on 1 rank
+        launch = read_json(run_dir / "launch.json", LaunchInfo)
+        run = read_json(run_dir / "run.json", RunInfo)
+        old = launch.overrides if launch else []
+        overrides = [o for o in old if not o.startswith("train.grad_accum=")]
+        world = (run.world_size if run else None) or (launch.nproc if launch else 1)
+        accum: int | None = None
+        if op == "fallback":
+            nproc = 1
+            cfg = validate_config(str(run_dir / "config.yaml"), old)
+            accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world
+            overrides.append(f"train.grad_accum={accum}")  # same global batch on 1 rank
         else:
             nproc = nproc or world
-            accum = run.get("grad_accum")
-            if accum:
-                overrides.append(f"train.grad_accum={accum}")
-        name = str(launch.get("name") or run.get("name") or run_id)
-        res = self.launch(
-            str(run_dir / "config.yaml"), nproc=nproc, overrides=overrides, name=f"{name}{suffix}",
-            parent_run=run_id, resume_from=ckpt, gpu=self.freest_gpu() if fallback else None,
-        )
-        res.update({"parent_run": run_id, "resume_from": ckpt})
-        return res
+            if run is not None and run.grad_accum:
+                overrides.append(f"train.grad_accum={run.grad_accum}")
+                accum = run.grad_accum
+            if run is not None and run.global_batch and run.batch_size and nproc != world:
+                accum = max(1, run.global_batch // (run.batch_size * nproc))  # the trainer keeps the batch
+        name = launch.name if launch else (run.name if run else run_id)
+        step = None
+        if ckpt is not None and Path(ckpt).name.startswith("step-") and Path(ckpt).name[5:].isdigit():
+            step = int(Path(ckpt).name[5:])
+        plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
+                            name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
+                            grad_accum=accum, global_batch=run.global_batch if run else None,
+                            gpu=self.freest_gpu() if op == "fallback" else None)
+        return plan, overrides
 
-    async def fallback(self, run_id: str, grace_s: float = 60.0) -> dict[str, Any]:
-        """Stop the run, relaunch on one GPU from its newest checkpoint, same global batch."""
-        killed = await self.kill(run_id, grace_s)
-        res = self._relaunch(run_id, 1, "-fallback", fallback=True)
-        res["killed"] = killed
-        return res
-
-    def resume(self, run_id: str, nproc: int | None = None) -> dict[str, Any]:
-        """Relaunch a stopped run from its newest checkpoint as a new run linked to it."""
-        if run_processes(run_id):
-            raise OpError("running", f"{run_id} is still running: kill it first")
-        return self._relaunch(run_id, nproc, "-resume", fallback=False)
-
-    async def dump(self, run_id: str, wait_s: float = 3.0) -> dict[str, Any]:
-        """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
+    def plan(self, run_id: str, op: str, nproc: int | None = None) -> ActionPlan:
+        """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
         run_dir = self.store.run_dir(run_id)
-        ranks = [p for p in await asyncio.to_thread(run_processes, run_id) if p["rank"] is not None]
-        if not ranks:
-            raise OpError("not_running", f"{run_id} has no live rank to dump")
-        stacks = run_dir / "stacks"
-        t0 = time.time()
-        for p in ranks:
-            try:
-                os.kill(p["pid"], signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        files: dict[str, str] = {}
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            files = _new_files(stacks, t0)
-            if len(files) >= len(ranks):
-                await asyncio.sleep(0.2)  # let the last writer finish
-                files = _new_files(stacks, t0)
-                break
-        notes = []
-        spy = shutil.which("py-spy")
-        if spy:
-            stacks.mkdir(mode=0o700, exist_ok=True)
-            for p in ranks:
-                res = await asyncio.to_thread(
-                    subprocess.run, [spy, "dump", "--pid", str(p["pid"])],
-                    capture_output=True, text=True, timeout=20,
-                )
-                name = f"stacks/py-spy-rank-{p['rank']}-{int(time.time() * 1000)}.txt"
-                text = res.stdout + res.stderr
-                (run_dir / name).write_text(text)
-                files[name] = text
+        procs = run_processes(run_id)
+        if op == "kill":
+            run = read_json(run_dir / "run.json", RunInfo)
+            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            world = (run.world_size if run else None) or (launch.nproc if launch else 1)
+            plan = ActionPlan(op="kill", run_id=run_id, alive=False, world_size=world, nproc=0)
         else:
-            notes.append("py-spy not installed: faulthandler stacks only")
-        return {"run_id": run_id, "ranks": [p["rank"] for p in ranks], "notes": notes,
-                "files": [{"name": k, "text": v} for k, v in sorted(files.items())]}
+            plan, _ = self._relaunch_args(run_id, nproc, op)
+        plan.alive, plan.pids = bool(procs), [p.pid for p in procs]
+        plan.rank_pids = [p.pid for p in procs if p.rank is not None]
+        if op == "kill":
+            return plan
+        done = read_json(run_dir / "relaunch.json", Relaunch)
+        if done is not None and done.op == op:
+            plan.again = done.child_run
+        elif plan.checkpoint is None:
+            plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
+        elif op == "resume" and procs:
+            plan.problem = f"{run_id} is still running: stop it first"
+        return plan
+
+    def _relaunch(self, run_id: str, nproc: int | None, op: str) -> LaunchResult:
+        """Relaunch from the newest checkpoint as a new run linked to ``run_id`` (lock held)."""
+        run_dir = self.store.run_dir(run_id)
+        plan, overrides = self._relaunch_args(run_id, nproc, op)
+        ckpt = plan.checkpoint
+        if ckpt is None:
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
+        res = self.launch(
+            str(run_dir / "config.yaml"), nproc=plan.nproc, overrides=overrides, name=plan.name,
+            parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False,
+        )
+        write_json_atomic(run_dir / "relaunch.json",
+                          Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
+        return res
+
+    async def fallback(self, run_id: str, grace_s: float = 60.0) -> LaunchResult:
+        """Stop the run, relaunch on one GPU from its newest checkpoint, same global batch.
+        Idempotent: a fallback already done (or under way in another agent) returns its run."""
+        run_dir = self.store.run_dir(run_id)
+        async with run_lock_async(run_dir):
+            done = self._done_before(run_dir, "fallback")
+            if done is not None:
+                return done
+            killed = await self._kill(run_id, run_dir, grace_s)
+            res = await asyncio.to_thread(self._relaunch, run_id, 1, "fallback")
+            res.killed = killed
+            return res
+
+    def resume(self, run_id: str, nproc: int | None = None) -> LaunchResult:
+        """Relaunch a stopped run from its newest checkpoint as a new run linked to it.
+        Idempotent: a run resumed before returns the run that resume started."""
+        run_dir = self.store.run_dir(run_id)
+        with run_lock(run_dir):
+            done = self._done_before(run_dir, "resume")
+            if done is not None:
+                return done
+            if run_processes(run_id):
+                raise OpError("running", f"{run_id} is still running: kill it first")
+            return self._relaunch(run_id, nproc, "resume")
+
+    def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
+        """The relaunch a run's own watchdog asks for (its ``on_failure`` policy: ``restart`` or
+        ``fallback``), under the run's lock and idempotent like a person's. No liveness check:
+        the asking supervisor, the run's last process, is still there."""
+        run_dir = self.store.run_dir(run_id)
+        with run_lock(run_dir):
+            done = self._done_before(run_dir, op)
+            if done is not None:
+                return done
+            return self._relaunch(run_id, 1 if op == "fallback" else nproc, op)
+
+    async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
+        """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
+        from nsa_tui.agent.dump import dump
+
+        return await dump(self.store.run_dir(run_id), run_id, wait_s)
 
 
-def _new_files(stacks: Path, since: float) -> dict[str, str]:
-    out = {}
-    try:
-        entries = list(os.scandir(stacks))
-    except OSError:
-        return out
-    for e in entries:
-        if e.name.startswith("rank-") and e.stat().st_mtime >= since - 0.5:
-            try:
-                out[f"stacks/{e.name}"] = Path(e.path).read_text(errors="replace")
-            except OSError:
-                continue
-    return out
+def _check_nproc(nproc: Any) -> None:
+    if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
+        raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
 
 
-def _signal_all(pgid: int | None, procs: list[dict[str, Any]], sig: int) -> None:
+def relaunch_name(name: str, op: str) -> str:
+    """``<name>-fallback`` / ``<name>-resume``, without snowballing (``x-fallback-resume-resume``):
+    an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
+    base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
+    return f"{base}-{op}"
+
+
+def _signal_all(pgid: int | None, procs: list[RunProcess], sig: int) -> None:
     """The recorded group first, then any process of the run that left it.
 
     The group is signalled only while a process of the run is still in it, so a
     reused group id of an unrelated program is never hit.
     """
-    if pgid and any(p["pgid"] == pgid for p in procs):
+    if pgid and any(p.pgid == pgid for p in procs):
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
     for p in procs:
-        if p["pgid"] != pgid:
+        if p.pgid != pgid:
             try:
-                os.kill(p["pid"], sig)
+                os.kill(p.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 

@@ -5,49 +5,124 @@ exit long before the run does, so nobody would collect torchrun's exit status. T
 small parent waits for it and writes ``exit.json`` (exit code, signal, time), which is
 what turns "processes gone without a final status" into a crash report with its code.
 It survives the group's TERM (it must outlive torchrun to record the code) but not KILL.
+
+It is also the run's watchdog (nsa_tui/agent/watchdog.py): alerts detected from the run's
+files whether or not any panel is connected, written to alerts.jsonl, delivered, with
+evidence and the run's ``on_failure`` policy. The watchdog never stands in the way of the
+supervisor's first job: whatever it does wrong, exit.json is written.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
+
+from nsa.contract import ExitInfo, LaunchInfo, read_json, write_json_atomic
 
 
 def _ignore(signum: int, frame: object) -> None:
     """A Python handler, not SIG_IGN: exec resets handlers, so torchrun keeps defaults."""
 
 
+def log(msg: str) -> None:
+    print(msg, flush=True)  # stdout is train.log
+
+
+def _policy(run_dir: Path) -> Any:
+    """The run's ``on_failure`` (its config with the launch's overrides), None if unreadable."""
+    launch = read_json(run_dir / "launch.json", LaunchInfo)
+    try:
+        from nsa.config import load_config
+
+        return load_config(run_dir / "config.yaml", launch.overrides if launch else []).on_failure
+    except Exception as exc:  # noqa: BLE001 - the run itself will say what is wrong with its config
+        log(f"nsa-tui watchdog: on_failure policy not read ({type(exc).__name__}: {exc}); none applies")
+        return None
+
+
+def _start_watchdog(run_dir: Path, proc: subprocess.Popen[bytes]) -> Any:
+    from nsa_tui.agent.policy import PolicyRunner
+    from nsa_tui.agent.watchdog import Watchdog
+    from nsa_tui.settings import Settings, SettingsError, load_settings
+
+    problem = ""
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        settings, problem = Settings(), str(exc)
+        log(f"nsa-tui watchdog: {exc}; using the default settings")
+    wd: Any = None
+
+    def announce(message: str) -> None:
+        log(f"nsa-tui watchdog: {message}")
+        wd.add_extra("policy", "warning", message, suggested_actions=["logs"])
+        if wd.exit is not None:  # after the run: write it now (the loop has stopped)
+            wd.poll(final=True)
+
+    policy = _policy(run_dir)
+    runner = PolicyRunner(run_dir, policy, proc, announce) if policy is not None else None
+    wd = Watchdog(run_dir, settings, launcher_alive=lambda: proc.poll() is None, log=log,
+                  settings_problem=problem, policy=runner)
+    wd.start()
+    return wd
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m nsa_tui.agent.supervise RUN_DIR -- CMD...", file=sys.stderr)
         return 2
-    run_dir, cmd = argv[0], argv[2:]
+    run_dir, cmd = Path(argv[0]), argv[2:]
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, _ignore)
     started = time.time()
+    os.umask(0o077)  # the run's files are private to its user (inherited by torchrun and the ranks)
+    wd: Any = None
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-        code = proc.wait()
     except OSError as exc:
         print(f"nsa-tui supervise: cannot start {cmd[0]!r}: {exc}", file=sys.stderr, flush=True)
         code = 127
-    record = {
-        "exit_code": code if code >= 0 else None,
-        "signal": -code if code < 0 else None,
-        "started_at": started,
-        "ended_at": time.time(),
-    }
-    tmp = os.path.join(run_dir, f".exit.json.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(record, fh)
-        fh.write("\n")
-    os.replace(tmp, os.path.join(run_dir, "exit.json"))
+    else:
+        try:
+            wd = _start_watchdog(run_dir, proc)
+        except Exception as exc:  # noqa: BLE001 - the run goes on without its watchdog
+            log(f"nsa-tui watchdog: not started: {type(exc).__name__}: {exc}")
+        code = proc.wait()
+    record = ExitInfo(exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
+                      started_at=started, ended_at=time.time())
+    final: list[Any] = []
+    if wd is not None:
+        try:
+            wd.finish(record)
+            final = [rec.alert for rec in wd.ledger.open.values()]
+            record.watchdog = True
+        except Exception as exc:  # noqa: BLE001
+            log(f"nsa-tui watchdog: final check failed: {type(exc).__name__}: {exc}")
+    write_json_atomic(run_dir / "exit.json", record)
     print(f"nsa-tui supervise: command exited with {code}", flush=True)
+    if wd is not None:
+        _after(wd, final)
     return 0
+
+
+def _after(wd: Any, final: list[Any]) -> None:
+    """After exit.json: ranks that outlived torchrun, the policy's relaunch, pending deliveries."""
+    try:
+        while wd.live_rank_pids():  # orphans hold their GPUs: keep watching until they are gone
+            wd.poll()
+            time.sleep(wd.s.watchdog.interval_s)
+        if wd.policy is not None:
+            wd.policy.after_exit(wd.view(), final)
+        wd.poll(final=True)
+    except Exception as exc:  # noqa: BLE001
+        log(f"nsa-tui watchdog: after the run: {type(exc).__name__}: {exc}")
+    finally:
+        wd.close()
 
 
 if __name__ == "__main__":

@@ -1,119 +1,316 @@
-"""The ``watch`` stream of one run: file lines with offsets, then status changes.
+"""Subscriptions: one run's streams, the list of runs, host samples.
 
-Streams: ``metrics`` (metrics.jsonl), ``log`` (train.log) and ``heartbeats/rank-R``
-(heartbeats/rank-R.jsonl). Each event's offset is the byte offset just after its
-line, so a client resumes with the offsets it last saw and misses nothing.
+A run's watch is bounded whatever the run's age (docs/agent-protocol.md, "watch"): the
+newest beat of each rank (not the history), the metrics as their summary plus the last
+lines at full resolution, the log's tail; then live lines as they are written. A client
+that reconnects passes the offsets it saw: a stream it missed little of continues exactly
+(no gap, no duplicate); one it missed much of starts again from its bounded view.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nsa_tui.agent.runs import RunStore
-from nsa_tui.agent.tail import read_lines
+from nsa.contract import (
+    Beat,
+    Metric,
+    MetricsFolder,
+    MetricsSummary,
+    RunView,
+    decode_lines,
+    encode,
+    read_json,
+)
+from nsa.contract.io import LineStats, read_lines, tail_with_offset
+from nsa.contract.protocol import AlertList, EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced, WatchArgs
+from nsa_tui.agent.runs import RunStore, beat_files, latest_beat
 
 POLL_S = 0.25
-FINAL = ("finished", "failed", "stopped", "crashed", "lost")
 STATUS_EVERY_S = 1.0
-STATUS_KEYS = ("status", "trainer_status", "step", "alive", "exit_code", "exit_reason", "pids", "updated_at")
+RUNS_EVERY_S = 1.0
+ALERTS_EVERY_S = 0.5
+BEATS_RESUME_BYTES = 64 << 10  # a rank's missed beats sent exactly when fewer; else its newest
+METRICS_RESUME_BYTES = 1 << 20
+METRIC_LINE_BYTES = 1024  # budget per line when reading the last N metric lines
+CATCH_UP_BYTES = 32 << 20  # lines after a summary folded in place; more means a stale summary
 
-Send = Callable[[dict[str, Any]], None]
+Send = Callable[[EventMsg], None]
+ALL_STREAMS = ("status", "heartbeats", "metrics", "log")
 
 
-def stream_files(run_dir: Path) -> dict[str, Path]:
-    """Stream name -> file, including heartbeat files of ranks that appeared so far."""
-    files = {"metrics": run_dir / "metrics.jsonl", "log": run_dir / "train.log"}
+def _file_size(path: Path) -> int:
     try:
-        for e in os.scandir(run_dir / "heartbeats"):
-            if e.name.startswith("rank-") and e.name.endswith(".jsonl"):
-                files[f"heartbeats/{e.name[:-6]}"] = Path(e.path)
+        return os.stat(path).st_size
     except OSError:
-        pass
-    return files
+        return 0
 
 
-def _parse(stream: str, text: str) -> tuple[str, dict[str, Any]]:
-    if stream == "log":
-        return "log", {"line": text}
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = {"raw": text}
-    if not isinstance(data, dict):
-        data = {"raw": text}
-    return ("metric" if stream == "metrics" else "heartbeat"), data
+class SummaryCache:
+    """Metric summaries of runs that have no metrics-summary.json (older or hand-made runs):
+    built once by reading metrics.jsonl, then extended with new lines only."""
+
+    def __init__(self) -> None:
+        self._folders: dict[str, tuple[int, MetricsFolder]] = {}
+
+    def folder(self, path: Path) -> MetricsFolder:
+        key = str(path)
+        try:
+            inode = os.stat(path).st_ino
+        except OSError:
+            return MetricsFolder()
+        cached = self._folders.get(key)
+        folder = cached[1] if cached and cached[0] == inode else MetricsFolder()
+        fold_from(path, folder, limit=None)
+        self._folders[key] = (inode, folder)
+        return folder
 
 
-def _status_key(rec: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(json.dumps(rec.get(k), sort_keys=True) for k in STATUS_KEYS)
-
-
-def _status_event(sub_id: Any, run_id: str, rec: dict[str, Any], initial: bool) -> dict[str, Any]:
-    return {"id": sub_id, "event": "status", "run": run_id, "stream": "status", "offset": 0,
-            "data": {**rec, "ts": time.time(), "initial": initial}}
-
-
-async def watch_run(
-    store: RunStore, run_id: str, sub_id: Any, send: Send, offsets: dict[str, int],
-    streams: list[str] | None = None, poll_s: float = POLL_S,
-) -> None:
-    """Send backfill from ``offsets``, a ``synced`` marker, then live lines and status."""
-    run_dir = store.run_dir(run_id)
-    offsets = {str(k): int(v) for k, v in (offsets or {}).items()}
-    wanted = set(streams) if streams else None
-    last_status: tuple[Any, ...] | None = None
-    next_status = 0.0
-    synced = False
+def fold_from(path: Path, folder: MetricsFolder, limit: int | None, keep: int = 0) -> list[Metric] | None:
+    """Fold metrics.jsonl lines after ``folder.upto_offset`` into ``folder``; returns the last
+    ``keep`` of them. None (nothing folded) when more than ``limit`` bytes would be read."""
+    size = _file_size(path)
+    if size < folder.upto_offset:  # replaced: start over
+        folder.__init__()  # type: ignore[misc]
+    if limit is not None and size - folder.upto_offset > limit:
+        return None
+    kept: list[Metric] = []
+    offset = folder.upto_offset
     while True:
+        lines, end = read_lines(path, offset, 4 << 20)
+        if not lines:
+            break
+        for line in lines:
+            for m in decode_lines([line.text], Metric):
+                folder.add(m)
+                if keep:
+                    kept.append(m)
+        if keep and len(kept) > 4 * keep:
+            kept = kept[-keep:]
+        offset = end
+    folder.upto_offset = offset
+    return kept[-keep:] if keep else []
+
+
+def metrics_view(run_dir: Path, points: int, recent: int, cache: SummaryCache
+                 ) -> tuple[MetricsSummary, list[Metric], int]:
+    """(summary of the whole file, its last ``recent`` lines, the offset after them)."""
+    path = run_dir / "metrics.jsonl"
+    saved = read_json(run_dir / "metrics-summary.json", MetricsSummary)
+    folder = MetricsFolder(summary=saved) if saved is not None else None
+    last: list[Metric] | None = None
+    if folder is not None:
+        last = fold_from(path, folder, CATCH_UP_BYTES, keep=recent)
+    if last is None:  # no summary, or a stale one: the cache reads the file once
+        folder = cache.folder(path)
+        last = []
+    end = folder.upto_offset
+    if len(last) < recent:
+        tail, _ = tail_with_offset(path, recent, recent * METRIC_LINE_BYTES)
+        tail = [ln for ln in tail if ln.offset <= end]
+        last = decode_lines([ln.text for ln in tail], Metric)
+    return folder.summary(points), last[-recent:], end
+
+
+class RunWatch:
+    """One ``watch`` subscription (see the module docstring)."""
+
+    def __init__(self, store: RunStore, args: WatchArgs, sub_id: Any, send: Send, cache: SummaryCache,
+                 poll_s: float = POLL_S) -> None:
+        self.store, self.args, self.sub_id, self.send, self.cache = store, args, sub_id, send, cache
+        self.run_id = args.run
+        self.dir = store.run_dir(args.run)
+        self.streams = set(args.streams or ALL_STREAMS)
+        self.offsets: dict[str, int] = {str(k): int(v) for k, v in args.offsets.items()}
+        self.poll_s = poll_s
+        self.stats: dict[str, LineStats] = {}
+
+    def _event(self, kind: str, data: Any, stream: str = "", offset: int = 0, initial: bool = False) -> None:
+        self.send(EventMsg(id=self.sub_id, event=kind, run=self.run_id, stream=stream, offset=offset,
+                           initial=initial, data=data))
+
+    def _stats(self, stream: str) -> LineStats:
+        return self.stats.setdefault(stream, LineStats())
+
+    # -- the bounded first view -----------------------------------------------------------------
+    def _backlog_beats(self) -> None:
+        for rank, path in beat_files(self.dir).items():
+            stream = f"heartbeats/rank-{rank}"
+            size = _file_size(path)
+            off = self.offsets.get(stream)
+            if off is not None and 0 <= size - off <= BEATS_RESUME_BYTES:
+                continue  # the live loop sends exactly what was missed
+            beat = latest_beat(path)
+            self.offsets[stream] = size
+            if beat is not None:
+                self._event("beats", [beat], stream, size)
+
+    def _backlog_metrics(self) -> None:
+        path = self.dir / "metrics.jsonl"
+        size = _file_size(path)
+        off = self.offsets.get("metrics")
+        if off is not None and 0 <= size - off <= METRICS_RESUME_BYTES:
+            return
+        summary, recent, end = metrics_view(self.dir, self.args.summary_points, self.args.recent_metrics,
+                                            self.cache)
+        self._event("summary", summary, "metrics", end)
+        if recent:
+            self._event("metrics", recent, "metrics", end)
+        self.offsets["metrics"] = end
+
+    def _backlog_log(self) -> None:
+        path = self.dir / "train.log"
+        size = _file_size(path)
+        off = self.offsets.get("log")
+        want = self.args.log_tail_bytes
+        if off is not None and 0 <= size - off <= want:
+            return
+        lines, end = tail_with_offset(path, 1 << 30, want)
+        skipped = (lines[0].offset - len(lines[0].text.encode()) - 1) if lines else end
+        if skipped > 0:
+            self._event("gap", Gap(stream="log", skipped_bytes=skipped, size=size), "log", 0)
+        if lines:
+            self._event("log", LogLines(lines=[ln.text for ln in lines]), "log", end)
+        self.offsets["log"] = end
+
+    # -- live -------------------------------------------------------------------------------------
+    async def _pump_beats(self) -> bool:
         busy = False
-        rec = None
-        now = time.monotonic()
-        if now >= next_status or not synced:
-            # the record first, the files after: every line written before a final status
-            # was observed is sent before that status
-            next_status = now + STATUS_EVERY_S
-            try:
-                rec = await asyncio.to_thread(store.record, run_id)
-            except (KeyError, OSError):
-                rec = {"run_id": run_id, "status": "missing"}
-            if last_status is None:  # the subscription's first status goes before its backlog
-                last_status = _status_key(rec)
-                send(_status_event(sub_id, run_id, rec, initial=True))
-        for name, path in stream_files(run_dir).items():
-            if wanted is not None and name not in wanted and not (
-                name.startswith("heartbeats/") and "heartbeats" in wanted
-            ):
-                continue
-            lines, offsets[name] = await asyncio.to_thread(read_lines, str(path), offsets.get(name, 0))
-            for line in lines:
-                kind, data = _parse(name, line.text)
-                send({"id": sub_id, "event": kind, "run": run_id, "stream": name, "offset": line.offset,
-                      "data": data})
-            busy = busy or len(lines) > 0
-        if rec is not None and busy and rec.get("status") in FINAL:
-            next_status = 0.0  # a final status goes out after the backlog, never before it
-        elif rec is not None:
-            key = _status_key(rec)
-            if key != last_status:
-                last_status = key
-                send(_status_event(sub_id, run_id, rec, initial=not synced))
-        if not synced and not busy:
-            synced = True
-            send({"id": sub_id, "event": "synced", "run": run_id, "stream": "synced", "offset": 0,
-                  "data": {"ts": time.time(), "offsets": dict(offsets)}})
-            if rec is not None and rec.get("status") in FINAL:
-                # subscribed to a run that had already ended: its end, again, after the backlog
-                send(_status_event(sub_id, run_id, rec, initial=False))
-        if not busy:
-            await asyncio.sleep(poll_s)
+        for rank, path in beat_files(self.dir).items():
+            stream = f"heartbeats/rank-{rank}"
+            lines, end = await asyncio.to_thread(read_lines, path, self.offsets.get(stream, 0))
+            self.offsets[stream] = end
+            if lines:
+                busy = True
+                beats = decode_lines([ln.text for ln in lines], Beat, self._stats(stream), stream)
+                if beats:
+                    self._event("beats", beats, stream, end)
+        return busy
+
+    async def _pump(self, stream: str, path: Path) -> bool:
+        lines, end = await asyncio.to_thread(read_lines, path, self.offsets.get(stream, 0))
+        self.offsets[stream] = end
+        if not lines:
+            return False
+        if stream == "log":
+            self._event("log", LogLines(lines=[ln.text for ln in lines]), "log", end)
         else:
-            await asyncio.sleep(0)
+            recs = decode_lines([ln.text for ln in lines], Metric, self._stats(stream), stream)
+            if recs:
+                self._event("metrics", recs, stream, end)
+        return True
+
+    async def run(self) -> None:
+        """Status, the bounded backlog, ``synced``, then live lines and status changes."""
+        current = await asyncio.to_thread(self.store.view, self.run_id)
+        self._event("status", current, "status", 0, initial=True)
+        last = encode(current)
+        await asyncio.to_thread(self._backlog)
+        synced = False
+        next_status = time.monotonic() + STATUS_EVERY_S
+        while True:
+            busy = False
+            now = time.monotonic()
+            fresh: RunView | None = None
+            if now >= next_status:
+                # the view first, the files after: every line written before an end status was
+                # observed is sent before that status
+                next_status = now + STATUS_EVERY_S
+                try:
+                    fresh = await asyncio.to_thread(self.store.view, self.run_id)
+                except (KeyError, OSError):
+                    fresh = None
+            if "heartbeats" in self.streams:
+                busy = await self._pump_beats() or busy
+            if "metrics" in self.streams:
+                busy = await self._pump("metrics", self.dir / "metrics.jsonl") or busy
+            if "log" in self.streams:
+                busy = await self._pump("log", self.dir / "train.log") or busy
+            if fresh is not None:
+                current = fresh
+                if busy and fresh.status.is_terminal():
+                    next_status = 0.0  # an end status goes out after the lines, never before them
+                elif encode(fresh) != last:
+                    last = encode(fresh)
+                    self._event("status", fresh, "status", 0, initial=not synced)
+            if not synced and not busy:
+                synced = True
+                bad = {k: s.bad for k, s in self.stats.items() if s.bad}
+                self._event("synced", Synced(ts=time.time(), offsets=dict(self.offsets), bad_lines=bad),
+                            "synced")
+                if current.status.is_terminal():
+                    # subscribed to a run that had already ended: its end, again, after the backlog
+                    self._event("status", current, "status", 0, initial=False)
+            await asyncio.sleep(self.poll_s if not busy else 0)
+
+    def _backlog(self) -> None:
+        if "heartbeats" in self.streams:
+            self._backlog_beats()
+        if "metrics" in self.streams:
+            self._backlog_metrics()
+        if "log" in self.streams:
+            self._backlog_log()
+
+
+async def watch_runs(store: RunStore, sub_id: Any, send: Send, every_s: float = RUNS_EVERY_S) -> None:
+    """The list of runs, then a ``run`` event whenever one's view changes (a new run, a status,
+    a step written to run.json) and ``run_removed`` when its directory goes. Ended runs are
+    re-read only when one of their files changes."""
+    known: dict[str, tuple[bytes, bool]] = {}  # run id -> (its encoded view, ended)
+    stamps: dict[str, tuple[float, ...]] = {}
+    first = True
+    while True:
+        views = await asyncio.to_thread(_changed_views, store, known, stamps)
+        if first:
+            send(EventMsg(id=sub_id, event="runs", stream="runs", data=RunsList(runs=views[0])))
+            first = False
+        else:
+            for v in views[0]:
+                send(EventMsg(id=sub_id, event="run", run=v.run_id, stream="runs", data=v))
+        for rid in views[1]:
+            send(EventMsg(id=sub_id, event="run_removed", run=rid, stream="runs",
+                          data=RunRemoved(run_id=rid)))
+        await asyncio.sleep(every_s)
+
+
+def _stamp(d: Path) -> tuple[float, ...]:
+    out = []
+    for name in ("run.json", "launch.json", "exit.json", "stop.json", "archived.json"):
+        try:
+            out.append(os.stat(d / name).st_mtime)
+        except OSError:
+            out.append(0.0)
+    return tuple(out)
+
+
+def _changed_views(store: RunStore, known: dict[str, tuple[bytes, bool]],
+                   stamps: dict[str, tuple[float, ...]]) -> tuple[list[RunView], list[str]]:
+    """(views that changed since the last call, ids that disappeared); updates ``known``."""
+    ids = store.ids()
+    changed: list[RunView] = []
+    for rid in ids:
+        d = store.root / rid
+        stamp = _stamp(d)
+        if rid in known and stamps.get(rid) == stamp and known[rid][1]:
+            continue  # an ended run changes only through its files
+        try:
+            view = store.view(rid, with_tail=False)
+        except (KeyError, OSError):
+            continue
+        data = encode(view)
+        stamps[rid] = stamp
+        if rid not in known or known[rid][0] != data:
+            changed.append(view)
+        known[rid] = (data, view.status.is_terminal())
+    gone = [rid for rid in known if rid not in set(ids)]
+    for rid in gone:
+        known.pop(rid, None)
+        stamps.pop(rid, None)
+    return changed, gone
 
 
 async def watch_host(sampler: Any, sub_id: Any, send: Send, interval_s: float = 1.0) -> None:
@@ -122,5 +319,43 @@ async def watch_host(sampler: Any, sub_id: Any, send: Send, interval_s: float = 
     while True:
         seq += 1
         sample = await asyncio.to_thread(sampler.sample)
-        send({"id": sub_id, "event": "host", "run": None, "stream": "host", "offset": seq, "data": sample})
+        send(EventMsg(id=sub_id, event="host", stream="host", offset=seq, data=sample))
         await asyncio.sleep(interval_s)
+
+
+async def watch_alerts(store: RunStore, books: Any, sub_id: Any, send: Send, history: int = 100,
+                       run: str | None = None, every_s: float = ALERTS_EVERY_S) -> None:
+    """Every run's alerts (or one run's): an ``alerts`` event with each unresolved alert and the
+    newest ``history`` resolved ones per run, then an ``alert`` event for every change of a
+    run's alerts.jsonl (new runs included). A stat per run per poll; only new bytes are read."""
+    from nsa_tui.alertlog import bounded
+
+    def first() -> AlertList:
+        states = []
+        ids = [run] if run else store.ids()
+        for rid in ids:
+            try:
+                book = books.book(store.run_dir(rid))
+            except KeyError:
+                continue
+            book.refresh()
+            states += book.listing(history)
+        return AlertList(alerts=bounded(states, history * max(1, len(ids))))
+
+    def changes() -> list[Any]:
+        out = []
+        ids = [run] if run else store.ids()
+        for rid in ids:
+            try:
+                out += books.refresh(store.run_dir(rid))
+            except KeyError:
+                continue
+        if run is None:
+            books.forget({str(store.root / rid) for rid in ids})
+        return out
+
+    send(EventMsg(id=sub_id, event="alerts", stream="alerts", data=await asyncio.to_thread(first)))
+    while True:
+        await asyncio.sleep(every_s)
+        for st in await asyncio.to_thread(changes):
+            send(EventMsg(id=sub_id, event="alert", run=st.run, stream="alerts", data=st))

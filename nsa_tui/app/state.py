@@ -1,93 +1,93 @@
-"""Plain-data state of the panel: what the services learn, what the widgets draw.
+"""Plain-data state of the panel: what the reducer (reducer.py) writes, what the widgets draw.
 
-Services (workers owning a HostClient) append to these objects; a UI timer redraws
-from them at most ~10x/s. Keeping this layer free of Textual makes it cheap to fill with
-deterministic data for snapshot tests, and bounded: every growing thing is a ring
-buffer or a downsampling series, so a week-long run costs the same memory as an hour.
+Nothing here does I/O or knows Textual, so snapshot tests fill it with fixed records. It is
+bounded: the log is a ring, metrics are the contract's bucketed summaries plus a short
+window at full resolution, so a week-long run costs the same memory as an hour. The
+records are the contract's (nsa.contract): a run's ``view`` is exactly what its agent said.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+from nsa.contract import Alert, Beat, Hello, HostSample, MetricsFolder, RunStatus, RunView, TrainMetric
+from nsa.contract.protocol import AlertState, Gap
+from nsa.contract.records import Metric
+from nsa.contract.series import metric_values
 
 LOG_LINES_MAX = 20_000
 SERIES_POINTS_MAX = 2_048
-ALIVE_STATUSES = ("starting", "running", "stopping")
-
-
-class Series:
-    """A (step, value) series that keeps at most `cap` points by averaging neighbours.
-
-    When full, adjacent pairs are merged and the bucket width doubles, so a million
-    appended steps cost `cap` points and O(1) amortised work per append.
-    """
-
-    def __init__(self, cap: int = SERIES_POINTS_MAX) -> None:
-        self.cap = max(4, cap)
-        self.steps: list[float] = []
-        self.values: list[float] = []
-        self.stride = 1
-        self._acc_n = 0
-        self._acc_step = 0.0
-        self._acc_sum = 0.0
-        self.count = 0
-        self.last_step: float | None = None
-
-    def append(self, step: float, value: float) -> None:
-        """Add one raw point; steps must not go backwards (older duplicates are dropped)."""
-        if self.last_step is not None and step <= self.last_step:
-            return
-        self.last_step = step
-        self.count += 1
-        self._acc_n += 1
-        self._acc_step = step
-        self._acc_sum += value
-        if self._acc_n >= self.stride:
-            self.steps.append(self._acc_step)
-            self.values.append(self._acc_sum / self._acc_n)
-            self._acc_n, self._acc_sum = 0, 0.0
-            if len(self.steps) >= self.cap:
-                self._halve()
-
-    def _halve(self) -> None:
-        steps, values = self.steps, self.values
-        self.steps = [steps[i + 1] for i in range(0, len(steps) - 1, 2)]
-        self.values = [(values[i] + values[i + 1]) / 2 for i in range(0, len(values) - 1, 2)]
-        if len(steps) % 2:
-            self.steps.append(steps[-1])
-            self.values.append(values[-1])
-        self.stride *= 2
-
-    def points(self) -> tuple[list[float], list[float]]:
-        """All stored points plus the partial bucket, oldest first."""
-        steps, values = list(self.steps), list(self.values)
-        if self._acc_n:
-            steps.append(self._acc_step)
-            values.append(self._acc_sum / self._acc_n)
-        return steps, values
-
-    def __len__(self) -> int:
-        return len(self.steps) + (1 if self._acc_n else 0)
+RECENT_POINTS = 512  # metric lines kept at full resolution (the newest part of a chart)
 
 
 def thin(steps: list[float], values: list[float], width: int) -> tuple[list[float], list[float]]:
     """Reduce to about `width` points (bucket means) so a plot redraw stays cheap."""
-    n = len(steps)
+    p = thin_points(Points(list(steps), list(values), list(values), list(values)), width)
+    return p.x, p.y
+
+
+@dataclass
+class Points:
+    """One chart line: x, the mean of what each point stands for, the min and max of it (a
+    one-step spike survives any downsampling as a max), and the x of NaN/inf values, which
+    are marked, never averaged into their neighbours."""
+
+    x: list[float] = field(default_factory=list)
+    y: list[float] = field(default_factory=list)
+    lo: list[float] = field(default_factory=list)
+    hi: list[float] = field(default_factory=list)
+    bad: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def before(self, x0: float) -> Points:
+        """The points (and NaN marks) left of ``x0``."""
+        k = next((i for i, x in enumerate(self.x) if x >= x0), len(self.x))
+        return Points(self.x[:k], self.y[:k], self.lo[:k], self.hi[:k], [b for b in self.bad if b < x0])
+
+    def then(self, other: Points) -> Points:
+        """This line followed by ``other`` (which starts further right)."""
+        return Points(self.x + other.x, self.y + other.y, self.lo + other.lo, self.hi + other.hi,
+                      self.bad + other.bad)
+
+    def mapped(self, fx: Callable[[float], float | None] = lambda x: x, k: float = 1.0) -> Points:
+        """x through ``fx`` (points it maps to None are left out), values times ``k`` (> 0)."""
+        out = Points()
+        for x, y, lo, hi in zip(self.x, self.y, self.lo, self.hi):
+            nx = fx(x)
+            if nx is not None:
+                out.x.append(nx)
+                out.y.append(y * k)
+                out.lo.append(lo * k)
+                out.hi.append(hi * k)
+        out.bad = [nx for nx in map(fx, self.bad) if nx is not None]
+        return out
+
+
+def thin_points(p: Points, width: int) -> Points:
+    """About ``width`` points: each keeps the last x, the mean of the means and the min/max of
+    its group, so a spike is still the max where it was; NaN marks thinned to one per group."""
+    n = len(p.x)
     if width <= 0 or n <= width:
-        return steps, values
+        return p
     size = n / width
-    out_s: list[float] = []
-    out_v: list[float] = []
+    out = Points(bad=p.bad)
     for b in range(width):
         lo, hi = int(b * size), max(int((b + 1) * size), int(b * size) + 1)
-        out_s.append(steps[min(hi, n) - 1])
-        chunk = values[lo:hi]
-        out_v.append(sum(chunk) / len(chunk))
-    return out_s, out_v
+        hi = min(hi, n)
+        out.x.append(p.x[hi - 1])
+        out.y.append(sum(p.y[lo:hi]) / (hi - lo))
+        out.lo.append(min(p.lo[lo:hi]))
+        out.hi.append(max(p.hi[lo:hi]))
+    if len(p.bad) > width and out.x:
+        span = (out.x[-1] - p.x[0]) / width or 1.0
+        out.bad = sorted({p.x[0] + round((b - p.x[0]) / span) * span for b in p.bad})
+    return out
 
 
 class LogBuffer:
@@ -96,7 +96,6 @@ class LogBuffer:
     def __init__(self, maxlen: int = LOG_LINES_MAX) -> None:
         self.lines: deque[str] = deque(maxlen=maxlen)
         self.total = 0
-        self.partial = ""
 
     def append_many(self, lines: list[str]) -> None:
         """Append complete lines and count them."""
@@ -109,20 +108,70 @@ class LogBuffer:
         return self.total - len(self.lines)
 
 
+class RunMetrics:
+    """A run's metrics as the panel holds them: every series bucketed over the whole run (the
+    agent's summary, extended by live lines) and the newest lines at full resolution."""
+
+    def __init__(self) -> None:
+        self.folder = MetricsFolder(cap=SERIES_POINTS_MAX)
+        self.recent: deque[Metric] = deque(maxlen=RECENT_POINTS)
+        self.last_train: TrainMetric | None = None
+        self.count = 0  # lines taken (a redraw signature)
+
+    def add(self, m: Metric) -> None:
+        self.folder.add(m)
+        self.recent.append(m)
+        if isinstance(m, TrainMetric) and (self.last_train is None or m.step >= self.last_train.step):
+            self.last_train = m
+        self.count += 1
+
+    def series(self, name: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of one series (the means of :meth:`points`)."""
+        p = self.points(name)
+        return p.x, p.y
+
+    def points(self, name: str) -> Points:
+        """One series: bucket summaries (mean, min, max, NaN count) before the recent window,
+        then every recent point at full resolution."""
+        recent = [(m.step, v) for m in self.recent for k, v in metric_values(m) if k == name]
+        first = recent[0][0] if recent else None
+        p = Points()
+        s = self.folder.series.get(name)
+        for b in s.buckets if s is not None else []:
+            if first is not None and b.last >= first:
+                break
+            if b.bad:
+                p.bad.append(b.last)
+            mean = b.mean
+            if mean is not None:
+                p.x.append(b.last)
+                p.y.append(mean)
+                p.lo.append(b.lo if b.lo is not None else mean)
+                p.hi.append(b.hi if b.hi is not None else mean)
+        for step, v in recent:
+            if p.x and step <= p.x[-1]:
+                continue
+            if not math.isfinite(v):
+                p.bad.append(step)
+                continue
+            p.x.append(step)
+            p.y.append(v)
+            p.lo.append(v)
+            p.hi.append(v)
+        return p
+
+
 @dataclass(eq=False)
 class RunState:
     """Everything the panel knows about one run on one host."""
 
     host: str
     run_id: str
-    record: dict[str, Any] = field(default_factory=dict)
-    loss: Series = field(default_factory=Series)
-    val_loss: Series = field(default_factory=Series)
-    tokens_per_s: Series = field(default_factory=Series)
-    last_metric: dict[str, Any] = field(default_factory=dict)
+    view: RunView | None = None
+    metrics: RunMetrics = field(default_factory=RunMetrics)
     log: LogBuffer = field(default_factory=LogBuffer)
-    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
-    liveness: dict[str, Any] = field(default_factory=dict)
+    log_gap: Gap | None = None  # the start of train.log that was not sent (its tail is shown)
+    beats: dict[int, Beat] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)
     synced: bool = False
     version: int = 0
@@ -132,56 +181,42 @@ class RunState:
         return (self.host, self.run_id)
 
     @property
-    def status(self) -> str:
-        return str(self.record.get("status") or "unknown")
+    def status(self) -> RunStatus:
+        return self.view.status if self.view is not None else RunStatus.UNKNOWN
 
     @property
     def alive(self) -> bool:
-        if "alive" in self.record:
-            return bool(self.record["alive"])
-        return self.status in ALIVE_STATUSES
+        return self.view.alive if self.view is not None else False
 
     @property
     def name(self) -> str:
-        return str(self.record.get("name") or self.run_id)
+        return self.view.name if self.view is not None else self.run_id
 
-    def add_metric(self, data: dict[str, Any]) -> None:
-        """Fold one metrics.jsonl line into the series."""
-        kind = data.get("kind", "train")
-        step = data.get("step")
-        if step is None:
-            return
-        if kind == "train":
-            if isinstance(data.get("loss"), (int, float)):
-                self.loss.append(step, float(data["loss"]))
-            if isinstance(data.get("tokens_per_s"), (int, float)):
-                self.tokens_per_s.append(step, float(data["tokens_per_s"]))
-            self.last_metric = data
-            rec = self.record
-            rec["step"] = max(int(step), int(rec.get("step") or 0))
-            if data.get("tokens") is not None:
-                rec["tokens"] = data["tokens"]
-        elif kind == "eval" and isinstance(data.get("val_loss"), (int, float)):
-            self.val_loss.append(step, float(data["val_loss"]))
-        elif kind == "epoch":
-            self.log.append_many([f"[epoch] {data.get('message', '')}"])
-        self.version += 1
+    @property
+    def parent_run(self) -> str | None:
+        return self.view.parent_run if self.view is not None else None
 
-    def add_heartbeat(self, data: dict[str, Any]) -> None:
-        rank = int(data.get("rank", 0))
-        self.heartbeats[rank] = data
-        self.version += 1
+    @property
+    def step(self) -> int:
+        """The newest step known: run.json (rewritten every ~10 s), beats and metrics (live)."""
+        steps = [self.view.info.step if self.view else 0, *(b.step for b in self.beats.values())]
+        if self.metrics.last_train is not None:
+            steps.append(self.metrics.last_train.step)
+        return max(steps)
+
+    @property
+    def created(self) -> float:
+        return self.view.created if self.view is not None else 0.0
 
     def phase(self) -> tuple[str | None, float | None]:
         """The phase of the slowest rank (lowest step) and when it began."""
-        if not self.heartbeats:
+        if not self.beats:
             return None, None
-        beat = min(self.heartbeats.values(), key=lambda b: (b.get("step") or 0, b.get("ts") or 0))
-        return beat.get("phase"), beat.get("phase_since")
+        beat = min(self.beats.values(), key=lambda b: (b.step, b.ts))
+        return beat.phase.value, beat.phase_since
 
     def newest_beat_ts(self) -> float | None:
-        ts = [b.get("ts") for b in self.heartbeats.values() if b.get("ts")]
-        return max(ts) if ts else None
+        return max((b.ts for b in self.beats.values()), default=None)
 
 
 @dataclass(eq=False)
@@ -191,22 +226,21 @@ class HostState:
     dest: str
     conn: str = "connecting"
     retry_at: float | None = None
-    detail: str = ""
-    hello: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""  # why it is not connected (the last error), or the agent's notes
+    hello: Hello | None = None
     runs: dict[str, RunState] = field(default_factory=dict)
-    sample: dict[str, Any] = field(default_factory=dict)
+    sample: HostSample | None = None
     runs_loaded: bool = False
+    recorded: dict[tuple[str, str], AlertState] = field(default_factory=dict)  # (run, id): alerts.jsonl
+    alerts_loaded: bool = False
 
     @property
     def label(self) -> str:
-        return str(self.hello.get("host") or self.dest)
+        return self.hello.host if self.hello is not None and self.hello.host else self.dest
 
     @property
     def gpu_count(self) -> int:
-        try:
-            return int(self.hello.get("gpus") or 0)
-        except (TypeError, ValueError):
-            return 0
+        return self.hello.gpus if self.hello is not None else 0
 
     def run(self, run_id: str) -> RunState:
         if run_id not in self.runs:
@@ -214,14 +248,54 @@ class HostState:
         return self.runs[run_id]
 
 
+RunKey = tuple[str, str]  # (host, run id)
+DEFAULT_CHARTS = ("loss", "tokens_per_s")
+
+
+@dataclass
+class ViewState:
+    """What the user chose to look at: the panel's own choices, not facts from a host. The
+    charts and the x axis persist between sessions (viewprefs.py)."""
+
+    marks: list[RunKey] = field(default_factory=list)  # runs to compare, in the order marked
+    compare: bool = False  # the charts overlay the marked runs
+    x_axis: str = "step"  # "step" | "tokens"
+    charts: tuple[str, ...] = DEFAULT_CHARTS  # chart kinds shown (app/chartdata.py)
+    filter: str = ""  # the run list's filter (app/listing.py)
+    expanded: set[RunKey] = field(default_factory=set)  # lineages shown unfolded (by their root)
+
+
+@dataclass
+class ShownAlert:
+    """An alert as the panel lists it: recorded on the host (alerts.jsonl, ``id`` set) or
+    detected by the panel itself for a run without a watchdog (``id`` None)."""
+
+    dest: str
+    alert: Alert
+    state: str  # open | acknowledged | resolved
+    raised_at: float | None = None
+    resolved_at: float | None = None
+    id: str | None = None
+
+    @property
+    def key(self) -> str:
+        return recorded_key(self.dest, self.alert.run, self.id) if self.id else self.alert.key
+
+
+def recorded_key(dest: str, run: str | None, alert_id: str) -> str:
+    return f"{dest}|{run}|#{alert_id}"
+
+
 @dataclass
 class PanelState:
-    """The whole panel: hosts, the selected run, alerts, and the clock."""
+    """The whole panel: hosts, the selected run, alerts, what the user chose to see, the clock."""
 
     hosts: dict[str, HostState] = field(default_factory=dict)
     selected: tuple[str, str] | None = None
-    alerts: list[Any] = field(default_factory=list)
+    view: ViewState = field(default_factory=ViewState)
+    alerts: list[Alert] = field(default_factory=list)
     acked: set[str] = field(default_factory=set)
+    announced: set[str] = field(default_factory=set)  # alerts already toasted and rung
     clock: Callable[[], float] = time.time
     version: int = 0
 
@@ -247,44 +321,57 @@ class PanelState:
         return next(iter(self.hosts.values()), None)
 
     def all_runs(self) -> list[RunState]:
-        """Runs of every host, newest first."""
-        runs = [r for h in self.hosts.values() for r in h.runs.values()]
-        return sorted(runs, key=lambda r: -(r.record.get("started_at")
-                                            or (r.record.get("launch") or {}).get("created") or 0))
+        """Runs of every host that the agents reported, newest first."""
+        runs = [r for h in self.hosts.values() for r in h.runs.values() if r.view is not None]
+        return sorted(runs, key=lambda r: -r.created)
+
+    def run_by_key(self, key: RunKey) -> RunState | None:
+        h = self.hosts.get(key[0])
+        return h.runs.get(key[1]) if h else None
+
+    def marked_runs(self) -> list[RunState]:
+        """The marked runs the hosts still have, in the order they were marked."""
+        return [r for r in map(self.run_by_key, self.view.marks) if r is not None and r.view is not None]
 
     def parent_of(self, run: RunState) -> RunState | None:
-        parent = run.record.get("parent_run")
-        if not parent:
+        parent = run.parent_run
+        if not parent or run.host not in self.hosts:
             return None
-        return self.hosts[run.host].runs.get(parent) if run.host in self.hosts else None
+        return self.hosts[run.host].runs.get(parent)
 
     def chart_series(self, run: RunState, name: str) -> tuple[list[float], list[float]]:
+        """(steps, means) of :meth:`chart_points`."""
+        p = self.chart_points(run, name)
+        return p.x, p.y
+
+    def chart_points(self, run: RunState, name: str) -> Points:
         """A run's series, preceded by its ancestors' points up to where it resumed.
 
         A fallback run resumes from its parent's checkpoint, so its chart continues from
         the parent's steps instead of starting over.
         """
-        steps, values = getattr(run, name).points()
+        p = run.metrics.points(name)
         seen = {run.run_id}
         cur = run
         while (parent := self.parent_of(cur)) is not None and parent.run_id not in seen:
             seen.add(parent.run_id)
-            p_steps, p_values = getattr(parent, name).points()
-            first = steps[0] if steps else float("inf")
-            keep = [i for i, s in enumerate(p_steps) if s < first]
-            steps = [p_steps[i] for i in keep] + steps
-            values = [p_values[i] for i in keep] + values
+            first = p.x[0] if p.x else float("inf")
+            p = parent.metrics.points(name).before(first).then(p)
             cur = parent
-        return steps, values
+        return p
 
-    def open_alerts(self) -> list[Any]:
-        """Unacknowledged alerts, newest first."""
-        return [a for a in self.alerts if alert_key(a) not in self.acked]
+    def open_alerts(self) -> list[Alert]:
+        """Unacknowledged, unresolved alerts of both kinds, newest first."""
+        return [s.alert for s in self.shown_alerts() if s.state == "open"]
 
-
-def alert_key(alert: Any) -> str:
-    """An alert's identity (AlertDetector gives one; fall back to its fields)."""
-    key = getattr(alert, "key", None)
-    if key:
-        return str(key)
-    return f"{getattr(alert, 'kind', '?')}:{getattr(alert, 'host', '')}:{getattr(alert, 'run', '')}"
+    def shown_alerts(self, history: int = 50) -> list[ShownAlert]:
+        """What the alerts pane lists: open ones (newest first), then acknowledged ones still
+        unresolved, then the newest ``history`` resolved ones (newest first)."""
+        recorded = [ShownAlert(dest, st.alert, st.state, st.raised_at, st.resolved_at, st.id)
+                    for dest, h in self.hosts.items() for st in h.recorded.values()]
+        mine = [ShownAlert(a.host, a, "acknowledged" if a.key in self.acked else "open") for a in self.alerts]
+        # the panel's own alerts (no time of their own) come first in their order: they are live
+        newest = sorted(recorded, key=lambda s: -(s.raised_at or 0.0))
+        by_state = {st: [s for s in mine if s.state == st] + [s for s in newest if s.state == st]
+                    for st in ("open", "acknowledged", "resolved")}
+        return by_state["open"] + by_state["acknowledged"] + by_state["resolved"][:history]

@@ -7,7 +7,10 @@ import os
 import sys
 
 import nsa_tui
-from nsa_tui.transport.base import Channel, StderrTail, Transport, TransportError, env_with_package_path
+from nsa_tui.pkgpath import env_with_package_path
+from nsa_tui.transport.base import Channel, StderrTail, Transport, TransportError
+
+LINE_LIMIT = 64 << 20  # the agent's lines: a dump of many ranks' stacks is one reply
 
 
 class ProcessChannel(Channel):
@@ -62,7 +65,7 @@ class LocalTransport(Transport):
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, limit=16 << 20,
+                stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
                 env=env_with_package_path(dict(os.environ), nsa_tui.__file__),
             )
         except OSError as exc:

@@ -94,6 +94,17 @@ class SshChannel(Channel):
         return await self.err.text()
 
 
+def accept_hint(host: str, port: int | None, user: str | None, algorithm: str, known_hosts: str) -> str:
+    """What to do about an unknown host key, with the exact commands."""
+    p = f"-p {port} " if port and port != 22 else ""
+    who = f"{user}@{host}" if user else host
+    return ("To trust it, first compare that fingerprint with the host's own (run on the host: "
+            f"ssh-keygen -lf /etc/ssh/ssh_host_{algorithm.removeprefix('ssh-').split('-')[0]}_key.pub), then "
+            f"either add it: ssh-keyscan {p}-t {algorithm} {host} >> {known_hosts}\n"
+            f"or connect once with plain ssh and answer yes: ssh {p}{who}\n"
+            "(the panel asks, and remembers the key when you answer Trust)")
+
+
 class SshTransport(Transport):
     """Connects to ``dest`` and starts ``python -m nsa_tui.agent`` there per channel."""
 
@@ -147,7 +158,7 @@ class SshTransport(Transport):
             raise AuthError(f"{self.dest}: authentication refused ({exc.reason})",
                             "check your key, ssh-agent or the user name") from exc
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
-            raise TransportError(f"{self.dest}: cannot connect: {exc or type(exc).__name__}") from exc
+            raise TransportError(f"{self.dest}: cannot connect: {_why(exc)}") from exc
         return self.conn
 
     async def _unverified(self, exc: Exception) -> None:
@@ -185,13 +196,13 @@ class SshTransport(Transport):
                 f"If you know why it changed, remove the old key with: ssh-keygen -R '{shown}'"
                 + (f" -f {existing[0]}" if existing else ""),
             )
+        algo_fp = f"{key.get_algorithm()} {fingerprint}"
+        how = accept_hint(options.host, port, options.username or self.user, key.get_algorithm(), files[0])
         if self.confirm_host_key is None:
+            raise HostKeyError(f"{shown} is not in known_hosts (its key: {algo_fp})", how)
+        if not await self.confirm_host_key(shown, algo_fp):
             raise HostKeyError(
-                f"{shown} is not in known_hosts (key {key.get_algorithm()} {fingerprint})",
-                f"verify the fingerprint, then connect once with plain ssh to accept it: ssh {self.dest}",
-            )
-        if not await self.confirm_host_key(shown, f"{key.get_algorithm()} {fingerprint}"):
-            raise HostKeyError(f"{shown}: host key not accepted ({fingerprint})")
+                f"{shown} is not in known_hosts and its key was not accepted (its key: {algo_fp})", how)
         algo, blob = key.export_public_key("openssh").decode().split()[:2]
         line = f"{shown} {algo} {blob}\n"
         path = Path(files[0])
@@ -221,3 +232,16 @@ class SshTransport(Transport):
             self.conn.close()
             await self.conn.wait_closed()
             self.conn = None
+
+
+def _why(exc: BaseException) -> str:
+    """A connect failure in words: "Connection refused (errno 111)", not asyncio's
+    "[Errno 111] Connect call failed ('10.0.0.5', 22)" (the panel shows this beside the host)."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    errno = getattr(exc, "errno", None)
+    if isinstance(exc, OSError) and isinstance(errno, int) and errno > 0:
+        import os
+
+        return f"{os.strerror(errno)} (errno {errno})"
+    return str(exc) or type(exc).__name__

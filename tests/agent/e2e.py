@@ -8,14 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from nsa_tui.agent.runs import run_processes
+from nsa_tui.agent.procs import run_processes
 from nsa_tui.client import Event, HostClient
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = str(REPO / "configs" / "smoke-cpu.yaml")
 # a run that goes on until stopped: checkpoints often, no eval pauses
 LONG = ["train.steps=100000", "train.save_every=5", "train.eval_every=100000"]
-TERMINAL = ("finished", "failed", "stopped", "crashed", "lost")
 
 
 async def until(it: AsyncIterator[Event], pred: Any, timeout: float) -> Event:
@@ -31,11 +30,15 @@ async def until(it: AsyncIterator[Event], pred: Any, timeout: float) -> Event:
 
 
 def is_step(n: int) -> Any:
-    return lambda ev: ev.kind == "metric" and ev.data.get("kind") == "train" and ev.data["step"] >= n
+    """A metrics event with a train line at step >= n."""
+    from nsa.contract import TrainMetric
+
+    return lambda ev: ev.kind == "metrics" and any(
+        isinstance(m, TrainMetric) and m.step >= n for m in ev.data)
 
 
 def is_over(ev: Event) -> bool:
-    return ev.kind == "status" and not ev.data.get("initial") and ev.data.get("status") in TERMINAL
+    return ev.kind == "status" and not ev.initial and ev.data.status.is_terminal()
 
 
 async def stop_all(c: HostClient, run_ids: list[str]) -> None:

@@ -15,10 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from nsa.contract import GpuReading, RunStatus
+from nsa.contract.io import read_lines, tail_lines
 from nsa_tui.agent.launcher import Launcher
-from nsa_tui.agent.runs import RunStore, boot_id, run_processes, write_json
+from nsa_tui.agent.procs import boot_id, run_processes
+from nsa_tui.agent.runs import RunStore
 from nsa_tui.agent.sampler import HostSampler, NvmlSource
-from nsa_tui.agent.tail import read_lines, tail_text
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """A file as another process (trainer, agent, an older version) would have written it."""
+    path.write_text(json.dumps(obj))
 
 # a process tree like torchrun's: a leader and two "ranks"
 TREE = ("import subprocess,sys,time; "
@@ -35,10 +42,11 @@ def fake_run(store: RunStore, run_id: str, env_id: str | None = None, boot: str 
     if env_id:
         env["NSA_RUN_ID"] = env_id
     proc = subprocess.Popen([sys.executable, "-c", TREE], env=env, start_new_session=True)
-    write_json(d / "launch.json", {"run_id": run_id, "launcher_pid": proc.pid, "launcher_pgid": proc.pid,
+    write_json(d / "launch.json", {"run_id": run_id, "name": "fake", "created": time.time(),
+                                   "launcher_pid": proc.pid, "launcher_pgid": proc.pid,
                                    "boot_id": boot or boot_id(), "nproc": 2})
     if status:
-        write_json(d / "run.json", {"run_id": run_id, "status": status, "step": 3})
+        write_json(d / "run.json", {"run_id": run_id, "name": "fake", "status": status, "step": 3})
     return d, proc
 
 
@@ -76,7 +84,7 @@ def test_read_lines_offsets_partial_lines_and_truncation(tmp_path: Path) -> None
     lines, off = read_lines(str(f), 0, max_bytes=40)
     assert len(lines) == 1 and off == 40
     (tmp_path / "log").write_text("".join(f"line {i}\n" for i in range(100)))
-    assert tail_text(str(tmp_path / "log"), 3) == ["line 97", "line 98", "line 99"]
+    assert tail_lines(str(tmp_path / "log"), 3) == ["line 97", "line 98", "line 99"]
 
 
 def test_liveness_needs_group_and_run_id(tmp_path: Path) -> None:
@@ -86,13 +94,13 @@ def test_liveness_needs_group_and_run_id(tmp_path: Path) -> None:
     _, old = fake_run(store, "20260101-000000-c-0003", env_id="20260101-000000-c-0003", boot="other-boot")
     try:
         wait_children(3, "20260101-000000-a-0001", good.pid)
-        rec = store.record("20260101-000000-a-0001")
-        assert rec["alive"] and rec["status"] == "running" and len(rec["pids"]) == 3
-        rec = store.record("20260101-000000-b-0002")
-        assert not rec["alive"] and rec["status"] == "crashed"
-        rec = store.record("20260101-000000-c-0003")  # launched before a reboot: lost, whatever runs now
-        assert not rec["alive"] and rec["status"] == "lost"
-        assert [r["run_id"] for r in store.records()] == [
+        rec = store.view("20260101-000000-a-0001")
+        assert rec.alive and rec.status == RunStatus.RUNNING and len(rec.pids) == 3
+        rec = store.view("20260101-000000-b-0002")
+        assert not rec.alive and rec.status == RunStatus.CRASHED
+        rec = store.view("20260101-000000-c-0003")  # launched before a reboot: lost, whatever runs now
+        assert not rec.alive and rec.status == RunStatus.LOST
+        assert [r.run_id for r in store.views()] == [
             "20260101-000000-c-0003", "20260101-000000-b-0002", "20260101-000000-a-0001"]
     finally:
         for p in (good, reused, old):
@@ -114,14 +122,16 @@ def test_a_rank_that_outlived_its_launcher_keeps_the_run_alive(tmp_path: Path) -
                              start_new_session=True)  # a pid that is not the run's: never counts
     try:
         (d / "heartbeats").mkdir()
-        (d / "heartbeats" / "rank-0.jsonl").write_text(json.dumps({"rank": 0, "pid": rank.pid}) + "\n")
-        (d / "heartbeats" / "rank-1.jsonl").write_text(json.dumps({"rank": 1, "pid": other.pid}) + "\n")
-        rec = store.record(rid)
-        assert rec["alive"] and rec["status"] == "running" and rec["pids"] == [rank.pid]
+        beat = {"ts": time.time(), "run_id": rid, "rank": 0, "pid": rank.pid}
+        (d / "heartbeats" / "rank-0.jsonl").write_text(json.dumps(beat) + "\n")
+        beat = {**beat, "rank": 1, "pid": other.pid}
+        (d / "heartbeats" / "rank-1.jsonl").write_text(json.dumps(beat) + "\n")
+        rec = store.view(rid)
+        assert rec.alive and rec.status == RunStatus.RUNNING and rec.pids == [rank.pid]
         rank.kill()
         rank.wait(5)
-        rec = store.record(rid)
-        assert not rec["alive"] and rec["status"] == "crashed"
+        rec = store.view(rid)
+        assert not rec.alive and rec.status == RunStatus.CRASHED
     finally:
         for p in (rank, other):
             p.kill()
@@ -134,11 +144,11 @@ def test_crashed_record_has_exit_code_and_tail(tmp_path: Path) -> None:
     reap(p)
     (d / "exit.json").write_text(json.dumps({"exit_code": 1}))
     (d / "train.log").write_text("boot\nTraceback (most recent call last):\nRuntimeError: boom\n")
-    rec = store.record("20260101-000000-x-0004")
-    assert rec["status"] == "crashed" and rec["exit_code"] == 1
-    assert rec["log_tail"][-1] == "RuntimeError: boom"
-    write_json(d / "run.json", {"status": "finished"})
-    assert store.record("20260101-000000-x-0004")["status"] == "finished"
+    rec = store.view("20260101-000000-x-0004")
+    assert rec.status == RunStatus.CRASHED and rec.exit is not None and rec.exit.exit_code == 1
+    assert rec.log_tail[-1] == "RuntimeError: boom"
+    write_json(d / "run.json", {"run_id": "20260101-000000-x-0004", "name": "x", "status": "finished"})
+    assert store.view("20260101-000000-x-0004").status == RunStatus.FINISHED
 
 
 async def test_kill_takes_the_whole_group_even_when_term_is_ignored(tmp_path: Path) -> None:
@@ -150,18 +160,18 @@ async def test_kill_takes_the_whole_group_even_when_term_is_ignored(tmp_path: Pa
             "subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']); time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NSA_RUN_ID=rid),
                             start_new_session=True)
-    write_json(d / "launch.json", {"run_id": rid, "launcher_pid": proc.pid, "launcher_pgid": proc.pid,
-                                   "boot_id": boot_id()})
+    write_json(d / "launch.json", {"run_id": rid, "name": "k", "created": time.time(),
+                                   "launcher_pid": proc.pid, "launcher_pgid": proc.pid, "boot_id": boot_id()})
     try:
         wait_children(2, rid, proc.pid)
         t0 = time.monotonic()
         res = await Launcher(store).kill(rid, grace_s=1.0)
-        assert res["was_running"] and res["forced"] and res["remaining"] == []
+        assert res.was_running and res.forced and res.remaining == []
         assert time.monotonic() - t0 < 8
         await asyncio.to_thread(proc.wait, 5)
         assert run_processes(rid) == []
-        assert store.record(rid)["status"] == "stopped"
-        assert (await Launcher(store).kill(rid))["was_running"] is False
+        assert store.view(rid).status == RunStatus.STOPPED
+        assert (await Launcher(store).kill(rid)).was_running is False
     finally:
         reap(proc)
 
@@ -175,12 +185,10 @@ class FakeGpus:
     def count(self) -> int:
         return 2
 
-    def read(self) -> tuple[list[dict], str]:
-        g0 = {"index": 0, "name": "Fake H100", "mem_used_bytes": 10 << 30, "mem_total_bytes": 80 << 30,
-              "util_pct": 97, "power_w": 650.0, "power_limit_w": 700.0, "temp_c": 61, "pids": [self.pid]}
-        g1 = {"index": 1, "name": None, "mem_used_bytes": None, "mem_total_bytes": None, "util_pct": None,
-              "power_w": None, "power_limit_w": None, "temp_c": None, "pids": []}
-        return [g0, g1], "GPU 1 not reachable"
+    def read(self) -> tuple[list[GpuReading], str]:
+        g0 = GpuReading(index=0, name="Fake H100", mem_used_bytes=10 << 30, mem_total_bytes=80 << 30,
+                        util_pct=97, power_w=650.0, power_limit_w=700.0, temp_c=61, pids=[self.pid])
+        return [g0, GpuReading(index=1)], "GPU 1 not reachable"
 
 
 def test_host_sample_without_nvml_is_na_not_an_error(tmp_path: Path) -> None:
@@ -190,8 +198,8 @@ def test_host_sample_without_nvml_is_na_not_an_error(tmp_path: Path) -> None:
         pytest.skip("NVML present here")
     assert src.count() == 0
     s = HostSampler(str(tmp_path), src).sample()
-    assert s["gpus"] is None and "NVML" in s["gpu_message"]
-    assert s["ram"]["total_bytes"] > 0 and s["disk"]["total_bytes"] > 0 and 0 <= s["cpu_pct"] <= 100
+    assert s.gpus is None and "NVML" in s.gpu_message
+    assert s.ram.total_bytes and s.disk.total_bytes and s.cpu_pct is not None and 0 <= s.cpu_pct <= 100
 
 
 def test_host_sample_names_the_rank_on_each_gpu(tmp_path: Path) -> None:
@@ -201,8 +209,9 @@ def test_host_sample_names_the_rank_on_each_gpu(tmp_path: Path) -> None:
     try:
         time.sleep(0.2)
         s = HostSampler(str(tmp_path), FakeGpus(proc.pid)).sample()
-        assert s["gpus"][0]["ranks"] == [{"pid": proc.pid, "run": rid, "rank": 1}]
-        assert s["gpus"][1]["util_pct"] is None and s["gpu_message"] == "GPU 1 not reachable"
+        assert s.gpus is not None
+        assert [(r.pid, r.run, r.rank) for r in s.gpus[0].ranks] == [(proc.pid, rid, 1)]
+        assert s.gpus[1].util_pct is None and s.gpu_message == "GPU 1 not reachable"
     finally:
         proc.kill()
         proc.wait()
@@ -214,9 +223,10 @@ def test_real_nvml_readings_on_a_gpu_host(tmp_path: Path) -> None:
     if not src.ok or src.count() == 0:
         pytest.skip("no NVML GPU on this machine")
     s = HostSampler(str(tmp_path), src).sample()
-    g = s["gpus"][0]
-    assert g["mem_total_bytes"] > 0 and g["util_pct"] is not None and g["name"]
-    assert g["power_w"] is None or g["power_w"] > 0
+    assert s.gpus
+    g = s.gpus[0]
+    assert g.mem_total_bytes and g.util_pct is not None and g.name
+    assert g.power_w is None or g.power_w > 0
     assert Launcher(RunStore(tmp_path), gpu_count=src.count()).gpu_count == src.count()
 
 
@@ -252,15 +262,15 @@ def test_lost_gpu_gives_na_values_and_a_message(tmp_path: Path) -> None:
     src = NvmlSource()
     src.ok, src.nv = True, LostGpuNvml()  # readings faked behind the real NvmlSource code
     gpus, msg = src.read()
-    assert gpus[0]["power_w"] == 300.0 and gpus[0]["mem_total_bytes"] == 80 << 30
-    assert gpus[0]["name"] == "Fake" and gpus[0]["temp_c"] == 55
-    assert gpus[1]["util_pct"] is None and gpus[1]["mem_used_bytes"] is None and "GPU 1" in msg
+    assert gpus is not None
+    assert gpus[0].power_w == 300.0 and gpus[0].mem_total_bytes == 80 << 30
+    assert gpus[0].name == "Fake" and gpus[0].temp_c == 55
+    assert gpus[1].util_pct is None and gpus[1].mem_used_bytes is None and "GPU 1" in msg
 
 
 def test_fallback_picks_the_gpu_with_most_free_memory(tmp_path: Path) -> None:
-    gpus = [{"index": 0, "mem_used_bytes": 70 << 30, "mem_total_bytes": 80 << 30},
-            {"index": 1, "mem_used_bytes": 1 << 30, "mem_total_bytes": 80 << 30},
-            {"index": 2, "mem_used_bytes": None, "mem_total_bytes": None}]
+    gpus = [GpuReading(index=0, mem_used_bytes=70 << 30, mem_total_bytes=80 << 30),
+            GpuReading(index=1, mem_used_bytes=1 << 30, mem_total_bytes=80 << 30), GpuReading(index=2)]
     assert Launcher(RunStore(tmp_path), read_gpus=lambda: (gpus, "")).freest_gpu() == 1
     assert Launcher(RunStore(tmp_path), read_gpus=lambda: (None, "NVML unavailable")).freest_gpu() is None
 
@@ -282,11 +292,11 @@ async def test_launcher_processes_never_count_as_ranks(tmp_path: Path,
     monkeypatch.setenv("RANK", "3")
     launcher, config = _sleeping_launcher(tmp_path)
     res = await asyncio.to_thread(launcher.launch, str(config), nproc=1)
-    rid = res["run_id"]
+    rid = res.run_id
     try:
-        wait_children(2, rid, res["launcher_pgid"])
+        wait_children(2, rid, res.launcher_pid)
         procs = run_processes(rid)
-        assert len(procs) == 2 and [p["rank"] for p in procs] == [None, None], procs
+        assert len(procs) == 2 and [p.rank for p in procs] == [None, None], procs
         with pytest.raises(Exception, match="no live rank"):
             await launcher.dump(rid)
     finally:
@@ -297,14 +307,14 @@ async def test_launcher_processes_never_count_as_ranks(tmp_path: Path,
 async def test_a_run_launched_a_moment_ago_is_not_crashed(tmp_path: Path) -> None:
     """The agent shares one /proc scan for half a second; one taken just before a launch must not
     make the new run look dead (crashed: a false crash alert, `logs -f` ending at once)."""
-    from nsa_tui.agent.runs import process_groups
+    from nsa_tui.agent.procs import process_groups
 
     launcher, config = _sleeping_launcher(tmp_path)
     process_groups(0.0)  # a watch of another run just scanned /proc
     res = launcher.launch(str(config), nproc=1)
     try:
-        rec = launcher.store.record(res["run_id"])
-        assert rec["alive"] and rec["status"] == "starting", rec["status"]
+        rec = launcher.store.view(res.run_id)
+        assert rec.alive and rec.status == RunStatus.STARTING, rec.status
     finally:
-        await launcher.kill(res["run_id"], grace_s=1.0)
-    assert run_processes(res["run_id"]) == []
+        await launcher.kill(res.run_id, grace_s=1.0)
+    assert run_processes(res.run_id) == []

@@ -43,6 +43,7 @@ SEL_CASES = [  # B, T, H, G, D, l', n, initial, local
     (2, 91, 8, 2, 16, 16, 4, 1, 2),  # 4 heads per group: padded rows
     (2, 131, 16, 1, 32, 32, 3, 1, 1),  # 16 heads per group: one full tile
     (3, 70, 4, 1, 16, 16, 8, 0, 1),  # n larger than the blocks that exist: many -1 slots
+    (1, 40, 40, 1, 16, 16, 3, 1, 1),  # 40 heads (padded to 64): dK/dV takes two 32-head tiles per position
 ]
 
 

@@ -15,7 +15,7 @@ from tests.train.trainrun import REPO, SMOKE, beats, metrics, run_json, run_trai
 RUN_KEYS = {"run_id", "name", "status", "exit_reason", "config_path", "config", "param_count", "world_size",
             "batch_size", "grad_accum", "global_batch", "seq_len", "dtype", "device", "data_source",
             "command", "versions", "host", "started_at", "updated_at", "ended_at", "step", "total_steps",
-            "tokens", "resumed_from", "parent_run"}
+            "tokens", "resumed_from", "parent_run", "attention_ops", "train_flops_per_token"}
 BEAT_KEYS = {"ts", "run_id", "rank", "local_rank", "world_size", "pid", "host", "device", "phase",
              "phase_since", "step", "source"}
 TRAIN_KEYS = {"kind", "ts", "step", "loss", "lr", "tokens", "tokens_per_s", "step_time_s", "grad_norm",
@@ -68,6 +68,16 @@ def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path:
     assert run["run_id"] == "run-under-test" and run["status"] == "finished" and run["step"] == 4
     assert run["param_count"] > 0 and run["global_batch"] == 2 and run["tokens"] == 4 * 2 * 64
     assert run["config"]["model"]["attention"]["kind"] == "nsa"
+    # backend auto off CUDA: the reference ops by contract, no self-check, no fallback
+    assert run["attention_ops"] == {"backend": "reference", "requested": "auto", "fallback_reason": None,
+                                    "self_check": None}
+    assert "attention ops: reference" in out
+    from nsa.config import load_config
+    from nsa.stats import model_stats
+
+    cfg = load_config(str(SMOKE), sets)  # the panel's TFLOP/s and MFU come from this number
+    want = model_stats(cfg.model, cfg.train.seq_len).train_flops_per_token
+    assert run["train_flops_per_token"] == pytest.approx(want)
     b = beats(rd, 0)
     assert all(BEAT_KEYS <= set(x) for x in b)
     assert {x["phase"] for x in b} >= {"boot", "data", "train", "eval", "checkpoint", "done"}
@@ -83,3 +93,36 @@ def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path:
     ev = metrics(rd, "eval")
     assert [x["step"] for x in ev] == [2, 4] and all(x["val_loss"] > 0 for x in ev)
     assert sorted(p.name for p in (rd / "checkpoints").iterdir()) == ["latest", "step-2", "step-4"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_backend_triton_runs_the_self_check_first_and_records_it(tmp_path: Path) -> None:
+    """On CPU the kernels run in the interpreter (TRITON_INTERPRET=1): the check passes,
+    the run trains on them and says so in the log and run.json."""
+    sets = ["model.attention.kind=nsa", "model.attention.backend=triton", "train.steps=1",
+            "train.eval_batches=1"]
+    done = run_train(tmp_path / "run", sets, nproc=None, env={"TRITON_INTERPRET": "1"}, timeout=280)
+    assert done.rc == 0, done.output[-3000:]
+    ops = run_json(done.run_dir)["attention_ops"]
+    assert ops["backend"] == "triton" and ops["requested"] == "triton" and ops["fallback_reason"] is None
+    check = ops["self_check"]
+    assert check["ok"] and check["failures"] == []
+    assert check["device"] == "cpu" and check["dtype"] == "float32"
+    assert check["ops"] == ["compressed_attention_and_scores", "select_blocks", "selected_attention",
+                            "window_attention"]
+    assert "attention ops: triton (self-check passed on cpu" in done.output
+    phases = [b["phase"] for b in beats(done.run_dir, 0)]
+    assert phases.index("compile") < phases.index("train")  # the check is visible as its own phase
+
+
+@pytest.mark.timeout(120)
+def test_backend_triton_that_cannot_run_fails_every_rank_at_boot(tmp_path: Path) -> None:
+    """Without CUDA or the interpreter the kernels cannot run: an error on both ranks at boot
+    (they agree through a collective before building the model), no fallback."""
+    sets = ["model.attention.kind=nsa", "model.attention.backend=triton"]
+    done = run_train(tmp_path / "run", sets, nproc=2, env={"TRITON_INTERPRET": "0"})
+    assert done.rc != 0
+    run = run_json(done.run_dir)
+    assert run["status"] == "failed" and run["step"] == 0
+    assert "needs CUDA or TRITON_INTERPRET=1" in run["exit_reason"], run["exit_reason"]

@@ -8,14 +8,25 @@ import stat
 import time
 from pathlib import Path
 
+from nsa.contract import (
+    Beat,
+    DeviceInfo,
+    Metric,
+    MetricsSummary,
+    RunInfo,
+    TrainMetric,
+    decode_lines,
+    read_json,
+    write_json_atomic,
+)
 from nsa.train.checkpoint import find_latest, prune, resolve
-from nsa.train.telemetry import Heartbeat, RunRecord, ensure_run_dir, write_json_atomic
+from nsa.train.telemetry import Heartbeat, MetricsLog, RunRecord, ensure_run_dir
 
 
 def test_heartbeat_thread_beats_on_time_in_every_phase(tmp_path: Path) -> None:
     rd = ensure_run_dir(tmp_path / "run")
     assert stat.S_IMODE(rd.stat().st_mode) == 0o700
-    hb = Heartbeat(rd, "rid", 1, 1, 2, {"type": "cpu", "index": None, "uuid": None}, interval_s=0.1)
+    hb = Heartbeat(rd, "rid", 1, 1, 2, DeviceInfo(), interval_s=0.1)
     hb.start()
     time.sleep(0.35)
     hb.set_phase("train")
@@ -41,11 +52,78 @@ def test_json_written_atomically_and_run_record_status(tmp_path: Path) -> None:
     write_json_atomic(tmp_path / "x.json", {"a": 1})
     assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]  # no temporary left behind
-    rec = RunRecord(tmp_path, {"run_id": "r"})
+    rec = RunRecord(tmp_path, RunInfo(run_id="r", name="n"))
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "starting"
     rec.update(status="failed", exit_reason="boom")
     data = json.loads((tmp_path / "run.json").read_text())
     assert (data["status"], data["exit_reason"], data["run_id"]) == ("failed", "boom", "r")
+
+
+def test_run_directory_files_are_private(tmp_path: Path) -> None:
+    """Every file and subdirectory of a run is its user's alone (0600 / 0700), not only the top."""
+    rd = ensure_run_dir(tmp_path / "run")
+    hb = Heartbeat(rd, "rid", 0, 0, 1, DeviceInfo(), interval_s=10)
+    hb.start()
+    hb.stop("done")
+    RunRecord(rd, RunInfo(run_id="rid", name="n"))
+    log = MetricsLog(rd)
+    log.write(TrainMetric(ts=1.0, step=1, loss=2.0))
+    log.close()
+    for sub in ("heartbeats", "stacks", "checkpoints"):
+        assert stat.S_IMODE((rd / sub).stat().st_mode) == 0o700, sub
+    for f in ("run.json", "metrics.jsonl", "metrics-summary.json", "heartbeats/rank-0.jsonl"):
+        assert stat.S_IMODE((rd / f).stat().st_mode) == 0o600, f
+
+
+def test_heartbeat_files_rotate_and_the_latest_beat_stays_readable(tmp_path: Path) -> None:
+    from nsa.contract import last_record
+
+    rd = ensure_run_dir(tmp_path / "run")
+    hb = Heartbeat(rd, "rid", 3, 0, 4, DeviceInfo(), interval_s=100, rotate_bytes=4096)
+    for step in range(1, 200):
+        hb.step_beat(step)
+    path = rd / "heartbeats" / "rank-3.jsonl"
+    old = rd / "heartbeats" / "rank-3.jsonl.1"
+    assert path.stat().st_size < 4096 and old.stat().st_size >= 4096 - 400  # bounded on disk
+    beat = last_record(path, Beat)
+    assert beat is not None and beat.step == 199 and beat.rank == 3
+    older = decode_lines(old.read_text().splitlines(), Beat)
+    assert older[-1].step + 1 == decode_lines(path.read_text().splitlines(), Beat)[0].step  # nothing lost
+
+
+def test_metrics_summary_keeps_every_spike_and_nan_of_a_long_run(tmp_path: Path) -> None:
+    """metrics-summary.json: bounded buckets of every series; a one-step spike is a bucket's max,
+    a NaN is counted (never averaged away), and the summary covers the whole file."""
+    rd = ensure_run_dir(tmp_path / "run")
+    log = MetricsLog(rd, every_s=1e9)
+    n = 20_000
+    for step in range(1, n + 1):
+        loss = 1000.0 if step == 12_345 else (float("nan") if step == 17_000 else 2.0)
+        log.write(TrainMetric(ts=float(step), step=step, loss=loss, lr=1e-3))
+    log.close()
+    summary = read_json(rd / "metrics-summary.json", MetricsSummary)
+    assert summary is not None and summary.upto_step == n and summary.lines == n
+    assert summary.upto_offset == (rd / "metrics.jsonl").stat().st_size
+    loss = summary.series["loss"]
+    assert len(loss.buckets) <= 1024 and sum(b.n + b.bad for b in loss.buckets) == n
+    spike = [b for b in loss.buckets if b.first <= 12_345 <= b.last]
+    assert spike[0].hi == 1000.0 and spike[0].lo == 2.0
+    assert sum(b.bad for b in loss.buckets) == 1
+    lines = decode_lines((rd / "metrics.jsonl").read_text().splitlines(), Metric)
+    assert len(lines) == n and lines[16_999].loss != lines[16_999].loss  # NaN read back as NaN
+
+
+def test_metrics_log_continued_in_place_catches_up_on_lines_its_summary_missed(tmp_path: Path) -> None:
+    rd = ensure_run_dir(tmp_path / "run")
+    log = MetricsLog(rd, every_s=1e9)
+    for step in range(1, 11):
+        log.write(TrainMetric(ts=1.0, step=step, loss=1.0))
+    log.write_summary()
+    for step in range(11, 21):  # a crash before the next summary
+        log.write(TrainMetric(ts=1.0, step=step, loss=1.0))
+    log.writer.close()
+    again = MetricsLog(rd, every_s=1e9)  # --resume auto in the same directory
+    assert again.folder.upto_step == 20 and again.folder.lines == 20
 
 
 def make_ckpt(root: Path, step: int, complete: bool = True) -> Path:

@@ -43,7 +43,7 @@ def train_command(run_dir: Path, sets: Sequence[str] = (), nproc: int | None = 2
 
 def train_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update({"PYTHONUNBUFFERED": "1"})  # threads per rank: nsa-train chooses (nsa/train/threads.py)
     env.update(extra or {})
     return env
 

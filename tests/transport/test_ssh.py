@@ -44,8 +44,8 @@ async def test_connect_runs_and_hello(sshd: SshServer, tmp_path: Path) -> None:
     await c.start()
     try:
         assert c.state.status == "connected"
-        assert c.hello["runs_root"] == str(tmp_path / "runs")
-        assert c.hello["gpus"] == 0 and "NVML" in c.hello["gpu_message"]
+        assert c.hello.runs_root == str(tmp_path / "runs")
+        assert c.hello.gpus == 0 and "NVML" in c.hello.gpu_message
         assert await c.runs() == []
     finally:
         await c.close()
@@ -119,8 +119,30 @@ async def test_runs_root_with_shell_metacharacters_is_not_injected(sshd: SshServ
     c = client(sshd, root)
     await c.start()
     try:
-        assert c.hello["runs_root"] == str(root)
+        assert c.hello.runs_root == str(root)
         await c.runs()
     finally:
         await c.close()
     assert not marker.exists()
+
+
+def test_the_cli_refusing_an_unknown_key_says_the_fingerprint_and_how_to_accept_it(sshd: SshServer,
+                                                                                   tmp_path: Path) -> None:
+    """Without a terminal the CLI never says yes: it says which key it saw and the exact commands."""
+    import subprocess
+
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(sshd.ssh_config.read_text().replace(str(sshd.known_hosts), str(empty)))
+    env = dict(sshd.env(), NSA_TUI_SSH_CONFIG=str(cfg))
+    res = subprocess.run([sys.executable, "-m", "nsa_tui.cli", "runs", ALIAS], capture_output=True, text=True,
+                         env=env, stdin=subprocess.DEVNULL, timeout=60)
+    assert res.returncode == 5
+    fingerprint = subprocess.run(["ssh-keygen", "-lf", f"{sshd.host_key}.pub"], capture_output=True,
+                                 text=True).stdout.split()[1]
+    assert fingerprint in res.stderr and "ssh-ed25519" in res.stderr
+    assert f"ssh-keyscan -p {sshd.port} -t ssh-ed25519 127.0.0.1 >> {empty}" in res.stderr
+    assert f"ssh -p {sshd.port} {sshd.user}@127.0.0.1" in res.stderr
+    assert "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub" in res.stderr
+    assert empty.read_text() == ""  # nothing accepted

@@ -19,10 +19,22 @@ async def wait_for(pilot: Any, cond: Callable[[], Any], timeout: float, what: st
     raise AssertionError(f"timed out after {timeout} s waiting for {what or cond}")
 
 
+def info(run: Any) -> Any:
+    """A panel run's run.json record as its agent sent it (an empty one before any)."""
+    from nsa.contract import RunInfo
+
+    return run.view.info if run is not None and run.view is not None else RunInfo(run_id="?")
+
+
+def points(run: Any, series: str = "loss") -> int:
+    """How many points a panel run's chart of ``series`` has."""
+    return len(run.metrics.series(series)[0])
+
+
 def run_alive_on_host(root: Path, run_id: str) -> bool:
     from nsa_tui.agent.runs import RunStore
 
-    return bool(RunStore(root).record(run_id, with_tail=False)["alive"])
+    return RunStore(root).view(run_id, with_tail=False).alive
 
 
 

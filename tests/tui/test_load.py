@@ -8,12 +8,14 @@ ring buffer, the 10 Hz timer draws. We measure how late a 20 Hz timer callback f
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -60,8 +62,21 @@ def make_fake_run(root: Path, run_id: str) -> Path:
     return d
 
 
+@pytest.fixture
+def leftovers_frozen() -> Iterator[None]:
+    """Objects that earlier tests of this process left behind (Textual keeps about 11,000 per
+    app run in module-level caches, on main as well) are not this panel's: they are moved out of
+    the collector's way before the app starts, so its full collections, and the timings below,
+    are the app's own. Measured on the loaded 2-core machine: the timer's worst lateness was
+    545-590 ms when tests/tui/test_daily.py ran first in the same process, 10-70 ms with this."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
 @pytest.mark.slow
-async def test_log_flood_does_not_stall_the_ui(runs_root: Path) -> None:
+async def test_log_flood_does_not_stall_the_ui(runs_root: Path, leftovers_frozen: None) -> None:
     run_dir = make_fake_run(runs_root, "20990101-000000-flood-0000")
     app = NsaApp(["local"], offer_demo=False)
     proc = psutil.Process()
@@ -142,4 +157,6 @@ async def test_a_huge_log_is_read_from_near_its_end(runs_root: Path) -> None:
     assert all(len(x) == 98 for x in body), "no cut line at the start"
     numbers = [int(x[:7]) for x in body]
     assert numbers == list(range(numbers[0], 170_000)), "the tail, in order, complete"
-    assert run.log.total <= (2 << 20) // 98 + 2, "only the last 2 MiB were streamed"
+    assert run.log.total <= (256 << 10) // 98 + 2, "only the log's tail (256 KiB) was streamed"
+    assert run.log_gap is not None and run.log_gap.size == 170_000 * 99
+    assert lines[0].startswith("[nsa-tui] train.log is 16.1 MiB: showing its last")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui.alerts import Thresholds
 from nsa_tui.app.app import NsaApp
 from nsa_tui.app.screens.dialogs import ConfirmScreen, StacksScreen
 from nsa_tui.app.screens.launch import LaunchScreen
@@ -19,7 +18,7 @@ from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.header import PanelHeader
 from nsa_tui.app.widgets.logview import LogView
 from nsa_tui.app.widgets.summary import RunSummary
-from tests.tui.helpers import plain, run_alive_on_host, wait_for
+from tests.tui.helpers import info, plain, points, run_alive_on_host, wait_for
 
 SIZE = (100, 30)
 
@@ -27,6 +26,11 @@ SIZE = (100, 30)
 def on(app: NsaApp, cls: type):
     """A condition: the app shows a screen of `cls` (returns that screen)."""
     return lambda: isinstance(app.screen, cls) and app.screen
+
+
+def stacks_shown(app: NsaApp):
+    """A condition: the stack viewer is up with its text (returns the screen)."""
+    return lambda: isinstance(app.screen, StacksScreen) and app.screen.query("#stacks-text") and app.screen
 
 
 async def launch_through_dialog(app: NsaApp, pilot, config: str, nproc: str | None = None,
@@ -59,7 +63,7 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         await pilot.press("escape")
         run_id = await launch_through_dialog(app, pilot, config)
         run = app.state.selected_run()
-        await wait_for(pilot, lambda: len(run.loss) >= 3 and run.log.total > 0, 90, "metrics to arrive")
+        await wait_for(pilot, lambda: points(run) >= 3 and run.log.total > 0, 90, "metrics to arrive")
         # the phase flips between train and eval on this fast run: wait for a train moment
         header = await wait_for(pilot, lambda: (h := plain(app.screen.query_one(PanelHeader)))
                                 and "running" in h and "train" in h and h, 30,
@@ -67,9 +71,11 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         assert "watched" in header
         summary = app.screen.query_one(RunSummary)
         text = plain(summary)
-        assert "watched.yaml" in str(run.record.get("config_path")) or "watched" in text
-        assert run.record.get("param_count") and run.record.get("global_batch") == 2
-        assert app.screen.query_one("#loss")._lines[0][1], "the loss chart has points"
+        assert "watched.yaml" in str(info(run).config_path) or "watched" in text
+        assert info(run).param_count and info(run).global_batch == 2
+        chart = app.screen.query_one("#chart0")
+        await wait_for(pilot, lambda: chart.data.lines and len(chart.data.lines[0].points) >= 3, 10,
+                       "the loss chart to have points")
         # search the log, then follow again
         log = app.screen.query_one(LogView)
         await pilot.press("slash")
@@ -83,7 +89,7 @@ async def test_launch_watch_search_dump_quit_leaves_run_alive(runs_root: Path, m
         await wait_for(pilot, lambda: log.follow and log.pattern is None, 10, "follow mode back on")
         # dump stacks into the viewer
         await pilot.press("d")
-        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "stacks")
+        viewer = await wait_for(pilot, stacks_shown(app), 30, "stacks")
         stacks = viewer.query_one("#stacks-text").text
         assert "rank-0" in stacks and "File" in stacks
         await pilot.press("escape")
@@ -102,22 +108,22 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         parent_id = await launch_through_dialog(app, pilot, config, nproc="2")
         parent = app.state.selected_run()
         ckpt = runs_root / parent_id / "checkpoints" / "latest"
-        await wait_for(pilot, lambda: ckpt.exists() and len(parent.loss) >= 3, 120, "a checkpoint")
-        assert parent.record.get("world_size") == 2
-        # f: one confirmation, then the new run is selected by itself
+        await wait_for(pilot, lambda: ckpt.exists() and points(parent) >= 3, 120, "a checkpoint")
+        assert info(parent).world_size == 2
+        # f: one confirmation (what the host's plan says), then the new run is selected by itself
         await pilot.press("f")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the fallback confirmation")
         await pilot.press("y")
         child = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != parent_id and r, 90, "fallback")
-        assert child.record.get("parent_run") == parent_id
+        assert child.parent_run == parent_id
         # run.json gains global_batch after boot; its update may reach the panel after the first metric
-        await wait_for(pilot, lambda: len(child.loss) >= 1 and child.record.get("world_size") == 1
-                       and child.record.get("global_batch") is not None, 120,
+        await wait_for(pilot, lambda: points(child) >= 1 and info(child).world_size == 1
+                       and info(child).global_batch is not None, 120,
                        "the fallback run's first steps")
-        assert child.record.get("global_batch") == parent.record.get("global_batch")  # accumulation keeps it
+        assert info(child).global_batch == info(parent).global_batch  # accumulation keeps it
         steps, _ = app.state.chart_series(child, "loss")
-        own_first = child.loss.points()[0][0]
+        own_first = child.metrics.series("loss")[0][0]
         assert own_first > 1 and steps[0] == 1, "the chart continues from the parent's steps"
         assert not run_alive_on_host(runs_root, parent_id)
         # k: confirm, the whole group stops
@@ -126,36 +132,53 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         await pilot.press("y")
         await wait_for(pilot, lambda: not child.alive and child.status in ("stopped", "finished"), 90, "stop")
         assert not run_alive_on_host(runs_root, child.run_id)
-        # r: resume the stopped run as a new linked run, selected automatically
+        # r: one confirmation naming the checkpoint, then the new linked run is selected by itself
         await pilot.press("r")
+        ask = await wait_for(pilot, on(app, ConfirmScreen), 30, "the resume confirmation")
+        assert "from step-" in plain(ask.query_one("#confirm-body"))
+        await pilot.press("y")
         resumed = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != child.run_id and r, 30, "resume")
-        assert resumed.record.get("parent_run") == child.run_id
-        await wait_for(pilot, lambda: len(resumed.loss) >= 1, 120, "the resumed run's steps")
-        assert resumed.loss.points()[0][0] > own_first
+        assert resumed.parent_run == child.run_id
+        await wait_for(pilot, lambda: points(resumed) >= 1, 120, "the resumed run's steps")
+        assert resumed.metrics.series("loss")[0][0] > own_first
         await pilot.press("q")
     assert resumed.run_id in app.return_value
 
 
-async def test_stalled_run_alert_then_dump_and_ack(runs_root: Path, make_config) -> None:
+async def test_stalled_run_alert_then_dump_evidence_and_ack(runs_root: Path, make_config, settings) -> None:
+    """The host's watchdog raises the stall (thresholds from settings.yaml) and captures every rank's
+    stack; the panel shows it, `d` on the alert shows that evidence, `a` acknowledges it on the host."""
+    settings({"alerts": {"stall_floor_s": 3.0, "stall_factor": 3.0, "first_step_s": 60.0}})
     config = make_config("stuck", train__steps=50, debug__hang_at_step=3)
-    fast = Thresholds(train_floor_s=3.0, train_factor=3.0, first_step_s=60.0)
-    app = NsaApp(["local"], offer_demo=False, alert_thresholds=fast)
+    app = NsaApp(["local"], offer_demo=False)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
-        await launch_through_dialog(app, pilot, config)
+        run_id = await launch_through_dialog(app, pilot, config)
         pane = app.screen.query_one(AlertsPane)
         await wait_for(pilot, lambda: "stall" in plain(pane), 90, "the stall alert in the pane")
         text = plain(pane)
         assert "rank 0" in text and "phase train" in text and "last step 3" in text
         assert any("stall" in (n.title or "") for n in app._notifications), "a toast for the new alert"
         await pilot.press("d")
-        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "stacks")
+        viewer = await wait_for(pilot, stacks_shown(app), 30, "stacks")
         assert "maybe_hang" in viewer.query_one("#stacks-text").text  # where it hangs
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
+        recorded = app.state.hosts["local"].recorded
+        await wait_for(pilot, lambda: any(st.alert.evidence for st in recorded.values()), 30, "evidence")
+        pane.focus()
+        await pilot.press("d")  # on the alert: what the watchdog captured when it happened
+        viewer = await wait_for(pilot, on(app, StacksScreen), 30, "evidence")
+        text = viewer.query_one("#stacks-text").text
+        assert "maybe_hang" in text and "stacks/watchdog-" in text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)
         await pilot.press("a")
-        await wait_for(pilot, lambda: "stall" not in plain(pane), 5, "the acknowledged alert to leave")
+        await wait_for(pilot, lambda: any(st.state == "acknowledged" for st in recorded.values()), 10,
+                       "the acknowledgement, recorded on the host")
+        lines = (runs_root / run_id / "alerts.jsonl").read_text()
+        assert '"action":"acknowledged"' in lines
 
 
 async def test_crashed_run_shows_its_traceback(runs_root: Path, make_config) -> None:
@@ -225,7 +248,7 @@ async def test_accepting_the_demo_shows_a_real_run_training(runs_root: Path, tmp
         await pilot.press("y")
         run = await wait_for(pilot, lambda: app.state.selected_run(), 30, "the demo run")
         assert run.name == "demo"
-        await wait_for(pilot, lambda: len(run.loss) >= 2, 90, "the demo's first steps")
+        await wait_for(pilot, lambda: points(run) >= 2, 90, "the demo's first steps")
         await pilot.press("q")
     assert run.run_id in app.return_value
 
@@ -246,7 +269,7 @@ async def test_keymap_file_remaps_and_help_lists_it(runs_root: Path, tmp_path: P
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", 5)
         commands = {c.title for c in app.get_system_commands(app.screen_stack[1])}
-        for label in ("Launch", "Kill", "1-gpu", "Resume", "Stacks", "Follow", "Search", "Help", "Quit"):
+        for label in ("Launch", "Kill", "1-gpu", "Resume", "Stacks", "Follow", "Search", "Keys", "Quit"):
             assert any(t.startswith(label) for t in commands), label
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 5)

@@ -18,7 +18,7 @@ from nsa_tui.app.widgets.header import PanelHeader
 from nsa_tui.client import HostClient
 from nsa_tui.transport.ssh import SshTransport
 from tests.sshd import SshServer
-from tests.tui.helpers import plain, wait_for
+from tests.tui.helpers import plain, points, wait_for
 
 pytestmark = pytest.mark.ssh
 
@@ -42,7 +42,7 @@ async def test_panel_over_ssh(sshd: SshServer, runs_root: Path, tmp_path: Path, 
         await pilot.press("ctrl+s")
         run = await wait_for(pilot, lambda: app.state.selected_run(), 60, "the launched run")
         assert run.host == sshd.dest and (remote_root / run.run_id).is_dir()
-        await wait_for(pilot, lambda: len(run.loss) >= 3, 120, "metrics over ssh")
+        await wait_for(pilot, lambda: points(run) >= 3, 120, "metrics over ssh")
         await wait_for(pilot, lambda: host.sample, 10, "a host sample")
         await pilot.pause(0.3)
         header = plain(app.screen.query_one(PanelHeader))
@@ -53,9 +53,9 @@ async def test_panel_over_ssh(sshd: SshServer, runs_root: Path, tmp_path: Path, 
         await wait_for(pilot, lambda: "reconnecting" in plain(app.screen.query_one(PanelHeader))
                        or host.conn == "reconnecting", 10, "the reconnecting state")
         await wait_for(pilot, lambda: host.conn == "connected", 60, "the reconnect")
-        seen = run.loss.count
-        await wait_for(pilot, lambda: run.loss.count >= seen + 3, 60, "metrics after the reconnect")
-        steps, _ = run.loss.points()
+        seen = run.metrics.count
+        await wait_for(pilot, lambda: run.metrics.count >= seen + 3, 60, "metrics after the reconnect")
+        steps, _ = run.metrics.series("loss")
         assert steps == list(range(int(steps[0]), int(steps[-1]) + 1)), "no gap, no duplicate"
         await pilot.press("k")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)

@@ -2,35 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
-from nsa_tui.app.fmt import fmt_bytes, fmt_count, fmt_duration, fmt_pair_bytes
+from nsa.contract import RunInfo, RunStatus, RunView, SeriesSummary, TrainMetric
 from nsa_tui.app.keymap import load_keymap
-from nsa_tui.app.state import LogBuffer, PanelState, Series, thin
+from nsa_tui.app.state import LogBuffer, PanelState, thin
+from nsa_tui.fmt import fmt_bytes, fmt_count, fmt_duration, fmt_pair_bytes
 
 
 def test_series_million_steps_is_bounded_fast_and_keeps_the_shape() -> None:
-    s = Series(cap=2048)
+    s = SeriesSummary(cap=2048)
     t0 = time.perf_counter()
     for step in range(1, 1_000_001):
         s.append(step, 10.0 - step / 1e5)
     elapsed = time.perf_counter() - t0
-    steps, values = s.points()
-    assert len(steps) <= 2048 and s.count == 1_000_000
-    assert elapsed < 5.0
-    assert steps == sorted(steps) and steps[-1] == 1_000_000
-    # bucket means of a straight line stay on the line
-    for st, v in zip(steps[::97], values[::97]):
-        assert abs(v - (10.0 - st / 1e5)) < s.stride / 1e5 + 1e-9
-    xs, ys = thin(steps, values, 80)
-    assert len(xs) == 80 and xs[-1] == steps[-1]
+    data = s.data()
+    assert len(data.buckets) <= 2048 and sum(b.n for b in data.buckets) == 1_000_000
+    assert elapsed < 10.0
+    lasts = [b.last for b in data.buckets]
+    assert lasts == sorted(lasts) and lasts[-1] == 1_000_000
+    for b in data.buckets[::97]:  # bucket means of a straight line stay on the line
+        assert b.mean is not None and abs(b.mean - (10.0 - (b.first + b.last) / 2 / 1e5)) < 1e-6
+    xs, ys = thin(lasts, [b.mean or 0.0 for b in data.buckets], 80)
+    assert len(xs) == 80 and xs[-1] == lasts[-1]
 
 
 def test_series_ignores_replayed_steps() -> None:
-    s = Series()
+    s = SeriesSummary()
     for step in (1, 2, 3, 2, 3, 4):
         s.append(step, float(step))
-    assert s.points() == ([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
+    assert [(b.first, b.end) for b in s.buckets] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
 
 
 def test_log_buffer_is_a_ring_that_counts_everything() -> None:
@@ -45,14 +47,36 @@ def test_chart_continues_from_the_parent_steps() -> None:
     state = PanelState.for_destinations(["local"])
     host = state.host("local")
     parent, child = host.run("p"), host.run("c")
-    child.record["parent_run"] = "p"
+    child.view = view("c", parent_run="p")
     for step in range(1, 101):
-        parent.add_metric({"kind": "train", "step": step, "loss": 5.0})
+        parent.metrics.add(TrainMetric(ts=1.0, step=step, loss=5.0))
     for step in range(61, 81):  # resumed from the step-60 checkpoint
-        child.add_metric({"kind": "train", "step": step, "loss": 3.0})
+        child.metrics.add(TrainMetric(ts=1.0, step=step, loss=3.0))
     steps, values = state.chart_series(child, "loss")
     assert steps == list(range(1, 81))
     assert values[:60] == [5.0] * 60 and values[60:] == [3.0] * 20
+
+
+def test_chart_joins_the_agents_summary_and_the_recent_lines_at_full_resolution() -> None:
+    """A watch sends the summary of the whole run, then the newest lines: the chart shows the
+    buckets before the recent window and every recent point."""
+    from nsa.contract import MetricsFolder
+    from nsa_tui.app import reducer
+    from nsa_tui.client import Event
+
+    state = PanelState.for_destinations(["h"])
+    agent = MetricsFolder(cap=64)
+    lines = [TrainMetric(ts=1.0, step=s, loss=1.0 + (s == 70_000)) for s in range(1, 100_001)]
+    for m in lines:
+        agent.add(m)
+    reducer.watch_event(state, "h", Event("summary", "r", "metrics", 0, agent.summary(64)))
+    reducer.watch_event(state, "h", Event("metrics", "r", "metrics", 10, lines[-100:]))
+    run = state.host("h").runs["r"]
+    steps, values = run.metrics.series("loss")
+    assert steps[-100:] == list(range(99_901, 100_001)) and len(steps) <= 64 + 100
+    assert steps == sorted(steps)
+    spike = run.metrics.folder.series["loss"]
+    assert max(b.hi for b in spike.buckets if b.hi is not None) == 2.0  # the one-step spike is kept
 
 
 def test_units_on_every_number() -> None:
@@ -86,106 +110,135 @@ def test_packaged_demo_config_is_the_repository_demo() -> None:
     assert packaged.read_text() == (repo / "configs" / "tiny-cpu.yaml").read_text()
 
 
-def test_a_run_that_ends_between_its_watch_and_the_runs_poll_still_reaches_the_detector() -> None:
-    """The runs poll can see a watched (not selected) run end before its watch delivers the final
-    status; the watch is then stopped. The detector must still learn the end: a crash alert,
-    and no endless no_heartbeat alert for a dead run."""
-    import asyncio
-    from types import SimpleNamespace
+def test_a_watch_of_a_run_that_ended_is_kept_until_it_delivers_the_end() -> None:
+    """The run list can show a watched (not selected) run as ended before its watch delivers the
+    end status; the watch must not be stopped then, or the detector would never learn the end
+    (no crash alert, an endless no_heartbeat alert for a dead run)."""
+    from nsa_tui.app.services.watches import plan_watches
 
-    from nsa_tui.alerts import Thresholds
-    from nsa_tui.app.services.host import HostService
-    from nsa_tui.client import Event
+    state = PanelState.for_destinations(["h"])
+    host = state.host("h")
+    host.run("r1").view = view("r1", status="running", alive=True)
+    assert plan_watches(host, None) == {"r1": "alerts"}
+    host.run("r1").view = view("r1", status="crashed", alive=False)
+    assert plan_watches(host, None) == {}  # not wanted any more; the manager lets it finish
 
     async def scenario() -> list[str]:
-        app = SimpleNamespace(state=PanelState(), alert_thresholds=Thresholds())
-        svc = HostService(app, "h")  # type: ignore[arg-type]
-        svc.host.conn = "connected"
-        run = svc.host.run("r1")
-        t0 = time.time()
-        rec = {"status": "running", "alive": True, "initial": True, "ts": t0}
-        svc.apply(run, Event("status", "r1", "status", 0, rec, t0))
-        svc.apply(run, Event("heartbeat", "r1", "heartbeats/rank-0", 10,
-                             {"rank": 0, "ts": t0, "step": 5, "phase": "train", "phase_since": t0}, t0))
-        svc.apply(run, Event("synced", "r1", "synced", 0, {"ts": t0}, t0))
-        svc._ensure_watches()  # alive and not selected: watched for alerts
-        assert "r1" in svc.watches
-        svc.watches["r1"][0].cancel()
-        svc.merge_record(run, {"run_id": "r1", "status": "crashed", "alive": False, "exit_code": 1})
-        svc._ensure_watches()  # the poll's record: no longer alive, the watch goes
-        assert "r1" not in svc.watches
-        return sorted(a.kind for a in svc.detector.check(t0 + 120))
+        from nsa_tui.app.services.watches import WatchManager
 
-    assert asyncio.run(scenario()) == ["crash"]
+        class Stream:  # a watch whose end status has not arrived yet
+            def __init__(self) -> None:
+                self.cancelled = False
+
+            def watch(self, *a: object, **k: object):
+                async def gen():
+                    await asyncio.sleep(3600)
+                    yield None
+                return gen()
+
+        host.run("r1").view = view("r1", status="running", alive=True)
+        mgr = WatchManager(host, Stream(), lambda ev: None, lambda rid, mode: None)  # type: ignore[arg-type]
+        mgr.ensure(None)
+        task = mgr.tasks["r1"][0]
+        host.run("r1").view = view("r1", status="crashed", alive=False)
+        mgr.ensure(None)
+        await asyncio.sleep(0)
+        kept = ["r1"] if "r1" in mgr.tasks and not task.cancelled() else []
+        mgr.stop()
+        return kept
+
+    assert asyncio.run(scenario()) == ["r1"]
 
 
 def test_an_acknowledged_alert_that_resolves_and_comes_back_is_shown_again() -> None:
     """Acknowledging a stall must not hide a later, new stall of the same rank (LESSONS 10)."""
-    from types import SimpleNamespace
+    from nsa.contract import Alert
+    from nsa_tui.app import reducer
 
-    from nsa_tui.alerts import Alert
-    from nsa_tui.app.services.host import HostService
+    state = PanelState()
+    stall = Alert(kind="stall", severity="critical", host="h", run="r1", rank=1, message="rank 1 stalled")
+    reducer.alerts(state, "h", [stall])
+    state.announced.add(stall.key)  # the app toasted it
+    reducer.acknowledge(state, stall.key)  # and the user acknowledged it
+    assert state.open_alerts() == []
+    reducer.alerts(state, "h", [stall])  # still the same stall: stays acknowledged
+    assert state.open_alerts() == []
+    reducer.alerts(state, "h", [])  # the rank advanced again
+    reducer.alerts(state, "h", [stall])  # and hangs later
+    assert [a.key for a in state.open_alerts()] == [stall.key]
+    assert stall.key not in state.announced  # so the app toasts it again
 
-    app = SimpleNamespace(state=PanelState(), alert_thresholds=None, _seen_alerts=set())
-    svc = HostService(app, "h")  # type: ignore[arg-type]
-    stall = Alert("stall", "critical", "h", "r1", rank=1, message="rank 1 stalled")
-    svc.merge_alerts([stall])
-    app._seen_alerts.add(stall.key)  # the app toasted it
-    app.state.acked.add(stall.key)  # and the user acknowledged it
-    assert app.state.open_alerts() == []
-    svc.merge_alerts([stall])  # still the same stall: stays acknowledged
-    assert app.state.open_alerts() == []
-    svc.merge_alerts([])  # the rank advanced again
-    svc.merge_alerts([stall])  # and hangs later
-    assert [a.key for a in app.state.open_alerts()] == [stall.key]
-    assert stall.key not in app._seen_alerts  # so the app toasts it again
+
+def test_a_run_status_never_moves_backwards() -> None:
+    """A late report of an earlier state (the run list read before the watch's end) cannot undo it."""
+    from nsa_tui.app import reducer
+
+    state = PanelState()
+    reducer.run_view(state, "h", view("r1", status="running", alive=True))
+    reducer.run_view(state, "h", view("r1", status="finished"))
+    reducer.run_view(state, "h", view("r1", status="running", alive=True, step=9))
+    run = state.host("h").runs["r1"]
+    assert run.status == "finished" and not run.alive and run.view is not None and run.view.info.step == 9
 
 
 def test_gpu_table_puts_a_renumbered_rank_on_its_own_gpu_only() -> None:
     """A fallback run on the host's GPU 1 (CUDA_VISIBLE_DEVICES=1) calls it cuda:0: the uuid decides."""
-    from nsa_tui.app.widgets.gpus import gpu_line, ranks_by_gpu
+    from nsa.contract import Beat, DeviceInfo, GpuReading
+    from nsa_tui.app.widgets.gpus import gpu_lines, ranks_on
+
+    def gpu_line(g: GpuReading, on: list[int], wide: bool) -> str:
+        return " ".join(map(str, gpu_lines(g, on, 80 if wide else 30)))
 
     state = PanelState.for_destinations(["h"])
     run = state.host("h").run("r1")
-    run.add_heartbeat({"rank": 0, "device": {"type": "cuda", "index": 0, "uuid": "GPU-bbb"}})
-    state.selected = ("h", "r1")
-    ranks = ranks_by_gpu(state)
-    g0 = {"index": 0, "uuid": "GPU-aaa"}
-    g1 = {"index": 1, "uuid": "GPU-bbb"}
-    assert "no rank" in str(gpu_line(g0, 0, ranks, True))
-    assert "rank 0" in str(gpu_line(g1, 1, ranks, True))
-    run.add_heartbeat({"rank": 0, "device": {"type": "cuda", "index": 1, "uuid": None}})  # no uuid: by index
-    assert "rank 0" in str(gpu_line(g1, 1, ranks_by_gpu(state), True))
+    run.beats[0] = Beat(ts=1.0, run_id="r1", rank=0, device=DeviceInfo(type="cuda", index=0, uuid="GPU-bbb"))
+    g0 = GpuReading(index=0, uuid="GPU-aaa")
+    g1 = GpuReading(index=1, uuid="GPU-bbb")
+    assert "no rank" in str(gpu_line(g0, ranks_on(g0, run), True))
+    assert "rank 0" in str(gpu_line(g1, ranks_on(g1, run), True))
+    run.beats[0] = Beat(ts=2.0, run_id="r1", rank=0, device=DeviceInfo(type="cuda", index=1))  # no uuid
+    assert "rank 0" in str(gpu_line(g1, ranks_on(g1, run), True))
 
 
 def test_a_dropped_link_raises_no_liveness_alerts() -> None:
     """While a host is unreachable no heartbeat arrives: that is no reason to call its ranks gone,
     neither during the outage nor between the reconnect and the watch's new backlog."""
-    from types import SimpleNamespace
-
+    from nsa.contract import Beat, Phase
+    from nsa.contract.protocol import Synced
     from nsa_tui.alerts import Thresholds
     from nsa_tui.app.services.host import HostService
     from nsa_tui.client import ConnectionState, Event
 
-    app = SimpleNamespace(state=PanelState(), alert_thresholds=Thresholds())
-    svc = HostService(app, "h")  # type: ignore[arg-type]
-    run = svc.host.run("r1")
+    state = PanelState()
+    svc = HostService(state, "h", post=lambda m: None, thresholds=Thresholds())
     t0 = time.time()
 
     def beat(t: float) -> None:
-        data = {"rank": 0, "ts": t, "step": int(t - t0), "phase": "train", "phase_since": t0}
-        svc.apply(run, Event("heartbeat", "r1", "heartbeats/rank-0", int(t), data, t))
+        b = Beat(ts=t, run_id="r1", rank=0, step=int(t - t0), phase=Phase.TRAIN, phase_since=t0)
+        svc._on_watch_event(Event("beats", "r1", "heartbeats/rank-0", int(t), [b], t))
 
-    running = {"status": "running", "alive": True, "initial": True}
-    svc.apply(run, Event("status", "r1", "status", 0, running, t0))
+    def running(t: float) -> None:
+        st = view("r1", status="running", alive=True)
+        svc._on_watch_event(Event("status", "r1", "status", 0, st, t, True))
+
+    running(t0)
     beat(t0)
-    svc.apply(run, Event("synced", "r1", "synced", 0, {}, t0))
+    svc._on_watch_event(Event("synced", "r1", "synced", 0, Synced(ts=t0), t0))
     svc._on_state(ConnectionState("reconnecting", 30.0, "dropped"))
-    assert svc.detector.check(t0 + 60) == []
+    det = svc.alerts.detector
+    assert det.check(t0 + 60) == []
     svc._on_state(ConnectionState("connected", None, ""))
-    assert svc.detector.check(t0 + 61) == []  # the resubscription's backlog has not come yet
-    svc.apply(run, Event("status", "r1", "status", 0, running, t0 + 62))
+    assert det.check(t0 + 61) == []  # the resubscription's backlog has not come yet
+    running(t0 + 62)
     beat(t0 + 62)
-    svc.apply(run, Event("synced", "r1", "synced", 0, {}, t0 + 62))
-    assert svc.detector.check(t0 + 63) == []
-    assert [a.kind for a in svc.detector.check(t0 + 100)] == ["no_heartbeat"]  # real silence still counts
+    svc._on_watch_event(Event("synced", "r1", "synced", 0, Synced(ts=t0 + 62), t0 + 62))
+    assert det.check(t0 + 63) == []
+    assert [a.kind for a in det.check(t0 + 100)] == ["no_heartbeat"]  # real silence still counts
+    assert state.host("h").conn == "connected"
+
+
+def view(run_id: str, status: str = "running", alive: bool = False, parent_run: str | None = None,
+         step: int = 0) -> RunView:
+    info = RunInfo(run_id=run_id, name=run_id, status=RunStatus.RUNNING, parent_run=parent_run, step=step)
+    return RunView(run_id=run_id, dir="/x", name=run_id, status=RunStatus(status), info=info, alive=alive,
+                   parent_run=parent_run)

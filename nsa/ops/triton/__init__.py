@@ -20,7 +20,7 @@ import torch
 
 from nsa.ops.reference import selection_scores
 
-from .band import band_backward, band_forward
+from .band import BWD_BN, band_backward, band_forward
 from .scores import selection_scores_from_lse
 from .select import select_blocks
 from .selected import selected_backward, selected_forward
@@ -102,16 +102,23 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device, 0 elsewhere (the compile gate stands in a GPU's)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _cmp_split(q: torch.Tensor, n_cmp: int, n_groups: int) -> int:
     """How many programs share one compressed key tile's dK/dV (over query tiles).
 
     Nc = T/d is short and there is one program per (key tile, batch, group), so without a
     split a small batch leaves most SMs idle while each program walks all later queries.
     Aim for ~2 programs per SM (partials are summed afterwards: still deterministic)."""
-    if q.device.type != "cuda":
+    sms = _sm_count(q.device)
+    if sms == 0:
         return 1
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    tiles = max(1, -(-n_cmp // 64)) * q.shape[0] * n_groups
+    tiles = max(1, -(-n_cmp // BWD_BN)) * q.shape[0] * n_groups
     return max(1, min(16, -(-2 * sms // tiles)))
 
 

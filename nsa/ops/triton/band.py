@@ -24,7 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-NEG = -1.0e30  # finite "minus infinity" for the running max: keeps exp(m_old - m_new) NaN-free
+# Finite "minus infinity" for the running max: keeps exp(m_old - m_new) NaN-free. A
+# tl.constexpr object: the compiler rejects plain module globals read in @triton.jit code
+# (the interpreter does not), see bench/compile_check.py.
+NEG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -187,8 +190,16 @@ def _prec(x: torch.Tensor) -> str:
 
 
 def _blocks(d: int) -> tuple[int, int, int]:
+    """Forward tiles (BD, BM query rows, BN keys), 4 warps."""
     bd = max(16, triton.next_power_of_2(d))
     return bd, 64 if bd <= 64 else 32, 64 if bd <= 64 else 32
+
+
+# Backward tiles: 64 query rows x 32 keys for every head dim, 8 warps (dq: one program per
+# 64 queries stepping over 32 keys; dK/dV: one program per 32 keys stepping over 64
+# queries). The forward's 64 x 64 on 4 warps spilled in both backward kernels on sm_80 at
+# D = 64 (bench/compile_check.py; docs/kernels.md has the table).
+BWD_BM, BWD_BN, BWD_WARPS = 64, 32, 8
 
 
 def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stride: int, off: int, win: int,
@@ -217,17 +228,18 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     do = do.contiguous()
     delta = (do.float() * o.float()).sum(-1).permute(0, 2, 1).contiguous()  # [B,H,T]
     dq = torch.empty_like(q)
-    bd, bm, bn = _blocks(D)
+    bd, bm, bn = _blocks(D)[0], BWD_BM, BWD_BN
     prec = _prec(q)
     if T > 0:
         _band_bwd_dq[(triton.cdiv(T, bm), B * H)](
             q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3],
-            T, NK, H, H // G, scale, stride, off, win, D=D, BD=bd, BM=bm, BN=bn, PREC=prec)
+            T, NK, H, H // G, scale, stride, off, win, D=D, BD=bd, BM=bm, BN=bn, PREC=prec,
+            num_warps=BWD_WARPS)
     dkp = torch.zeros(nsplit, B, NK, G, D, device=q.device, dtype=torch.float32)
     dvp = torch.zeros_like(dkp)
     if NK > 0 and T > 0:
         _band_bwd_dkdv[(triton.cdiv(NK, bn), B * G, nsplit)](
             q, k, v, do, lse, delta, dkp, dvp, *q.stride()[:3], *k.stride()[:3], *dkp.stride()[:4],
             T, NK, H, H // G, scale, stride, off, win, NSPLIT=nsplit,
-            D=D, BD=bd, BM=bm, BN=bn, PREC=prec)
+            D=D, BD=bd, BM=bm, BN=bn, PREC=prec, num_warps=BWD_WARPS)
     return dq, dkp.sum(0).to(k.dtype), dvp.sum(0).to(v.dtype)

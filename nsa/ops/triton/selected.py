@@ -12,7 +12,8 @@ dK/dV: KV-block-major, no atomics. An inverted index (which query positions sele
 block j of group g) is built with torch ops (a stable sort of the flattened selection,
 ``searchsorted`` for the segment offsets: no host sync, fixed shapes). Each block's query
 list is cut into chunks of at most CH queries; one program per chunk loads the block's
-K/V once and loops over its queries, QC positions x heads rows per tile, accumulating
+K/V once and loops over its queries, QC positions x heads rows per tile (32 rows; a group
+of more than 32 heads takes several tiles per position), accumulating
 fp32 partial dK/dV in registers; a second kernel sums each block's partials in chunk
 order. Deterministic, and the blocks that every query selects (initial and local ones)
 are spread over many programs instead of one long serial loop.
@@ -38,8 +39,9 @@ def _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL,
     t_r = t0 + p_r
     valid = (r < P * HPGP) & (h_r < HPG) & (t_r < T)
     slots = tl.arange(0, NP)
+    # block indices fit int32 (Ns < 2**31); int64 doubled this tile's registers
     sel = tl.load(IDX + b * sib + t_r[:, None] * sit + g * sig + slots[None, :],
-                  mask=valid[:, None] & (slots < NSEL)[None, :], other=-1)
+                  mask=valid[:, None] & (slots < NSEL)[None, :], other=-1).to(tl.int32)
     return p_r, h_r, t_r, valid, sel
 
 
@@ -48,7 +50,7 @@ def _next_block(IDX, sib, sit, sig, b, g, t0, p, slot, T, sel, p_r):
     """Block of (position t0+p, slot), and whether this program handles it now: it exists
     and no earlier position of the tile selected it (each block once per tile)."""
     tp = t0 + p
-    j = tl.load(IDX + b * sib + tl.minimum(tp, T - 1) * sit + g * sig + slot)
+    j = tl.load(IDX + b * sib + tl.minimum(tp, T - 1) * sit + g * sig + slot).to(tl.int32)
     j = tl.where(tp < T, j, -1)
     earlier = tl.sum(((sel == j) & (p_r < p)[:, None]).to(tl.int32))
     member = tl.sum((sel == j).to(tl.int32), 1) > 0  # rows whose position selected j
@@ -148,9 +150,11 @@ def _sel_bwd_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
 def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, KEY_OF_CHUNK, CHUNK_START, DKP, DVP,
                   sqb, sqt, sqh, skb, skt, skh,
                   T, G, HPG, NS, NKEYS, CH, scale,
-                  BS: tl.constexpr, LS: tl.constexpr, HPP: tl.constexpr, QC: tl.constexpr,
-                  D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    """Chunk c of the query list of one (b, g, block j): partial dK/dV of that block."""
+                  BS: tl.constexpr, LS: tl.constexpr, HPP: tl.constexpr, HC: tl.constexpr,
+                  QC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    """Chunk c of the query list of one (b, g, block j): partial dK/dV of that block.
+    Tiles of QC positions x HC heads; groups of more than HC (padded) heads take HPP / HC
+    tiles per position step."""
     c = tl.program_id(0)
     key_raw = tl.load(KEY_OF_CHUNK + c)
     ok = key_raw < NKEYS  # the grid is a static upper bound on the number of chunks
@@ -173,26 +177,30 @@ def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, KEY_OF_CHUNK, CHUNK_STAR
     v = tl.load(V + kvoff, mask=kvmask, other=0.0)
     dk = tl.zeros([LS, BD], tl.float32)
     dv = tl.zeros([LS, BD], tl.float32)
-    r = tl.arange(0, QC * HPP)
-    qi = r // HPP
-    hr = r % HPP
-    h = g * HPG + hr
+    r = tl.arange(0, QC * HC)
+    qi = r // HC
+    hc = r % HC
     for c0 in range(start, end, QC):
-        valid = (c0 + qi < end) & (hr < HPG)
-        t = tl.load(TLIST + c0 + qi, mask=valid, other=0)
-        qoff = b * sqb + t[None, :] * sqt + h[None, :] * sqh + offs_d[:, None]
-        qt = tl.load(Q + qoff, mask=valid[None, :] & dmask[:, None], other=0.0)
-        dot_ = tl.load(DO + qoff, mask=valid[None, :] & dmask[:, None], other=0.0)
-        row = (b * T + t) * G * HPG + h
-        lse = tl.load(LSE + row, mask=valid, other=float("inf"))
-        delta = tl.load(DELTA + row, mask=valid, other=0.0)
-        st = tl.dot(k, qt, input_precision=PREC) * scale
-        vis = nmask[:, None] & (offs_n[:, None] <= t[None, :]) & valid[None, :]
-        pt = tl.exp(tl.where(vis, st - lse[None, :], float("-inf")))
-        dv += tl.dot(pt.to(dot_.dtype), tl.trans(dot_), input_precision=PREC)
-        dpt = tl.dot(v, dot_, input_precision=PREC)
-        dst = pt * (dpt - delta[None, :])
-        dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=PREC)
+        t_ok = c0 + qi < end
+        t = tl.load(TLIST + c0 + qi, mask=t_ok, other=0)
+        for h0 in range(0, HPP, HC):
+            hr = h0 + hc
+            valid = t_ok & (hr < HPG)
+            h = g * HPG + hr
+            # rows = (position, head) pairs, loaded row-major: [rows, BD]
+            qoff = b * sqb + t[:, None] * sqt + h[:, None] * sqh + offs_d[None, :]
+            qr = tl.load(Q + qoff, mask=valid[:, None] & dmask[None, :], other=0.0)
+            dor = tl.load(DO + qoff, mask=valid[:, None] & dmask[None, :], other=0.0)
+            row = (b * T + t) * G * HPG + h
+            lse = tl.load(LSE + row, mask=valid, other=float("inf"))
+            delta = tl.load(DELTA + row, mask=valid, other=0.0)
+            st = tl.dot(k, tl.trans(qr), input_precision=PREC) * scale
+            vis = nmask[:, None] & (offs_n[:, None] <= t[None, :]) & valid[None, :]
+            pt = tl.exp(tl.where(vis, st - lse[None, :], float("-inf")))
+            dv += tl.dot(pt.to(dor.dtype), dor, input_precision=PREC)
+            dpt = tl.dot(v, tl.trans(dor), input_precision=PREC)
+            dst = pt * (dpt - delta[None, :])
+            dk += tl.dot(dst.to(qr.dtype), qr, input_precision=PREC)
     poff = c * LS * BD + tl.arange(0, LS)[:, None] * BD + offs_d[None, :]
     # whole tile, real chunks only (a tensor compare: the interpreter rejects scalar-bool masks)
     pmask = (tl.zeros([LS, BD], tl.int64) + key_raw) < NKEYS
@@ -228,13 +236,30 @@ def _sel_bwd_reduce(DKP, DVP, CHUNK_START, DK, DV, skb, skt, skh, T, G, NS,
 POSITIONS: int | None = None
 
 
+def _warps(rows: int, bd: int, four_up_to: int) -> int:
+    """4 warps, or 8 once a ``rows x bd`` tile passes ``four_up_to`` elements (4 spilled
+    there: bench/compile_check.py)."""
+    return 4 if rows * bd <= four_up_to else 8
+
+
+# Forward and dQ state ptxas's own ceiling of 255 registers: without it ptxas (Triton
+# passes --regAllocOptLevel=2) trims them to an occupancy step (96 or 128 registers) at
+# the price of a few bytes of spill. Not for dK/dV: there it made ptxas 12.9 (sm_80) spill.
+MAXNREG = 255
+
+
 def _sizes(hpg: int, d: int, block: int, positions: int | None) -> tuple[int, int, int, int, int, int]:
     """(forward/dQ rows R, positions P, padded heads HPGP, dK/dV positions per tile QC, BD, LS)."""
     hpgp = triton.next_power_of_2(hpg)
     pos = positions if positions is not None else (POSITIONS or max(1, 16 // hpgp))
     rows = max(16, triton.next_power_of_2(pos * hpgp))  # rows beyond pos * hpgp are zero padding
-    qc = max(1, 64 // hpgp) if hpgp <= 64 else 1  # dK/dV rows: QC positions x heads
+    qc = max(1, 32 // hpgp)  # dK/dV rows: QC positions x heads, 32 (64 spilled: docs/kernels.md)
     return rows, pos, hpgp, qc, max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(block))
+
+
+def _dkdv_heads(hpgp: int) -> int:
+    """Heads per dK/dV tile (HC): all of the group's, at most 32 (the tile stays 32 rows)."""
+    return min(hpgp, 32)
 
 
 def inverted_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,7 +293,7 @@ def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     _sel_fwd[(triton.cdiv(T, pos), B * G)](
         q, k, v, idx, o, lse, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3], T, G, H // G, n, scale,
         BS=block, LS=ls, R=rows, HPGP=hpgp, P=pos, NP=triton.next_power_of_2(max(n, 1)), D=D, BD=bd,
-        PREC=_prec(q))
+        PREC=_prec(q), num_warps=_warps(rows, bd, 64 * 64), maxnreg=MAXNREG)
     return o, lse
 
 
@@ -290,7 +315,8 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     _sel_bwd_dq[(triton.cdiv(T, pos), B * G)](
         q, k, v, idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3],
         T, G, H // G, n, scale, BS=block, LS=ls, R=rows, HPGP=hpp, P=pos,
-        NP=triton.next_power_of_2(max(n, 1)), D=D, BD=bd, PREC=prec)
+        NP=triton.next_power_of_2(max(n, 1)), D=D, BD=bd, PREC=prec,
+        num_warps=_warps(rows, bd, 64 * 64), maxnreg=MAXNREG)
     ns = triton.cdiv(T, block)
     nkeys = B * G * ns
     tlist, offsets = inverted_index(idx, ns)
@@ -308,7 +334,8 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     dvp = torch.empty_like(dkp)
     _sel_bwd_dkdv[(max_chunks,)](q, k, v, do, lse, delta, tlist, offsets, key_of_chunk, chunk_start, dkp, dvp,
                                  *q.stride()[:3], *k.stride()[:3], T, G, H // G, ns, nkeys, ch, scale,
-                                 BS=block, LS=ls, HPP=hpp, QC=qc, D=D, BD=bd, PREC=prec)
+                                 BS=block, LS=ls, HPP=hpp, HC=_dkdv_heads(hpp), QC=qc, D=D, BD=bd,
+                                 PREC=prec, num_warps=_warps(qc * _dkdv_heads(hpp), bd, 32 * 64))
     _sel_bwd_reduce[(nkeys,)](dkp, dvp, chunk_start, dk, dv, *k.stride()[:3], T, G, ns,
-                              BS=block, LS=ls, D=D, BD=bd)
+                              BS=block, LS=ls, D=D, BD=bd, num_warps=_warps(ls, bd, 64 * 64))
     return dq, dk, dv

@@ -23,7 +23,7 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="-dialog", id="confirm"):
             yield Label(Text(self._title, style="bold"))
-            yield Static(self._body, id="confirm-body")
+            yield Static(Text(self._body), id="confirm-body")  # host strings: never markup
             with Horizontal(id="confirm-buttons"):
                 yield Button(f"{self._yes} (y)", variant="error", id="yes")
                 yield Button("Cancel (n)", id="no")

@@ -1,11 +1,15 @@
-"""The launch dialog: config picker, nproc, strategy, data source, run name.
+"""The launch dialog: config, processes, strategy, data source, run name, ``--set`` overrides.
 
-The host validates before anything starts; its error is shown here, in the dialog, and
-the dialog stays open so the user can fix the field and try again.
+It preselects the config last launched on the host (else the demo), says what the selected
+config is before anything starts (the host's ``describe``: parameters, sequence length,
+global batch, the device it needs, its data) and refuses, with the host's reason, a config
+that cannot run there. The host's recent launches run again with ctrl+r. The host validates
+once more at launch; its error is shown here and the dialog stays open.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,15 +18,21 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 import nsa_tui
+from nsa.contract.protocol import ConfigSummary
+from nsa_tui.app.widgets.setfield import OverrideSuggester, key_hint, split_overrides
+from nsa_tui.fmt import fmt_count
+from nsa_tui.userstate import RecentLaunch
 
 Submit = Callable[[str, dict[str, Any]], Awaitable[str]]
+Describe = Callable[[str, dict[str, Any]], Awaitable[ConfigSummary]]
 DEMO_CONFIG = "demo-cpu.yaml"
 DATA_SOURCES = ("stdlib", "synthetic", "fineweb-edu", "files")  # nsa.config DataConfig.source
+DESCRIBE_DEBOUNCE_S = 0.3
 
 
 def find_configs(cwd: Path | None = None) -> list[str]:
@@ -43,57 +53,121 @@ def demo_config(cwd: Path | None = None) -> str:
     return str(Path(nsa_tui.__file__).parent / "configs" / DEMO_CONFIG)
 
 
+def summary_text(s: ConfigSummary, host: str) -> Text:
+    """What the config is, and why it cannot run on ``host`` (red) when it cannot."""
+    t = Text()
+    accum = f" × {s.grad_accum} accum" if s.grad_accum != 1 else ""
+    t.append(f"{s.name}", style="bold")
+    t.append(f" · {s.attention.upper() if s.attention == 'nsa' else s.attention} · "
+             f"{fmt_count(s.params)} params · seq {s.seq_len} · global batch {s.global_batch} "
+             f"({s.batch_size} × {s.nproc} proc{accum}) · {s.steps} steps\n")
+    t.append(f"needs {s.needs}; here: {s.runs_on} · data: {s.data}")
+    for p in s.problems:
+        t.append(f"\n✗ cannot run on {host}: {p}", style="bold red")
+    for n in s.notes:
+        t.append(f"\n• {n}", style="dim")
+    return t
+
+
 class LaunchScreen(ModalScreen[str | None]):
     """Returns the new run's id, or None when cancelled."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+s", "launch", "launch")]
+    BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+s", "launch", "launch"),
+                Binding("ctrl+r", "rerun", "re-run recent")]
+    DEFAULT_CSS = """
+    #launch-form { height: auto; max-height: 65vh; }
+    #launch { height: auto; max-height: 95%; }
+    #launch-form Label { margin-top: 1; }
+    #launch-form .-row Label { margin-top: 1; }
+    #launch Input { height: 1; border: none; padding: 0 1; background: $boost; }
+    #launch Input:focus { background: $primary 25%; }
+    #launch SelectCurrent { height: 1; border: none; padding: 0 1; background: $boost; }
+    #launch Select:focus > SelectCurrent { background: $primary 25%; }
+    #launch-about { margin-top: 1; min-height: 2; }
+    #set-hint { color: $text-muted; }
+    """
 
-    def __init__(self, hosts: list[str], host: str, gpus: int, configs: list[str],
+    def __init__(self, hosts: list[str], host: str, gpus: int | None, configs: list[str],
                  submit: Submit | None, config: str | None = None,
-                 host_gpus: dict[str, int] | None = None) -> None:
+                 host_gpus: dict[str, int | None] | None = None, describe: Describe | None = None,
+                 recent: Callable[[str], list[RecentLaunch]] | None = None) -> None:
         super().__init__()
-        self._hosts, self._host, self._gpus = hosts, host, max(0, gpus)
-        self._host_gpus = host_gpus or {}
-        self._configs, self._submit = configs, submit
+        self._hosts, self._host = hosts, host
+        self._host_gpus = dict(host_gpus or {})
+        self._host_gpus.setdefault(host, gpus)
+        self._configs, self._submit, self._describe = configs, submit, describe
+        self._recent_of = recent or (lambda _host: [])
+        self._recent: list[RecentLaunch] = self._recent_of(host)
+        self._typed = config if config and config not in configs else ""
         self._config = config if config in configs else (configs[0] if configs else None)
+        self._blocked: str | None = None  # why launching is refused (the host said so)
 
+    # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         with Vertical(classes="-dialog", id="launch"):
             yield Label(Text("Launch a run", style="bold"))
-            if len(self._hosts) > 1:
-                yield Label("host")
-                yield Select([(h, h) for h in self._hosts], value=self._host, allow_blank=False,
-                             id="host")
-            yield Label("config (local files are uploaded with the run)")
-            if self._configs:
-                yield Select([(c, c) for c in self._configs], value=self._config, allow_blank=False,
-                             id="config")
-            yield Input(placeholder="…or type a path to a config file", id="config-path")
-            with Horizontal(classes="-row"):
-                with Vertical():
-                    gpus = f"{self._gpus} GPU{'s' if self._gpus != 1 else ''}" if self._gpus else "no GPU"
-                    yield Label(f"processes (host has {gpus})")
-                    yield Input(str(max(1, self._gpus)), type="integer", id="nproc")
-                with Vertical():
-                    yield Label("strategy")
-                    yield Select([("from the config", ""), ("DDP", "ddp"), ("FSDP", "fsdp")], value="",
-                                 allow_blank=False, id="strategy")
-            with Horizontal(classes="-row"):
-                with Vertical():
-                    yield Label("data source")
-                    yield Select([("from the config", "")] + [(d, d) for d in DATA_SOURCES], value="",
-                                 allow_blank=False, id="data")
-                with Vertical():
-                    yield Label("run name")
-                    yield Input(placeholder="from the config", id="name")
+            with VerticalScroll(id="launch-form"):
+                if len(self._hosts) > 1:
+                    yield Label("host")
+                    yield Select([(h, h) for h in self._hosts], value=self._host, allow_blank=False,
+                                 id="host")
+                yield Label("config (local files are uploaded with the run)")
+                if self._configs:
+                    yield Select([(Text(c), c) for c in self._configs], value=self._config, allow_blank=False,
+                                 id="config")
+                yield Input(self._typed, placeholder="…or type a path to a config file", id="config-path")
+                yield Static(Text("", style="dim"), id="launch-about")
+                with Horizontal(classes="-row"):
+                    with Vertical():
+                        yield Label(self._gpu_label(self._host), id="nproc-label")
+                        yield Input(str(max(1, self._host_gpus.get(self._host) or 0)), type="integer",
+                                    id="nproc")
+                    with Vertical():
+                        yield Label("strategy")
+                        yield Select([("from the config", ""), ("DDP", "ddp"), ("FSDP", "fsdp")], value="",
+                                     allow_blank=False, id="strategy")
+                with Horizontal(classes="-row"):
+                    with Vertical():
+                        yield Label("data source")
+                        yield Select([("from the config", "")] + [(d, d) for d in DATA_SOURCES], value="",
+                                     allow_blank=False, id="data")
+                    with Vertical():
+                        yield Label("run name")
+                        yield Input(placeholder="from the config", id="name")
+                yield Label("--set overrides (→ completes config keys)")
+                yield Input(placeholder="train.steps=200 train.lr=1e-3", suggester=OverrideSuggester(),
+                            id="overrides")
+                yield Static(Text(key_hint("")), id="set-hint")
+                yield Label("recent launches on this host (ctrl+r runs the chosen one, else the last)")
+                yield Select(self._recent_options(), prompt="none yet" if not self._recent else
+                             "choose one to fill the form", id="recent")
             yield Static("", id="launch-error")
             with Horizontal(id="launch-buttons"):
                 yield Button("Launch (ctrl+s)", variant="primary", id="go")
                 yield Button("Cancel (esc)", id="cancel")
 
+    def _recent_options(self) -> list[tuple[str, int]]:
+        return [(Text(r.label()[:70]), i) for i, r in enumerate(self._recent)]  # text, never markup
+
+    def _gpu_label(self, host: str) -> str:
+        gpus = self._host_gpus.get(host)
+        if gpus is None:
+            return "processes (host not reached yet: GPUs unknown)"
+        if not gpus:
+            return "processes (host has no GPU)"
+        return f"processes (host has {gpus} GPU{'s' if gpus != 1 else ''})"
+
+    def on_mount(self) -> None:
+        self.query_one("#launch-error").display = False
+        self.query_one("#recent", Select).disabled = not self._recent
+        self._refresh_about()
+
+    # -- the form ---------------------------------------------------------------------------------
+    def current_host(self) -> str:
+        return str(self.query_one("#host", Select).value) if len(self._hosts) > 1 else self._host
+
     def form(self) -> tuple[str, dict[str, Any]]:
         """The host and the launch options as typed (validation is the host's job)."""
-        host = self.query_one("#host", Select).value if len(self._hosts) > 1 else self._host
         typed = self.query_one("#config-path", Input).value.strip()
         config = typed or (str(self.query_one("#config", Select).value) if self._configs else "")
         nproc_text = self.query_one("#nproc", Input).value.strip()
@@ -108,20 +182,89 @@ class LaunchScreen(ModalScreen[str | None]):
         name = self.query_one("#name", Input).value.strip()
         if name:
             opts["name"] = name
-        return str(host), opts
+        overrides = self.query_one("#overrides", Input).value.strip()
+        if overrides:
+            try:
+                opts["overrides"] = split_overrides(overrides)
+            except ValueError as exc:
+                opts["overrides_error"] = f"--set: {exc}"
+        return self.current_host(), opts
+
+    def fill(self, launch: RecentLaunch) -> None:
+        """Put a recent launch into the form (config, processes, overrides, name)."""
+        if launch.config in self._configs:
+            self.query_one("#config", Select).value = launch.config
+            self.query_one("#config-path", Input).value = ""
+        else:
+            self.query_one("#config-path", Input).value = launch.config
+        if launch.nproc:
+            self.query_one("#nproc", Input).value = str(launch.nproc)
+        self.query_one("#strategy", Select).value = ""
+        self.query_one("#data", Select).value = ""
+        self.query_one("#overrides", Input).value = " ".join(launch.overrides)
+        self.query_one("#name", Input).value = launch.name or ""
 
     def show_error(self, message: str) -> None:
         err = self.query_one("#launch-error", Static)
         err.update(Text(message, style="bold red"))
         err.display = bool(message)
 
-    def on_mount(self) -> None:
-        self.query_one("#launch-error").display = False
+    # -- what the selected config is ----------------------------------------------------------------
+    def _refresh_about(self) -> None:
+        self._about(*self.form())
+
+    @work(exclusive=True, group="describe")
+    async def _about(self, host: str, opts: dict[str, Any]) -> None:
+        about = self.query_one("#launch-about", Static)
+        self._set_blocked(None)
+        if not opts["config"]:
+            about.update(Text("choose a config or type a path", style="dim"))
+            return
+        if opts.get("overrides_error"):
+            self._set_blocked(opts["overrides_error"])
+            about.update(Text(opts["overrides_error"], style="bold red"))
+            return
+        if self._describe is None:
+            return
+        await asyncio.sleep(DESCRIBE_DEBOUNCE_S)  # typing: ask once it pauses
+        about.update(Text(f"asking {host} about {opts['config']} …", style="dim"))
+        try:
+            summary = await self._describe(host, opts)
+        except Exception as exc:  # the host's own words: a bad config, or why it is not reachable
+            code = getattr(exc, "code", "")
+            message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            if code in ("bad_config", "bad_request"):
+                self._set_blocked(message)
+                about.update(Text(message, style="bold red"))
+            else:
+                about.update(Text(f"cannot check the config on {host}: {message}", style="yellow"))
+            return
+        about.update(summary_text(summary, host))
+        if summary.problems:
+            self._set_blocked(f"{summary.config} cannot run on {host}: " + "; ".join(summary.problems))
+
+    def _set_blocked(self, why: str | None) -> None:
+        self._blocked = why
+        self.query_one("#go", Button).disabled = why is not None
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        """Another host: its GPU count becomes the default number of processes."""
-        if event.select.id == "host" and event.value in self._host_gpus:
-            self.query_one("#nproc", Input).value = str(max(1, self._host_gpus[str(event.value)]))
+        sid = event.select.id
+        if sid == "host":
+            host = str(event.value)
+            self.query_one("#nproc-label", Label).update(self._gpu_label(host))
+            self.query_one("#nproc", Input).value = str(max(1, self._host_gpus.get(host) or 0))
+            self._recent = self._recent_of(host)
+            recent = self.query_one("#recent", Select)
+            recent.set_options(self._recent_options())
+            recent.disabled = not self._recent
+        elif sid == "recent" and isinstance(event.value, int):
+            self.fill(self._recent[event.value])
+        self._refresh_about()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "overrides":
+            self.query_one("#set-hint", Static).update(Text(key_hint(event.value)))  # typed text: no markup
+        self._refresh_about()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "go":
@@ -132,13 +275,26 @@ class LaunchScreen(ModalScreen[str | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.action_launch()
 
+    # -- actions --------------------------------------------------------------------------------------
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def action_rerun(self) -> None:
+        """Run the chosen recent launch again (the last one when none is chosen)."""
+        if not self._recent:
+            self.show_error("no recent launch on this host yet")
+            return
+        chosen = self.query_one("#recent", Select).value
+        self.fill(self._recent[chosen if isinstance(chosen, int) else 0])
+        self.action_launch()
 
     def action_launch(self) -> None:
         host, opts = self.form()
         if not opts["config"]:
             self.show_error("choose a config or type a path")
+            return
+        if opts.get("overrides_error"):
+            self.show_error(opts["overrides_error"])
             return
         if self._submit is None:
             self.dismiss(None)
@@ -149,10 +305,22 @@ class LaunchScreen(ModalScreen[str | None]):
 
     @work(exclusive=True, group="launch")
     async def _launch(self, host: str, opts: dict[str, Any]) -> None:
+        if self._describe is not None:
+            self.workers.cancel_group(self, "describe")  # the form as it is now decides
+            try:
+                summary = await self._describe(host, opts)
+                if summary.problems:
+                    why = "; ".join(summary.problems)
+                    raise RuntimeError(f"{summary.config} cannot run on {host}: {why}")
+            except Exception as exc:  # refused here, with the host's reason: nothing starts
+                if getattr(exc, "code", "") not in ("disconnected", "closed", "lost"):
+                    self.query_one("#launch-about", Static).update(Text(str(exc), style="bold red"))
+                    self.show_error(getattr(exc, "message", None) or str(exc))
+                    return
         try:
             run_id = await self._submit(host, opts)
         except Exception as exc:  # the host's validation message, shown where it belongs
-            self.show_error(str(exc) or type(exc).__name__)
+            self.show_error(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
             self.query_one("#go", Button).disabled = False
             return
         self.dismiss(run_id)

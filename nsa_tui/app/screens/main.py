@@ -1,26 +1,36 @@
-"""The dashboard: header, run list + summary, charts, GPUs + alerts, log, search bar, footer."""
+"""The dashboard: header, run list + summary, charts, GPUs + alerts, log, search bar, key line.
+
+Two layouts. From 100×30 up every pane is on screen at once and each grows with the
+terminal. Below that (a tmux split, 80×24) panes would be cut to uselessness, so the screen
+switches to three full-size views, one at a time (``v`` or 1 2 3): runs + log, charts, and
+run + GPUs + alerts; a tab line says which one shows and how many alerts are open.
+"""
 
 from __future__ import annotations
 
 import time
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Input, Static
 
+from nsa_tui.app import chartdata
+from nsa_tui.app.listing import FILTER_HELP
 from nsa_tui.app.state import PanelState
 from nsa_tui.app.widgets.alerts import AlertsPane
-from nsa_tui.app.widgets.charts import MetricChart
+from nsa_tui.app.widgets.charts import MetricChart, rgb
 from nsa_tui.app.widgets.gpus import GpuTable
 from nsa_tui.app.widgets.header import PanelHeader
-from nsa_tui.app.widgets.logview import LogView
+from nsa_tui.app.widgets.keybar import Hint, KeyBar
+from nsa_tui.app.widgets.logview import LogView, waiting_note
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.app.widgets.summary import RunSummary
 
-# (binding id, default key, action, footer label, what it does)
+# (binding id, default key, action, key-line label, what it does)
 KEYS: list[tuple[str, str, str, str, str]] = [
     ("launch", "l", "launch", "launch", "Launch a run: config, nproc, strategy, data, name"),
     ("kill", "k", "kill", "kill", "Stop the selected run (whole process group; checkpoint first)"),
@@ -30,44 +40,88 @@ KEYS: list[tuple[str, str, str, str, str]] = [
     ("follow", "t", "follow", "follow", "Follow the log (jump to its end and stay there)"),
     ("search", "slash", "search", "search", "Search the log (n / N: next / previous match)"),
     ("ack", "a", "ack", "ack", "Acknowledge the newest alert"),
+    ("mark", "m", "mark", "mark", "Mark the selected run for comparison (again: unmark)"),
+    ("compare", "c", "compare", "compare", "Overlay the marked runs on the charts (again: back)"),
+    ("x_axis", "x", "x_axis", "x-axis", "Charts by step or by tokens"),
+    ("charts", "g", "charts", "charts",
+     "Next set of charts: loss, tokens/s, grad norm, lr, TFLOP/s + MFU, memory, gate shares, val loss"),
+    ("filter", "s", "filter", "filter", "Filter the run list: " + FILTER_HELP),
+    ("fold", "z", "fold", "fold", "Unfold / fold the selected run's lineage (its fallbacks and resumes)"),
+    ("archive", "h", "archive", "archive",
+     "Archive the selected run (hidden unless the filter says archived); again: unarchive. Never a live run"),
+    ("delete", "delete", "delete_run", "delete", "Delete the selected run (asks; says what it frees)"),
+    ("view", "v", "next_view", "view", "Small terminal: next view (runs + log, charts, run + GPUs)"),
     ("help", "question_mark", "help", "help", "Keys and panes"),
     ("quit", "q", "quit_panel", "quit", "Quit the panel; runs keep going on their hosts"),
 ]
 
 SCREEN_ACTIONS = ("follow", "search")
+# key-line hints, most useful first; help and quit always show
+KEY_LINE = ("launch", "kill", "fallback", "resume", "dump", "mark", "compare", "charts", "filter", "ack",
+            "follow", "search", "x_axis", "fold", "archive")
+PAGES = (("runs", "runs · log"), ("charts", "charts"), ("host", "run · GPUs · alerts"))
+COMPACT_BELOW = (100, 30)  # width, height under which one view shows at a time
 CHART_MIN_S = 0.5
 
 
+class PageTabs(Static):
+    """The small layout's view line: ' 1 runs · log │ 2 charts │ 3 run · GPUs · alerts (1) '."""
+
+    _sig: tuple = ()
+
+    def show(self, page: str, alerts: int) -> None:
+        if (page, alerts) == self._sig:
+            return
+        self._sig = (page, alerts)
+        t = Text(no_wrap=True, overflow="ellipsis")
+        for i, (key, label) in enumerate(PAGES):
+            if i:
+                t.append(" │ ", style="dim")
+            text = f" {i + 1} {label}" + (f" ({alerts})" if key == "host" and alerts else "") + " "
+            t.append(text, style="bold reverse" if key == page else ("bold red" if key == "host" and alerts
+                                                                     else ""))
+        t.append("   v: next view", style="dim")
+        self.update(t)
+
+
 class MainScreen(Screen):
-    """Everything about the selected run at once, fitting 100×30 and growing with the terminal."""
+    """Everything about the selected run: all at once from 100×30, one view at a time below."""
 
     BINDINGS = [
-        Binding(key, action if action in SCREEN_ACTIONS else f"app.{action}", label, id=bid)
+        Binding(key, action if action in SCREEN_ACTIONS else f"app.{action}", label, id=bid, show=False)
         for bid, key, action, label, _ in KEYS
     ] + [
-        Binding("escape", "close_search", "close search", show=False),
+        Binding("escape", "close_bars", "close search / filter", show=False),
+        Binding("1", "view('runs')", "runs view", show=False),
+        Binding("2", "view('charts')", "charts view", show=False),
+        Binding("3", "view('host')", "host view", show=False),
     ]
+
+    page = "runs"
+    ready = False
+    _chart_sig: tuple = ()
+    _chart_at = 0.0
 
     def compose(self) -> ComposeResult:
         yield PanelHeader(id="header")
+        yield PageTabs(id="pages")
         with Horizontal(id="body"):
             with Vertical(id="left"):
                 yield RunList(id="runs")
                 yield RunSummary(id="summary")
             with Vertical(id="right"):
                 with Horizontal(id="charts"):
-                    yield MetricChart("loss: train ─ val ●", "loss", id="loss")
-                    yield MetricChart("tokens/s", "tokens/s", id="tps")
+                    for i in range(3):
+                        yield MetricChart(id=f"chart{i}", classes="chart")
+                yield Static(id="legend")
                 with Horizontal(id="mid"):
                     yield GpuTable(id="gpus")
                     yield AlertsPane(id="alerts")
                 yield LogView(id="log")
-                yield Input(placeholder="search the log (enter: find, esc: close)", id="search")
-        yield Footer()
-
-    ready = False
-    _chart_sig: tuple = ()
-    _chart_at = 0.0
+        yield Input(placeholder="search the log (enter: find, esc: close)", id="search")
+        yield Input(placeholder="filter runs: name words, running/crashed/…, alive/ended, archived "
+                                "(esc: clear)", id="filter")
+        yield KeyBar(self.key_hints, id="keys")
 
     def on_mount(self) -> None:
         self.ready = True
@@ -77,10 +131,60 @@ class MainScreen(Screen):
         self.query_one("#alerts").border_title = "alerts"
         self.query_one("#log").border_title = "log (following)"
         self.query_one("#runs").focus()
+        self._layout_for(self.size.width, self.size.height)
 
     def on_unmount(self) -> None:
         self.ready = False
 
+    # -- layout -----------------------------------------------------------------------------
+    def on_resize(self) -> None:
+        self._layout_for(self.size.width, self.size.height)
+
+    @property
+    def compact(self) -> bool:
+        return self.has_class("-compact")
+
+    def _layout_for(self, width: int, height: int) -> None:
+        compact = width < COMPACT_BELOW[0] or height < COMPACT_BELOW[1]
+        self.set_class(compact, "-compact")
+        for key, _ in PAGES:
+            self.set_class(compact and key == self.page, f"-page-{key}")
+        self._chart_sig = ()  # chart heights changed: draw again
+        try:
+            self.query_one(KeyBar).redraw()
+        except NoMatches:
+            pass
+
+    def action_view(self, page: str) -> None:
+        """Show one view of the small layout (no effect on the large one, which shows all)."""
+        self.page = page
+        self._layout_for(self.size.width, self.size.height)
+        if self.compact:
+            target = {"runs": "#runs", "charts": None, "host": "#summary"}[page]
+            if target:
+                self.query_one(target).focus()
+
+    def action_next_view(self) -> None:
+        keys = [k for k, _ in PAGES]
+        self.action_view(keys[(keys.index(self.page) + 1) % len(keys)])
+
+    def key_hints(self) -> tuple[list[Hint], list[Hint]]:
+        """(hints by priority, hints always shown) with the keys as currently mapped."""
+        keymap = getattr(self.app, "keymap", {})
+        by_id = {bid: (key, action, label) for bid, key, action, label, _ in KEYS}
+
+        def hint(bid: str) -> Hint:
+            key, action, label = by_id[bid]
+            shown = ",".join({"slash": "/", "question_mark": "?", "delete": "del"}.get(k, k)
+                             for k in keymap.get(bid, key).split(","))
+            return shown, label, action if action in SCREEN_ACTIONS else f"app.{action}"
+
+        always = [hint("help"), hint("quit")]
+        if self.compact:
+            always.insert(0, hint("view"))
+        return [hint(b) for b in KEY_LINE], always
+
+    # -- drawing ----------------------------------------------------------------------------
     def update_from(self, state: PanelState, now: float) -> None:
         """Redraw every pane from `state`; each pane skips work when nothing changed."""
         try:
@@ -94,50 +198,95 @@ class MainScreen(Screen):
         self.query_one(RunSummary).update_from(state, now)
         self.query_one(GpuTable).update_from(state, now)
         self.query_one(AlertsPane).update_from(state, now)
+        if self.compact:
+            self.query_one(PageTabs).show(self.page, len(state.open_alerts()))
         run = state.selected_run()
         log = self.query_one(LogView)
         log.set_buffer(run.log if run else None)
+        log.set_waiting(waiting_note(run, now) if run else "")
         log.sync()
         title = "log (following)" if log.follow else "log (scrollback — t: follow)"
         if log.pattern:
             title += f"  /{log.pattern}"
         if log.border_title != title:
             log.border_title = title
-        loss, tps = self.query_one("#loss", MetricChart), self.query_one("#tps", MetricChart)
-        if run is None:
-            loss.set_lines([], ())
-            tps.set_lines([], ())
-            self._chart_sig = ()
-            return
-        lineage = [run]
-        while (parent := state.parent_of(lineage[-1])) is not None and all(parent is not r for r in lineage):
-            lineage.append(parent)
-        sig = tuple((r.key, r.loss.count, r.val_loss.count, r.tokens_per_s.count) for r in lineage)
+        self._update_charts(state)
+
+    def _update_charts(self, state: PanelState) -> None:
+        """The chosen charts of the selected run (its lineage), or the marked runs overlaid."""
+        view = state.view
+        run = state.selected_run()
+        compared = state.marked_runs() if view.compare else []
+        compare = len(compared) >= 2
+        kinds = chartdata.valid_charts(view.charts)
+        runs = compared if compare else ([run] if run else [])
+        lineage = list(runs)
+        if not compare and run is not None:
+            while (parent := state.parent_of(lineage[-1])) is not None and parent not in lineage:
+                lineage.append(parent)
+        # a point arrived, or run.json changed (FLOPs per token, global batch): not every log line
+        sig = (kinds, view.x_axis, compare, tuple((r.key, r.metrics.count, id(r.view)) for r in lineage))
         if sig == self._chart_sig:  # series are only copied when a point arrived
             return
         mono = time.monotonic()
-        if self._chart_sig and sig[0][0] == self._chart_sig[0][0] and mono - self._chart_at < CHART_MIN_S:
-            return  # same run, drawn moments ago: plotting is the costly part, do it ≤ 2x/s
+        if self._chart_sig and sig[:4] == self._chart_sig[:4] and mono - self._chart_at < CHART_MIN_S:
+            return  # same runs, drawn moments ago: plotting is the costly part, do it ≤ 2x/s
         self._chart_sig, self._chart_at = sig, mono
-        train = state.chart_series(run, "loss")
-        val = state.chart_series(run, "val_loss")
-        speed = state.chart_series(run, "tokens_per_s")
-        loss.set_lines([("train", *train), ("val", *val)], sig)
-        tps.set_lines([("tokens/s", *speed)], sig)
+        legend = self.query_one("#legend", Static)
+        legend.display = compare
+        if compare:
+            t = Text(no_wrap=True, overflow="ellipsis")
+            for label, color in chartdata.legend(compared):
+                t.append("━━ ", style=f"bold {rgb(color)}")
+                t.append(f"{label}   ")
+            t.append("c: back · x: step/tokens", style="dim")
+            legend.update(t)
+        for i in range(3):
+            chart = self.query_one(f"#chart{i}", MetricChart)
+            chart.display = i < len(kinds)
+            if i >= len(kinds):
+                continue
+            if not runs:
+                data = chartdata.ChartData(chartdata.CHARTS[kinds[i]].title, note="N/A (no run selected)")
+            elif compare:
+                data = chartdata.compare(state, compared, kinds[i], view.x_axis)
+            else:
+                data = chartdata.single(state, runs[0], kinds[i], view.x_axis)
+            if view.x_axis == "tokens":
+                data.title += " · by tokens"
+            chart.show(data, sig + (i,), compare)
 
-    # -- search bar -------------------------------------------------------------------------
+    # -- search and filter bars -------------------------------------------------------------
     def action_search(self) -> None:
         bar = self.query_one("#search", Input)
         bar.display = True
         bar.focus()
 
-    def action_close_search(self) -> None:
-        bar = self.query_one("#search", Input)
-        if bar.display:
-            bar.display = False
+    def action_filter(self) -> None:
+        bar = self.query_one("#filter", Input)
+        bar.value = self.app.state.view.filter  # type: ignore[attr-defined]
+        bar.display = True
+        bar.focus()
+
+    def action_close_bars(self) -> None:
+        search, filt = self.query_one("#search", Input), self.query_one("#filter", Input)
+        if search.display:
+            search.display = False
             self.query_one(LogView).focus()
+        if filt.display:
+            filt.display = False
+            self.app.set_run_filter("")  # type: ignore[attr-defined]
+            self.query_one(RunList).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter" and event.input.display:
+            self.app.set_run_filter(event.value)  # type: ignore[attr-defined]
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            event.input.display = False
+            self.query_one(RunList).focus()
+            return
         if event.input.id != "search":
             return
         log = self.query_one(LogView)

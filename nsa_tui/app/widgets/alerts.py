@@ -1,67 +1,130 @@
-"""Alerts: newest first, each with its evidence and what to do about it."""
+"""Alerts: open ones first (newest first), then acknowledged ones, then the resolved history.
+
+Most come from the hosts (alerts.jsonl, recorded by each run's watchdog whether or not a
+panel was open): a panel opened in the morning lists the night's alerts with their times.
+The pane takes the focus (tab): ↑/↓ choose an alert, ``a`` acknowledges it, ``d`` shows the
+evidence captured for it.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Group
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import Static
 
-from nsa_tui.app.fmt import NA, fmt_duration, is_num
-from nsa_tui.app.state import PanelState, alert_key
+from nsa.contract import Alert
+from nsa_tui.app.state import PanelState, ShownAlert
+from nsa_tui.fmt import NA, fmt_duration, is_num
 
 ACTION_KEYS = {"dump": "d", "kill": "k", "fallback": "f", "resume": "r", "logs": "t"}
 SEVERITY_STYLE = {"critical": "bold white on red", "error": "bold red", "warning": "bold yellow",
                   "info": "bold cyan"}
+STATE_STYLE = {"open": "bold", "acknowledged": "dim", "resolved": "dim green"}
 
 
-def alert_text(alert: Any, log_lines: int = 3) -> Text:
-    """One alert as a few lines: headline, evidence, log tail, suggested actions."""
-    g = lambda name: getattr(alert, name, None)  # noqa: E731 - Alert comes from nsa_tui.alerts
-    sev = str(g("severity") or "warning")
+def _clock(ts: float | None, now: float) -> str:
+    """When, in local time: the time of day within the last day, else the date too."""
+    if not ts:
+        return ""
+    return time.strftime("%H:%M:%S" if now - ts < 86_400 else "%m-%d %H:%M", time.localtime(ts))
+
+
+def alert_text(alert: Alert, log_lines: int = 3, item: ShownAlert | None = None,
+               selected: bool = False, now: float = 0.0) -> Text:
+    """One alert as a few lines: headline, evidence, log tail, suggested actions (all plain
+    text: a run name or log line from a host is never markup)."""
     t = Text()
-    t.append(f" {sev.upper()} ", style=SEVERITY_STYLE.get(sev, "bold"))
-    t.append(f" {g('kind') or 'alert'}", style="bold")
-    t.append(f"  {g('message') or ''}\n")
-    ev = [f"run {g('run') or NA}"]
-    if g("rank") is not None:
-        ev.append(f"rank {g('rank')}")
-    if g("gpu") is not None:
-        ev.append(f"gpu {g('gpu')}")
-    ev.append(f"phase {g('phase') or NA}")
-    ev.append(f"last step {g('last_step') if g('last_step') is not None else NA}")
-    age = g("heartbeat_age_s")
+    state = item.state if item is not None else "open"
+    if selected:
+        t.append("▶", style="bold reverse")
+    t.append(f" {alert.severity.upper()} ", style=SEVERITY_STYLE.get(alert.severity, "bold")
+             if state == "open" else "dim")
+    t.append(f" {alert.kind}", style="bold" if state == "open" else "dim")
+    if item is not None and item.raised_at:
+        t.append(f"  {_clock(item.raised_at, now)}", style="dim")
+    if state != "open":
+        done = f" {_clock(item.resolved_at, now)}" if item is not None and item.resolved_at else ""
+        t.append(f"  [{state}{done}]", style=STATE_STYLE.get(state, ""))
+    t.append(f"  {alert.message}\n", style="" if state == "open" else "dim")
+    if state == "resolved":
+        return t
+    ev = [f"run {alert.run or NA}"]
+    if item is not None and item.id:
+        ev.append(f"id {item.id}")
+    if alert.rank is not None:
+        ev.append(f"rank {alert.rank}")
+    if alert.gpu is not None:
+        ev.append(f"gpu {alert.gpu}")
+    ev.append(f"phase {alert.phase or NA}")
+    ev.append(f"last step {alert.last_step if alert.last_step is not None else NA}")
+    age = alert.heartbeat_age_s
     ev.append(f"heartbeat age {fmt_duration(age) if is_num(age) else NA}")
     t.append("   " + " · ".join(ev) + "\n", style="dim")
-    for line in list(g("log_tail") or [])[-log_lines:]:
+    for line in alert.log_tail[-log_lines:]:
         t.append(f"   │ {line}\n", style="red" if "Error" in line or "Traceback" in line else "dim")
-    actions = g("suggested_actions") or []
-    if actions:
-        said = [f"{ACTION_KEYS[a]}: {a}" if a in ACTION_KEYS else str(a) for a in actions]
+    actions = [a for a in alert.suggested_actions if not (alert.evidence and a == "dump")]
+    said = [f"{ACTION_KEYS[a]}: {a}" if a in ACTION_KEYS else a for a in actions]
+    if alert.evidence:  # what `d` shows on this alert (a fresh dump is `d` in the run list)
+        said.insert(0, f"d: evidence ({len(alert.evidence)} files)")
+    if said:
         t.append("   → " + " · ".join(said) + "\n", style="cyan")
     return t
 
 
-class AlertsPane(Static):
-    """Open alerts of every host; `a` acknowledges the newest one."""
+class AlertsPane(Static, can_focus=True):
+    """Every host's alerts; with the focus, ↑/↓ choose one for ``a`` and ``d``."""
+
+    BINDINGS = [Binding("up", "move(-1)", "previous alert", show=False),
+                Binding("down", "move(1)", "next alert", show=False)]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._signature: tuple = ()
+        self.items: list[ShownAlert] = []
+        self.cursor = 0
+
+    def selected(self) -> ShownAlert | None:
+        """The alert under the cursor while the pane has the focus, else None."""
+        if not self.has_focus or not self.items:
+            return None
+        return self.items[min(self.cursor, len(self.items) - 1)]
+
+    def action_move(self, delta: int) -> None:
+        if self.items:
+            self.cursor = max(0, min(len(self.items) - 1, self.cursor + delta))
+            self._signature = ()
+
+    def on_focus(self) -> None:
+        self._signature = ()
+
+    def on_blur(self) -> None:
+        self._signature = ()
 
     def update_from(self, state: PanelState, now: float) -> None:
-        open_alerts = state.open_alerts()
-        signature: tuple = tuple((alert_key(a), round(getattr(a, "heartbeat_age_s", None) or 0))
-                                 for a in open_alerts)
-        signature += (len(state.acked),)
+        items = state.shown_alerts()
+        focus = self.has_focus
+        self.cursor = min(self.cursor, max(0, len(items) - 1))
+        signature: tuple = tuple((s.key, s.state, round(s.alert.heartbeat_age_s or 0), len(s.alert.evidence))
+                                 for s in items)
+        signature += (focus, self.cursor)
         if signature == self._signature:
             return
         self._signature = signature
-        if not open_alerts:
-            acked = f" ({len(state.acked)} acknowledged)" if state.acked else ""
-            self.update(Text(f"No alerts{acked}.", style="dim green"))
+        self.items = items
+        n_open = sum(1 for s in items if s.state == "open")
+        if not items:
+            self.update(Text("No alerts.", style="dim green"))
             self.border_title = "alerts"
             return
-        self.border_title = f"alerts ({len(open_alerts)}) — a: acknowledge"
-        self.update(Group(*(alert_text(a) for a in open_alerts)))
+        keys = "↑↓ a: acknowledge · d: evidence" if focus else "a: acknowledge · tab: choose"
+        self.border_title = f"alerts ({n_open} open) — {keys}"
+        if n_open == 0:
+            head = [Text("No open alerts.", style="dim green")]
+        else:
+            head = []
+        self.update(Group(*head, *(alert_text(s.alert, item=s, selected=focus and i == self.cursor, now=now)
+                                   for i, s in enumerate(items))))

@@ -1,41 +1,102 @@
-"""Loss and throughput charts (textual-plotext), thinned to the plot width on redraw."""
+"""Charts (textual-plotext) drawn from app/chartdata.py: readable at any size.
+
+The chart's name, series legend and notes (NaN count, MFU) are in the pane's border, so
+the plot gets every row. Axis labels are round values inside the plot's limits, with one
+precision per axis (fmt.nice_ticks / fmt.fmt_ticks): they never come and go, never repeat,
+never leave the frame. Each line is its bucket means; the bucket min/max around it is a
+faint envelope (a one-step spike stays visible after any downsampling), and a NaN or inf
+is a red vertical mark.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from rich.text import Text
 from textual_plotext import PlotextPlot
 
-from nsa_tui.app.state import thin
+from nsa_tui.app.chartdata import ENVELOPE, ChartData
+from nsa_tui.app.state import Points, thin_points
+from nsa_tui.fmt import fmt_ticks, nice_ticks
 
-Line = tuple[str, list[float], list[float]]
+Y_LABEL_COLS = 8  # room plotext keeps left of the plot for y labels (roughly)
+NAN_COLOR = (230, 60, 60)
 
 
-SERIES_COLORS = ("cyan", "orange", "magenta")
+def rgb(c: tuple[int, int, int]) -> str:
+    return f"rgb({c[0]},{c[1]},{c[2]})"
 
 
-def short(v: float) -> str:
-    """Compact tick labels: 41k, 2.83, 0.0012."""
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:.1f}M"
-    if a >= 1e4:
-        return f"{v / 1e3:.0f}k"
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    return f"{v:.2g}"
+def chart_title(data: ChartData, compare: bool) -> Text:
+    """'loss ━ train ● val' with each series in its colour (the legend); compared runs have
+    their legend below the charts."""
+    t = Text(data.title, style="bold")
+    if compare or len(data.lines) < 2:
+        return t
+    for line in data.lines:
+        t.append("  ")
+        t.append("●" if line.style == "dots" else "━", style=rgb(line.color))
+        t.append(f" {line.label}")
+    return t
+
+
+def y_axis(lo: float, hi: float, rows: int, max_ticks: int) -> tuple[float, float, list[float]]:
+    """(lower limit, upper limit, ticks) of a y axis drawn on ``rows`` text rows: round ticks
+    (steps of 1, 2, 2.5, 5 × 10^k) that each fall exactly on a row, evenly spaced (a tick
+    between rows is drawn a row off: uneven, jumpy labels), limits as tight around ``lo..hi``
+    as that allows, three to ``max_ticks`` ticks where the rows hold them well, else two."""
+    if hi == lo:
+        pad = abs(lo) * 0.05 or 1.0
+        lo, hi = lo - pad, hi + pad
+    if rows < 3:
+        return lo, hi, nice_ticks(lo, hi, max(1, rows))
+    mag = 10 ** math.floor(math.log10(hi - lo))
+    steps = [m * mag * f for f in (0.01, 0.1, 1, 10) for m in (1, 2, 2.5, 5)]
+    found: list[tuple[float, float, float, list[float]]] = []
+    for min_ticks in sorted({min(3, max_ticks), 2}, reverse=True):
+        best: tuple[float, float, float, list[float]] | None = None
+        for step in steps:
+            digits = max(0, 2 - math.floor(math.log10(step)))
+            for q in range(1 if rows < 6 else 2, rows):  # rows from one tick to the next
+                u = step / q
+                first = math.ceil(lo / step - 1e-9) * step
+                y0 = first - math.ceil((first - lo) / u - 1e-9) * u
+                y1 = y0 + (rows - 1) * u
+                if y1 < hi - 1e-9 * abs(hi) or (best is not None and u >= best[0]):
+                    continue
+                ks = range(math.ceil(y0 / step - 1e-9), math.floor(y1 / step + 1e-9) + 1)
+                if min_ticks <= len(ks) <= max_ticks:
+                    best = (u, y0, y1, [round(k * step, digits) + 0.0 for k in ks])
+        if best is not None:
+            found.append(best)
+    if not found:
+        return lo, hi, nice_ticks(lo, hi, max_ticks)
+    # three ticks unless two use the rows much better (a short chart)
+    pick = found[0] if len(found) == 1 or found[0][0] <= 1.25 * found[1][0] else found[1]
+    return pick[1], pick[2], pick[3]
+
+
+def spikes(p: Points) -> list[int]:
+    """Indexes of points whose max stands far above their own mean and both neighbours' (mean
+    and max): a one-step spike averaged away in its bucket (thresholds: 4× the typical
+    max-mean gap and 5 % of the line's range; a steep but smooth stretch is no spike)."""
+    n = len(p.y)
+    if n < 3:
+        return []
+    gaps = sorted(h - y for y, h in zip(p.y, p.hi))
+    limit = max(4 * gaps[n // 2], 0.05 * (max(p.hi) - min(p.lo)))
+    return [i for i in range(1, n - 1) if p.hi[i] - max(p.y[i - 1:i + 2]) > limit
+            and p.hi[i] - max(p.hi[i - 1], p.hi[i + 1]) > limit / 2]
 
 
 class MetricChart(PlotextPlot):
-    """A line chart of one or more series against step; redraws only on new data."""
+    """One chart; redraws only when its data (signature) or its size changes."""
 
-    def __init__(self, title: str, ylabel: str, **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._title = title
-        self._ylabel = ylabel
-        self._lines: list[Line] = []
+        self.data = ChartData("")
+        self.compare = False
         self._signature: tuple = ()
 
     def on_mount(self) -> None:
@@ -44,44 +105,56 @@ class MetricChart(PlotextPlot):
     def on_resize(self) -> None:
         self._draw()
 
-    def set_lines(self, lines: list[Line], signature: tuple) -> None:
-        """Replace the data; `signature` changes when the data does (cheap to compare)."""
-        if signature == self._signature:
+    def show(self, data: ChartData, signature: tuple, compare: bool = False) -> None:
+        """Replace what is drawn; ``signature`` changes when the data does (cheap to compare)."""
+        if signature == self._signature and signature:
             return
         self._signature = signature
-        self._lines = lines
+        self.data, self.compare = data, compare
+        self.border_title = chart_title(data, compare)
+        note = Text(data.note, style="bold red" if "NaN" in data.note else "") if data.note else None
+        self.border_subtitle = note
         self._draw()
 
     def _draw(self) -> None:
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title(self._title)
-        plt.xlabel("step")
-        width = max(10, self.size.width - 12)
-        drawn = False
-        # no plotext legend: it paints over the newest-left data; the title names the series
-        for i, (_label, steps, values) in enumerate(self._lines):
-            if not steps:
-                continue
-            xs, ys = thin(steps, values, width)
-            color = SERIES_COLORS[i % len(SERIES_COLORS)]
-            if i > 0 or len(xs) == 1:
-                plt.scatter(xs, ys, marker="●" if i > 0 else "dot", color=color)
+        data = self.data
+        width = max(10, self.size.width - Y_LABEL_COLS - 2)
+        rows = max(1, self.size.height - 3)  # frame and x labels
+        lines = [(line, thin_points(line.points, width)) for line in data.lines if len(line.points)]
+        if not lines:
+            plt.xticks([], [])
+            plt.yticks([], [])
+            self.refresh()
+            return
+        envelope = not self.compare and rows >= 4
+        for line, p in lines:  # envelopes first: the means are drawn over them
+            if envelope and line.envelope and any(h > y or lo < y for y, lo, h in zip(p.y, p.lo, p.hi)):
+                plt.plot(p.x, p.hi, marker="braille", color=ENVELOPE)
+                plt.plot(p.x, p.lo, marker="braille", color=ENVELOPE)
+        ys: list[float] = []
+        for line, p in lines:
+            if line.style == "dots" or len(p.x) == 1:
+                plt.scatter(p.x, p.y, marker="●" if line.style == "dots" else "dot", color=line.color)
             else:
-                plt.plot(xs, ys, marker="braille", color=color)
-            drawn = True
-        if drawn:
-            ys_all = [v for _, _, vs in self._lines for v in vs]
-            lo, hi = min(ys_all), max(ys_all)
-            if hi > lo:
-                ticks = [lo, (lo + hi) / 2, hi]
-                plt.yticks(ticks, [short(v) for v in ticks])
-            xs_all = [x for _, xs, _ in self._lines for x in xs[:1] + xs[-1:]]
-            x0, x1 = min(xs_all), max(xs_all)
-            if x1 > x0:
-                xt = [x0 + (x1 - x0) * k / 3 for k in range(4)]
-                plt.xticks(xt, [str(round(x)) if x < 1e4 else short(x) for x in xt])
-        if not drawn:
-            plt.title(f"{self._title.split(':')[0]} — N/A (no data yet)")
+                plt.plot(p.x, p.y, marker="braille", color=line.color)
+            peaks = spikes(p) if line.style == "line" else []
+            if peaks:  # the max of a spike's bucket, also where no envelope is drawn
+                plt.scatter([p.x[i] for i in peaks], [p.hi[i] for i in peaks], marker="▲", color=line.color)
+            ys += [p.hi[i] for i in peaks]
+            ys += p.hi + p.lo if envelope and line.envelope else p.y
+        y0, y1, yt = y_axis(min(ys), max(ys), rows, max(2, min(5, rows // 2 + 1)))
+        plt.ylim(y0, y1)
+        plt.yticks(yt, fmt_ticks(yt))
+        xs = [x for _, p in lines for x in (p.x[0], p.x[-1])] + [b for _, p in lines for b in p.bad]
+        x0, x1 = min(xs), max(xs)
+        if x1 == x0:
+            x0, x1 = x0 - 1, x1 + 1
+        plt.xlim(x0, x1)
+        xt = nice_ticks(x0, x1, max(2, min(6, width // 9)), integer=data.x_label == "step")
+        plt.xticks(xt, fmt_ticks(xt))
+        for bad in sorted({b for _, p in lines for b in p.bad}):
+            plt.vertical_line(bad, color=NAN_COLOR)
         self.refresh()

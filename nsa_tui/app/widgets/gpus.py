@@ -1,105 +1,124 @@
-"""Per-GPU table (memory bar, utilisation, power, temperature, rank) and host CPU/RAM/disk."""
+"""Per-GPU lines (memory, utilisation, power, temperature, rank) and host CPU/RAM/disk.
+
+Every line is built to fit the pane's width (three forms, from one line with a memory bar
+to a two-line form for very narrow panes), so the pane's height is exactly its number of
+lines: nothing wraps behind its back and the last GPU is never cut off. Eight GPUs take
+eight lines.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
+from rich.console import Group
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from nsa_tui.app.fmt import bar, fmt_pair_bytes, fmt_pct, is_num
-from nsa_tui.app.state import PanelState
+from nsa.contract import GpuReading, HostSample, on_gpu
+from nsa_tui.app.state import PanelState, RunState
+from nsa_tui.fmt import bar, fmt_pair_bytes, fmt_pct, is_num
 
 
-def pick(d: dict[str, Any], *names: str) -> Any:
-    """The first present field among `names` (agents may name a field two ways)."""
-    for n in names:
-        if n in d and d[n] is not None:
-            return d[n]
-    return None
+def ranks_on(gpu: GpuReading, run: RunState | None) -> list[int]:
+    """The selected run's ranks on this GPU (nsa.contract.on_gpu, the one placement rule), else
+    the ranks the host saw on it by process (any run)."""
+    if run is not None:
+        mine = sorted(rank for rank, beat in run.beats.items() if on_gpu(gpu, beat))
+        if mine:
+            return mine
+    return sorted({r.rank for r in gpu.ranks if r.rank is not None})
 
 
-def ranks_by_gpu(state: PanelState) -> dict[str, list[int]]:
-    """Which rank of the selected run is on which GPU (by uuid and by index)."""
-    run = state.selected_run()
-    out: dict[str, list[int]] = {}
-    if run is None:
-        return out
-    for rank, beat in sorted(run.heartbeats.items()):
-        dev = beat.get("device") or {}
-        if dev.get("type") != "cuda":
-            continue
-        # the uuid when known: under CUDA_VISIBLE_DEVICES (a fallback run) a rank's index is
-        # its own numbering, so index 0 would also name the host's GPU 0
-        key = dev.get("uuid") or f"#{dev.get('index')}"
-        out.setdefault(str(key), []).append(rank)
-    return out
+def host_lines(sample: HostSample, width: int) -> list[Text]:
+    """CPU %, RAM used/total, disk used/total (N/A where the agent did not say): one line
+    when it fits, else two."""
+    cpu = Text.assemble(("CPU ", "bold"), fmt_pct(sample.cpu_pct))
+    ram = Text.assemble(("RAM ", "bold"), fmt_pair_bytes(sample.ram.used_bytes, sample.ram.total_bytes))
+    disk = Text.assemble(("disk ", "bold"), fmt_pair_bytes(sample.disk.used_bytes, sample.disk.total_bytes))
+    lines = [Text("  ").join([cpu, ram, disk])]
+    if lines[0].cell_len > width:
+        lines = [Text("  ").join([cpu, ram]), disk]
+    for t in lines:
+        t.no_wrap, t.overflow = True, "ellipsis"
+    return lines
 
 
-def host_line(sample: dict[str, Any]) -> Text:
-    """CPU %, RAM used/total, disk used/total; N/A where the agent did not say."""
-    ram, disk = sample.get("ram") or {}, sample.get("disk") or {}
-    cpu = pick(sample, "cpu_pct", "cpu_percent")
-    mem_u, mem_t = pick(ram, "used_bytes"), pick(ram, "total_bytes")
-    disk_u, disk_t = pick(disk, "used_bytes"), pick(disk, "total_bytes")
-    t = Text()
-    t.append("CPU ", style="bold")
-    t.append(fmt_pct(cpu))
-    t.append("  RAM ", style="bold")
-    t.append(fmt_pair_bytes(mem_u, mem_t))
-    t.append("  disk ", style="bold")
-    t.append(fmt_pair_bytes(disk_u, disk_t))
-    return t
+def _power_temp(g: GpuReading, compact: bool) -> str:
+    power, temp = g.power_w, g.temp_c
+    sep = "" if compact else " "
+    return (f"{f'{power:.0f}{sep}W' if is_num(power) else 'N/A W'}"
+            f" {f'{temp:.0f}{sep}°C' if is_num(temp) else 'N/A °C'}")
 
 
-def gpu_line(g: dict[str, Any], i: int, ranks: dict[str, list[int]], wide: bool) -> Text:
-    """'0 ██████░░ 61.2/80.0 GiB  97 % 312 W 64 °C  rank 0' (two lines when narrow)."""
-    idx = pick(g, "index")
-    idx = i if idx is None else idx
-    used = pick(g, "mem_used_bytes", "memory_used_bytes", "mem_used")
-    total = pick(g, "mem_total_bytes", "memory_total_bytes", "mem_total")
-    frac = used / total if is_num(used) and is_num(total) and total else None
-    util = pick(g, "util_pct", "util_percent")
-    power = pick(g, "power_w", "power")
-    temp = pick(g, "temp_c", "temperature_c", "temp")
-    on = ranks.get(str(pick(g, "uuid")), []) or ranks.get(f"#{idx}", [])
-    on = on or sorted({r.get("rank") for r in g.get("ranks") or [] if r.get("rank") is not None})
-    t = Text()
-    t.append(f"GPU{idx} ", style="bold")
-    t.append(bar(frac, 8), style="red" if is_num(frac) and frac > 0.95 else "green")
-    t.append(f" {fmt_pair_bytes(used, total)}")
-    t.append("\n  " if not wide else "  ")
-    t.append(f"{fmt_pct(util)} {f'{power:.0f} W' if is_num(power) else 'N/A W'}"
-             f" {f'{temp:.0f} °C' if is_num(temp) else 'N/A °C'}")
-    t.append(f" rank {','.join(map(str, on))}" if on else " no rank", style="cyan" if on else "dim")
-    return t
+def gpu_lines(g: GpuReading, on: list[int], width: int) -> list[Text]:
+    """One GPU in the widest form that fits: 'GPU0 ████████ 61.2/80.0 GiB  97 % 312 W 64 °C
+    rank 0', else 'GPU0 61/80 GiB 97% 312W 64°C r0', else that on two lines."""
+    used, total = g.mem_used_bytes, g.mem_total_bytes
+    frac = used / total if used is not None and total else None
+    mem_style = "red" if is_num(frac) and frac > 0.95 else ""
+    ranks = ",".join(map(str, on))
+    name = Text(f"GPU{g.index} ", style="bold")
+    wide = name.copy()
+    wide.append(bar(frac, 8), style="red" if mem_style else "green")
+    wide.append(f" {fmt_pair_bytes(used, total)}  {fmt_pct(g.util_pct)} {_power_temp(g, False)}")
+    wide.append(f"  rank {ranks}" if on else "  no rank", style="cyan" if on else "dim")
+    util = f"{g.util_pct:.0f}%" if is_num(g.util_pct) else "N/A"
+    first = name.copy()
+    first.append(fmt_pair_bytes(used, total, short=True), style=mem_style)
+    rest = Text(f"{util} {_power_temp(g, True)}")
+    rest.append(f" r{ranks}" if on else " ·", style="cyan" if on else "dim")
+    one = Text(" ").join([first, rest])
+    lines = next((form for form in ([wide], [one]) if form[0].cell_len <= width), [first, Text("  ") + rest])
+    for t in lines:
+        t.no_wrap, t.overflow = True, "ellipsis"
+    return lines
 
 
-class GpuTable(Static):
-    """GPUs of the selected run's host, or 'no GPU' honestly."""
+class GpuTable(VerticalScroll):
+    """GPUs of the selected run's host, or 'no GPU' honestly. A pane too short for every GPU
+    says so in its border and scrolls (tab to it, then the arrow keys)."""
+
+    DEFAULT_CSS = """
+    GpuTable > Static { height: auto; }
+    """
 
     _sig: tuple = ()
-    _lines: tuple = ()
+    _height: tuple = ()
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="gpu-lines")
+
+    @property
+    def content(self) -> object:
+        """What the pane shows (its lines' renderable), as a Static's ``content``."""
+        return self.query_one("#gpu-lines", Static).content
 
     def update_from(self, state: PanelState, now: float) -> None:
         host = state.current_host()
-        sample = host.sample if host else {}
-        ranks = ranks_by_gpu(state)
-        sig = (id(sample), sample.get("ts"), self.size.width, tuple((k, tuple(v)) for k, v in ranks.items()))
+        sample = host.sample if host else None
+        run = state.selected_run()
+        placed = [ranks_on(g, run) for g in (sample.gpus or [])] if sample else []
+        width = self.scrollable_content_region.width or self.size.width  # without a scroll bar
+        more = self.max_scroll_y > 0
+        sig = (id(sample), sample.ts if sample else None, width, tuple(map(tuple, placed)), more)
         if sig == self._sig:
             return
         self._sig = sig
-        gpus = sample.get("gpus") or []
-        parts: list[Any] = [host_line(sample)]
-        if not gpus:
-            why = str(sample.get("gpu_message") or "none on this host").split(":")[0]
-            parts.append(Text(f"GPUs: N/A — {why}" if sample else "GPUs: N/A (no sample yet)", style="dim"))
+        lines: list[Text] = []
+        if sample is None:
+            lines.append(Text("GPUs: N/A (no sample yet)", style="dim"))
         else:
-            wide = self.size.width >= 60
-            for i, g in enumerate(gpus):
-                parts.append(gpu_line(g, i, ranks, wide))
-        from rich.console import Group
-
-        lines = (sum(str(p).count("\n") + 1 if isinstance(p, Text) else 1 for p in parts), self.size.width)
-        self.update(Group(*parts), layout=lines != self._lines)  # re-layout only when the height changes
-        self._lines = lines
+            lines += host_lines(sample, width)
+            if not sample.gpus:
+                why = (sample.gpu_message or "none on this host").split(":")[0]
+                lines.append(Text(f"GPUs: N/A — {why}", style="dim", no_wrap=True, overflow="ellipsis"))
+            else:
+                for g, on in zip(sample.gpus, placed):
+                    lines += gpu_lines(g, on, width)
+        height = (len(lines), width)
+        # re-layout only when the height changes
+        self.query_one("#gpu-lines", Static).update(Group(*lines), layout=height != self._height)
+        self._height = height
+        count = len(sample.gpus or []) if sample else 0
+        subtitle = (f"{count} GPUs" if count > 2 else "") + (" · more: tab, ↓" if more else "")
+        self.border_subtitle = subtitle or None

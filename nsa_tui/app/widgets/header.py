@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
+
 from rich.text import Text
 from textual.widgets import Static
 
-from nsa_tui.app.fmt import NA, fmt_count, fmt_duration
-from nsa_tui.app.state import HostState, PanelState, RunState
+from nsa.contract import TrainMetric
+from nsa_tui.app.state import HostState, PanelState, RunMetrics, RunState
+from nsa_tui.fmt import NA, fmt_count, fmt_duration
 
 CONN_STYLE = {"connected": "bold green", "connecting": "yellow", "reconnecting": "bold yellow",
               "lost": "bold red"}
@@ -25,40 +28,100 @@ def host_text(host: HostState, now: float) -> Text:
     if conn == "reconnecting" and host.retry_at is not None:
         label = f"reconnecting in {max(0, round(host.retry_at - now))} s"
     t.append(label, style=CONN_STYLE.get(conn, ""))
+    if conn in ("reconnecting", "lost") and host.detail:
+        t.append(f" ({clip_words(why_not_connected(host), 60)})", style="dim")  # not a bare "reconnecting"
     return t
+
+
+def why_not_connected(host: HostState) -> str:
+    """The first line of the host's last connection error, without the host's name in front
+    (wherever it is shown, the host is named already)."""
+    detail = host.detail.splitlines()[0] if host.detail else ""
+    for prefix in (f"{host.dest}: ", f"{host.label}: "):
+        detail = detail.removeprefix(prefix)
+    return detail
+
+
+REASON_CHARS = 60
+ETA_ALPHA = 0.05  # weight of the newest step time in the ETA's running average (~20 steps)
+ETA_LINES = 400  # step times the average looks back over
+
+
+def clip_words(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters at a word boundary, with "…" when cut: never mid-word."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:·-") + "…"
+
+
+def smoothed_step_time(run: RunState) -> float | None:
+    """An exponential moving average of the recent step times, oldest first. Why: the ETA was the
+    last step's time × the steps left, and on a shared machine single steps took 0.9-9.4 s:
+    the ETA jumped between 1h24m and 9h34m from one second to the next."""
+    times = [m.step_time_s for m in run.metrics.recent
+             if isinstance(m, TrainMetric) and m.step_time_s is not None and m.step_time_s == m.step_time_s]
+    if not times:
+        return None
+    times = times[-ETA_LINES:]
+    avg = times[0]
+    for x in times[1:]:
+        avg += ETA_ALPHA * (x - avg)
+    return avg
+
+
+def eta_s(run: RunState, total: int | None) -> float | None:
+    """Seconds to ``total`` steps at the smoothed step time (cached per metrics update)."""
+    if total is None:
+        return None
+    cache = _STEP_TIME.get(run.metrics)
+    if cache is None or cache[0] != run.metrics.count:
+        cache = (run.metrics.count, smoothed_step_time(run))
+        _STEP_TIME[run.metrics] = cache
+    per_step = cache[1]
+    return None if per_step is None else per_step * max(0, total - run.step)
+
+
+# the header redraws 10x/s: the average is computed again only when a metric line arrived
+_STEP_TIME: weakref.WeakKeyDictionary[RunMetrics, tuple[int, float | None]] = weakref.WeakKeyDictionary()
 
 
 def run_progress(run: RunState, now: float) -> Text:
     """Run name, status, phase (and for how long), step/total, elapsed, ETA, tokens."""
-    rec = run.record
     t = Text()
     t.append(run.name, style="bold")
     t.append("  ")
-    t.append(run.status, style=STATUS_STYLE.get(run.status, ""))
+    status = run.status.value
+    t.append(status, style=STATUS_STYLE.get(status, ""))
     phase, since = run.phase()
+    info = run.view.info if run.view is not None else None
+    exited = run.view.exit if run.view is not None else None
     t.append(" · ")
     if run.alive and phase:
         age = fmt_duration(now - since) if since else NA
         t.append(f"{phase}", style="bold magenta")
         t.append(f" {age}")
-    elif not run.alive and (rec.get("exit_reason") or rec.get("exit_code") is not None):
-        reason = rec.get("exit_reason") or f"exit code {rec.get('exit_code')}"
-        t.append(str(reason)[:40], style="red" if run.status in ("failed", "crashed") else "")
+    elif not run.alive and ((info and info.exit_reason) or (exited and exited.exit_code is not None)):
+        reason = (info.exit_reason if info else None) or f"exit code {exited.exit_code if exited else NA}"
+        t.append(clip_words(reason.splitlines()[0], REASON_CHARS),
+                 style="red" if status in ("failed", "crashed") else "")
     else:
         t.append(phase or NA, style="dim")
-    step, total = rec.get("step"), rec.get("total_steps")
-    t.append(f" · step {step if step is not None else NA}/{total if total is not None else NA}")
-    started = rec.get("started_at")
-    ended = rec.get("ended_at")
+    step = run.step
+    total = info.total_steps if info else None
+    t.append(f" · step {step}/{total if total is not None else NA}")
+    started = info.started_at if info else None
+    ended = info.ended_at if info else None
     elapsed = ((ended or now) - started) if started else None
     t.append(f" · {fmt_duration(elapsed)} elapsed")
-    eta = None
-    step_time = run.last_metric.get("step_time_s")
-    if run.alive and isinstance(step, int) and isinstance(total, int) and isinstance(step_time, (int, float)):
-        eta = step_time * max(0, total - step)
+    m = run.metrics.last_train
+    eta = eta_s(run, total) if run.alive else None
     t.append(f" · ETA {fmt_duration(eta)}")
-    tokens = rec.get("tokens")
-    t.append(f" · {fmt_count(tokens, 'tok')}" if tokens is not None else " · tokens N/A")
+    tokens = max(info.tokens if info else 0, (m.tokens or 0) if m else 0)
+    t.append(f" · {fmt_count(tokens, 'tok')}" if tokens else " · tokens N/A")
     return t
 
 

@@ -19,7 +19,8 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from nsa_tui.app.state import LogBuffer
+from nsa_tui.app.state import LogBuffer, RunState
+from nsa_tui.fmt import fmt_duration
 
 ERROR_RE = re.compile(
     r"Traceback|Error\b|ERROR|Exception|FAILED|exception|NaN|\bnan\b|Killed|Segmentation fault|"
@@ -30,6 +31,24 @@ MAX_WIDTH = 1000
 ERROR_STYLE = Style(color="red", bold=True)
 MATCH_STYLE = Style(color="black", bgcolor="yellow")
 CURRENT_STYLE = Style(color="black", bgcolor="bright_magenta", bold=True)
+
+
+def waiting_note(run: RunState, now: float) -> str:
+    """The log pane's line while a run has written nothing yet: which phase it is in and for how
+    long (LESSONS 8: hours of "stuck" start-up with an empty log), instead of a blank pane."""
+    if run.log.total:
+        return ""
+    if run.alive:
+        phase, since = run.phase()
+        if phase:
+            age = fmt_duration(now - since) if since else "?"
+            return f"{run.name} is in phase {phase} for {age}; no log output yet"
+        start = run.created or (run.view.info.started_at if run.view is not None else None)
+        age = f" for {fmt_duration(now - start)}" if start else ""
+        return f"{run.name} is starting{age}: no heartbeat and no log output yet"
+    if run.synced:
+        return f"{run.name} ({run.status.value}) wrote no log output"
+    return "loading the log …"
 
 
 class LogView(ScrollView, can_focus=True):
@@ -54,6 +73,7 @@ class LogView(ScrollView, can_focus=True):
         self._seen_total = -1
         self._width = 0
         self._programmatic = False
+        self.waiting = ""  # shown while the log has no line yet (a run that boots: phase and age)
 
     # -- data ---------------------------------------------------------------------------------
     def set_buffer(self, buffer: LogBuffer | None) -> None:
@@ -113,6 +133,12 @@ class LogView(ScrollView, can_focus=True):
         else:
             self.set_reactive(ScrollView.virtual_size, new)
             self._scroll_update(new)
+            self.refresh()
+
+    def set_waiting(self, text: str) -> None:
+        """What to show while the log is empty (redrawn only when it changes)."""
+        if text != self.waiting:
+            self.waiting = text
             self.refresh()
 
     def _stick_to_end(self) -> None:
@@ -193,6 +219,11 @@ class LogView(ScrollView, can_focus=True):
         buf = self.buffer
         idx = scroll_y + y
         if buf is None or idx >= len(buf.lines):
+            if y == 0 and self.waiting and (buf is None or not buf.lines):
+                text = Text(self.waiting, style="dim italic", no_wrap=True, end="")
+                segments = [Segment(s.text, base + s.style if s.style else base)
+                            for s in text.render(self.app.console)]
+                return Strip(segments).crop_extend(0, width, base)
             return Strip.blank(width, base)
         raw = CONTROL_RE.sub("", buf.lines[idx].expandtabs(4))[:MAX_WIDTH]
         text = Text(raw, no_wrap=True, end="")

@@ -8,21 +8,20 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from nsa_tui.app.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
+from nsa.contract import AttentionOps, GateShares
 from nsa_tui.app.state import PanelState, RunState
+from nsa_tui.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
 
 UNIFORM_TOL = 0.03  # gate shares within 3 points of 1/3 each look untrained (LESSONS 21)
 
 
-def gate_text(shares: Any, step: Any, warmup: Any) -> Text:
+def gate_text(shares: GateShares | None, step: int | None, warmup: Any) -> Text:
     """'cmp 31% sel 45% win 24%', flagged when stuck at uniform after warmup."""
-    if not isinstance(shares, dict):
+    if shares is None:
         return Text("N/A (dense or no data)", style="dim")
     t = Text()
-    vals = []
-    for short, key in (("cmp", "compressed"), ("sel", "selected"), ("win", "window")):
-        v = shares.get(key)
-        vals.append(v)
+    vals = [shares.compressed, shares.selected, shares.window]
+    for short, v in zip(("cmp", "sel", "win"), vals):
         t.append(f"{short} ")
         t.append(f"{v * 100:.0f}%" if is_num(v) else NA, style="bold")
         t.append(" ")
@@ -32,41 +31,60 @@ def gate_text(shares: Any, step: Any, warmup: Any) -> Text:
     return t
 
 
+def ops_text(ops: AttentionOps) -> Text:
+    """Which attention ops the run trains on; a fallback to the reference stands out with its reason."""
+    if ops.fallback_reason:
+        t = Text(f"{ops.backend} ", style="bold red")
+        t.append(f"⚠ fallback from {ops.requested} (far slower): ", style="bold yellow")
+        t.append(ops.fallback_reason, style="yellow")
+        return t
+    t = Text(ops.backend, style="bold")
+    if ops.self_check is not None and ops.self_check.ok:
+        t.append(f" · self-check ok on {ops.self_check.device}", style="dim")
+    elif ops.backend != "sdpa" and ops.requested != ops.backend:
+        t.append(f" (requested {ops.requested})", style="dim")
+    return t
+
+
 def ranks_text(run: RunState, now: float) -> Text:
     """One line per rank: phase, step and heartbeat age (a stuck rank stands out)."""
     t = Text()
-    beats = sorted(run.heartbeats.items())
+    beats = sorted(run.beats.items())
     if not beats:
         return Text(NA, style="dim")
-    top = max((b.get("step") or 0) for _, b in beats)
+    top = max(b.step for _, b in beats)
     for i, (rank, b) in enumerate(beats[:8]):
         if i:
             t.append("\n")
-        age = now - b["ts"] if is_num(b.get("ts")) else None
-        behind = (b.get("step") or 0) < top
         t.append(f"r{rank} ", style="bold")
-        t.append(f"{b.get('phase') or NA} step {b.get('step', NA)}", style="yellow" if behind else "")
-        t.append(f" · beat {fmt_duration(age)} ago" if age is not None else "", style="dim")
+        t.append(f"{b.phase.value} step {b.step}", style="yellow" if b.step < top else "")
+        t.append(f" · beat {fmt_duration(now - b.ts)} ago", style="dim")
     if len(beats) > 8:
         t.append(f"\n… {len(beats) - 8} more ranks", style="dim")
     return t
 
 
+def _section(cfg: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    sec = (cfg or {}).get(name)
+    return sec if isinstance(sec, dict) else {}
+
+
 def summary_table(run: RunState, now: float = 0.0) -> Table:
-    rec = run.record
-    cfg = rec.get("config") or {}
-    train = cfg.get("train") or {} if isinstance(cfg, dict) else {}
-    model = cfg.get("model") or {} if isinstance(cfg, dict) else {}
-    attn = (model.get("attention") or {}).get("kind") if isinstance(model, dict) else None
-    seq = rec.get("seq_len") or train.get("seq_len")
-    gb = rec.get("global_batch")
+    view = run.view
     t = Table(box=None, show_header=False, padding=(0, 1), expand=True)
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
-    launch = rec.get("launch") or {}
-    config = launch.get("config_file") or rec.get("config_path")  # as the user gave it
-    t.add_row("config", str(config) if config else NA)
-    t.add_row("model", f"{fmt_count(rec.get('param_count'), 'params')}  {attn or NA}"
+    if view is None:
+        t.add_row("run", Text(run.run_id))
+        return t
+    info = view.info
+    train, model = _section(info.config, "train"), _section(info.config, "model")
+    attn = _section(model, "attention").get("kind")
+    seq = info.seq_len or train.get("seq_len")
+    gb = info.global_batch
+    config = (view.launch.config_file if view.launch else None) or info.config_path  # as the user gave it
+    t.add_row("config", Text(str(config)) if config else NA)
+    t.add_row("model", f"{fmt_count(info.param_count, 'params')}  {attn or NA}"
               + (f"  d{model.get('dim')}×L{model.get('n_layers')}" if model.get("dim") else ""))
     t.add_row("seq", f"{seq} tokens" if seq else NA)
     batch = NA
@@ -74,24 +92,24 @@ def summary_table(run: RunState, now: float = 0.0) -> Table:
         batch = f"{gb} seq"
         if seq:
             batch += f" = {fmt_count(gb * seq, 'tok')}"
-        per, world, acc = rec.get("batch_size", NA), rec.get("world_size", NA), rec.get("grad_accum", NA)
-        batch += f" ({per}/rank×{world}×{acc} acc)"
+        batch += f" ({info.batch_size or NA}/rank×{info.world_size}×{info.grad_accum or NA} acc)"
     t.add_row("batch", batch)
-    t.add_row("dtype", f"{rec.get('dtype') or NA} on {rec.get('device') or NA}")
-    t.add_row("data", str(rec.get("data_source") or (cfg.get("data") or {}).get("source") or NA))
-    t.add_row("gates", gate_text(run.last_metric.get("gate_shares"), rec.get("step"),
-                                  train.get("warmup_steps")))
-    m = run.last_metric
-    lr = m.get("lr")
-    t.add_row("last", f"loss {fmt_float(m.get('loss'))} · lr {f'{lr:.2e}' if is_num(lr) else NA}")
-    if run.alive or run.heartbeats:
+    t.add_row("dtype", Text(f"{info.dtype or NA} on {info.device or NA}"))
+    if info.attention_ops is not None:  # absent in runs of older trainers
+        t.add_row("attn ops", ops_text(info.attention_ops))
+    t.add_row("data", Text(str(info.data_source or _section(info.config, "data").get("source") or NA)))
+    m = run.metrics.last_train
+    t.add_row("gates", gate_text(m.gate_shares if m else None, run.step, train.get("warmup_steps")))
+    lr = m.lr if m else None
+    t.add_row("last", f"loss {fmt_float(m.loss if m else None)} · lr {f'{lr:.2e}' if is_num(lr) else NA}")
+    if run.alive or run.beats:
         t.add_row("ranks", ranks_text(run, now))
-    if rec.get("parent_run"):
-        t.add_row("parent", str(rec["parent_run"]))
-    if rec.get("resumed_from"):
-        t.add_row("resumed", str(rec["resumed_from"]))
-    if rec.get("exit_reason"):
-        t.add_row("exit", Text(str(rec["exit_reason"]), style="red"))
+    if view.parent_run:
+        t.add_row("parent", Text(view.parent_run))
+    if info.resumed_from:
+        t.add_row("resumed", Text(info.resumed_from))
+    if info.exit_reason:
+        t.add_row("exit", Text(info.exit_reason, style="red"))
     return t
 
 

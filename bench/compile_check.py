@@ -1,0 +1,479 @@
+"""Compile gate: every Triton kernel of ``nsa/ops/triton`` through Triton's real compiler, no GPU needed.
+
+    python -m bench.compile_check [--arch 80 90] [--list] [--extra-module MODULE ...]
+
+Why: the CPU test suite runs the kernels in Triton's interpreter, which accepts programs
+the compiler rejects (a module global read inside ``@triton.jit`` code) and says nothing
+about registers or spills. This gate compiles each kernel for sm_80 (A100) and sm_90
+(H100) exactly as a launch on such a GPU would, and runs the wheel's ``ptxas -v`` on the
+PTX.
+
+Signatures are not written by hand: the gate drives the public ops of
+``nsa.ops.triton`` (forward and backward, bf16) on ``meta`` tensors of every shipped
+config's shapes and of extra layouts (head dim 64 and 128, each heads-per-group tiling
+the launch wrappers choose), intercepts every kernel launch, and hands the launch's
+arguments to Triton's own binder, which yields the signature, constexprs and
+specialisation attributes a real launch would compile. A ``@triton.jit`` function in
+``nsa/ops/triton`` that no launch reaches (directly or as a helper called from a launched
+kernel) fails the gate: "kernel X not covered".
+
+Exit status: 0 when everything compiles with no spill and fits the arch's shared memory;
+1 on any compile error, spill, shared-memory overflow or uncovered kernel; 2 on misuse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import importlib
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "nsa.ops.triton"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """A compile target: its capability, the GPU we size launches for, and its limits."""
+
+    capability: int
+    gpu: str
+    sms: int  # sizes the compressed dK/dV split exactly as on that GPU
+    max_shared: int  # bytes of shared memory one block may use (opt-in maximum)
+
+
+ARCHS = {
+    80: Arch(80, "A100", 108, 163 * 1024),
+    90: Arch(90, "H100 SXM", 132, 227 * 1024),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One model layout the kernels must compile for (NSA hyperparameters included)."""
+
+    label: str
+    B: int
+    T: int
+    H: int
+    G: int
+    D: int
+    block: int  # l
+    stride: int  # d
+    select_block: int  # l'
+    n: int
+    window: int
+
+    def describe(self) -> str:
+        return f"B{self.B} T{self.T} H{self.H} G{self.G} D{self.D}"
+
+
+@dataclasses.dataclass
+class Launch:
+    """One intercepted kernel launch: the kernel and the exact arguments the wrapper passed."""
+
+    kernel: Any  # triton.runtime.jit.JITFunction
+    args: tuple
+    kwargs: dict
+    case: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+
+@dataclasses.dataclass
+class Result:
+    """The compile of one launch for one arch; ``error`` is set when it failed."""
+
+    error: str | None = None
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    stack: int | None = None
+    shared: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    seconds: float = 0.0
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or bool(self.problems)
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def config_shapes(config_dir: Path = ROOT / "configs") -> tuple[list[Shape], list[str]]:
+    """A shape per shipped NSA config (its batch, sequence, heads and NSA settings);
+    the names of dense configs (no Triton kernel runs for them)."""
+    from nsa.config import load_config
+
+    shapes, dense = [], []
+    for path in sorted(config_dir.glob("*.yaml")):
+        cfg = load_config(path)
+        m, a, t = cfg.model, cfg.model.attention, cfg.train
+        if a.kind != "nsa":
+            dense.append(cfg.name)
+            continue
+        shapes.append(Shape(cfg.name, t.batch_size, t.seq_len, m.n_heads, m.n_kv_heads, m.head_dim,
+                            a.compress_block, a.compress_stride, a.select_block, a.num_selected, a.window))
+    return shapes, dense
+
+
+def layout_shapes() -> list[Shape]:
+    """Head dims 64 and 128 at every heads-per-group count whose tiling differs in the
+    selected kernels (``selected._sizes``: positions per tile for < 16 heads, padded rows
+    above), 4 KV groups, the paper's NSA settings (the config defaults), T = 2048."""
+    from nsa.config import AttentionConfig
+
+    a = AttentionConfig(kind="nsa")
+    return [Shape(f"D{d}-hpg{hpg}", 1, 2048, 4 * hpg, 4, d, a.compress_block, a.compress_stride,
+                  a.select_block, a.num_selected, a.window)
+            for d in (64, 128) for hpg in (1, 2, 4, 8, 16, 32, 64)]
+
+
+# ----------------------------------------------------------------------------- kernels and coverage
+
+
+def _is_jit(obj: Any) -> bool:
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(obj, JITFunction)
+
+
+def discover(module_names: list[str]) -> dict[str, Any]:
+    """Every ``@triton.jit`` function defined (not imported) in the given modules, by qualified name."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    found = {}
+    for name in module_names:
+        mod = importlib.import_module(name)
+        for attr, obj in vars(mod).items():
+            if isinstance(obj, InterpretedFunction):
+                raise RuntimeError(f"{name}.{attr} was built for the interpreter (TRITON_INTERPRET=1 was set "
+                                   f"when {name} was imported): the compile gate needs the real compiler")
+            if _is_jit(obj) and obj.fn.__module__ == name:
+                found[f"{name}.{attr}"] = obj
+    return found
+
+
+def package_modules(package: str = PACKAGE) -> list[str]:
+    pkg = importlib.import_module(package)
+    return [package] + [f"{package}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__)]
+
+
+def callees(fn: Any) -> set[Any]:
+    """The ``@triton.jit`` functions that ``fn``'s body calls, transitively."""
+    seen: set[Any] = set()
+    todo = [fn]
+    while todo:
+        f = todo.pop()
+        scope = f.fn.__globals__
+        for node in ast.walk(f.parse()):
+            if not isinstance(node, ast.Call):
+                continue
+            target = None
+            if isinstance(node.func, ast.Name):
+                target = scope.get(node.func.id)
+            elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+                target = getattr(scope.get(node.func.value.id), node.func.attr, None)
+            if _is_jit(target) and target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def uncovered(kernels: dict[str, Any], launched: list[Any]) -> list[str]:
+    """Names of kernels neither launched nor called from a launched kernel."""
+    reached = set(launched)
+    for k in launched:
+        reached |= callees(k)
+    return [name for name, k in kernels.items() if k not in reached]
+
+
+# ----------------------------------------------------------------------------- capturing launches
+
+
+@contextlib.contextmanager
+def capture(case: Callable[[], str] = lambda: "") -> Iterator[list[Launch]]:
+    """Record every ``kernel[grid](...)`` made inside the block instead of launching it."""
+    from triton.runtime.jit import JITFunction
+
+    launches: list[Launch] = []
+
+    def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        launches.append(Launch(self, args, kwargs, case()))
+
+    saved = JITFunction.run
+    JITFunction.run = record
+    try:
+        yield launches
+    finally:
+        JITFunction.run = saved
+
+
+def drive_ops(shape: Shape, sms: int) -> list[Launch]:
+    """Run the model's four attention ops, forward and backward, in bf16 on meta tensors of
+    ``shape`` (nothing is computed or allocated) and return their kernel launches."""
+    import torch
+
+    import nsa.ops.triton as T
+    from nsa.ops.reference import num_compressed
+
+    s = shape
+    step = {"op": ""}
+
+    def bf16(*size: int) -> torch.Tensor:
+        return torch.empty(*size, device="meta", dtype=torch.bfloat16, requires_grad=True)
+
+    def run(op: str, fn: Callable[[], torch.Tensor]) -> None:
+        step["op"] = f"{op} fwd"
+        out = fn()
+        step["op"] = f"{op} bwd"
+        out.backward(torch.empty_like(out))
+
+    nc = num_compressed(s.T, s.block, s.stride)
+    q = bf16(s.B, s.T, s.H, s.D)
+    k, v = bf16(s.B, s.T, s.G, s.D), bf16(s.B, s.T, s.G, s.D)
+    kc, vc = bf16(s.B, nc, s.G, s.D), bf16(s.B, nc, s.G, s.D)
+    idx = torch.empty(s.B, s.T, s.G, s.n, device="meta", dtype=torch.int64)
+    saved = T._sm_count
+    T._sm_count = lambda device: sms
+    try:
+        with capture(lambda: f"{shape.label} {step['op']}") as launches:
+            run("compressed+scores", lambda: T.compressed_attention_and_scores(
+                q, kc, vc, s.block, s.stride, s.select_block, s.G)[0])
+            run("selected", lambda: T.selected_attention(q, k, v, idx, s.select_block))
+            run("window", lambda: T.window_attention(q, k, v, s.window))
+    finally:
+        T._sm_count = saved
+    return launches
+
+
+# ----------------------------------------------------------------------------- compiling
+
+
+def specialise(launch: Launch, capability: int) -> tuple[Any, dict, dict, dict, Any]:
+    """Triton's own view of a launch on ``capability``: (target, signature, constexprs,
+    attrs, options), computed by the kernel's binder as ``JITFunction.run`` does."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = launch.kernel
+    target = GPUTarget("cuda", capability, 32)
+    backend = make_backend(target)
+    kwargs = dict(launch.kwargs)
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return target, signature, constexprs, attrs, options
+
+
+def spec_key(launch: Launch, capability: int) -> str:
+    """Identical keys compile to identical code: compile once."""
+    _, signature, constexprs, attrs, options = specialise(launch, capability)
+    return repr((launch.kernel.fn.__module__, launch.name, capability, signature, sorted(constexprs.items()),
+                 sorted(attrs.items()), sorted(options.__dict__.items())))
+
+
+PTXAS_INFO = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+}
+
+
+def ptxas_report(ptx: str, capability: int, fp_fusion: bool) -> dict[str, int]:
+    """Registers, stack and spill bytes from the wheel's ptxas for this arch (the binary and
+    flags Triton's own ``make_cubin`` uses; its log is gone once Triton caches the kernel)."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    ptxas = get_ptxas(capability).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        cmd = [ptxas, "-lineinfo", "-v", "--regAllocOptLevel=2", *([] if fp_fusion else ["--fmad=false"]),
+               f"--gpu-name={sm_arch_from_capability(capability)}", str(src),
+               "-o", str(Path(tmp) / "kernel.o")]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    log = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"ptxas failed ({done.returncode}): {log.strip()[-500:]}")
+    info = {}
+    for key, pattern in PTXAS_INFO.items():
+        found = pattern.search(log)
+        if found is None:
+            raise RuntimeError(f"ptxas -v printed no '{key}': {log.strip()[-500:]}")
+        info[key] = int(found.group(1))
+    return info
+
+
+def describe_error(exc: Exception, kernel: Any) -> str:
+    """One line: for a compile error the kernel's file:line and the compiler's message,
+    without the source excerpt."""
+    from triton.compiler.errors import CompilationError
+
+    if isinstance(exc, CompilationError):
+        code = kernel.fn.__code__
+        line = getattr(exc.node, "lineno", None)
+        where = f"{Path(code.co_filename).name}:{code.co_firstlineno + line - 1}" if line else "?"
+        text = exc.error_message or (repr(exc.__cause__) if exc.__cause__ else "")
+        return f"CompilationError at {where}: {' '.join(str(text).split())}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def compile_launch(launch: Launch, capability: int) -> Result:
+    """Compile ``launch`` for ``capability`` (AST -> PTX -> cubin) and read ptxas's report."""
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource
+
+    res = Result()
+    start = time.perf_counter()
+    allow = knobs.compilation.allow_non_constexpr_globals
+    knobs.compilation.allow_non_constexpr_globals = False  # a GPU host need not set the escape hatch
+    try:
+        target, signature, constexprs, attrs, options = specialise(launch, capability)
+        kernel = triton.compile(ASTSource(launch.kernel, signature, constexprs, attrs), target=target,
+                                options=options.__dict__)
+        md = kernel.metadata
+        res.shared, res.num_warps, res.num_stages = md.shared, md.num_warps, md.num_stages
+        info = ptxas_report(kernel.asm["ptx"], capability, options.enable_fp_fusion)
+        res.registers, res.stack = info["registers"], info["stack"]
+        res.spill_stores, res.spill_loads = info["spill_stores"], info["spill_loads"]
+        if res.spill_stores or res.spill_loads:
+            res.problems.append(f"spills {res.spill_stores} B stores / {res.spill_loads} B loads")
+        limit = ARCHS[capability].max_shared if capability in ARCHS else None
+        if limit is not None and res.shared > limit:
+            res.problems.append(f"shared memory {res.shared} B > {limit} B")
+    except Exception as exc:  # noqa: BLE001 - every compile failure is a gate result, not a crash
+        res.error = describe_error(exc, launch.kernel)
+    finally:
+        knobs.compilation.allow_non_constexpr_globals = allow
+    res.seconds = time.perf_counter() - start
+    return res
+
+
+_WORK: list[tuple[int, Launch, list[str]]] = []  # what forked workers compile, by index
+
+
+def _compile_item(i: int) -> Result:
+    cap, launch, _ = _WORK[i]
+    return compile_launch(launch, cap)
+
+
+def compile_all(work: list[tuple[int, Launch, list[str]]], jobs: int) -> Iterator[Result]:
+    """Results in order, from ``jobs`` forked processes (launches hold meta tensors and
+    kernel objects: workers inherit them by fork instead of pickling them)."""
+    if jobs <= 1 or len(work) < 2:
+        for cap, launch, _ in work:
+            yield compile_launch(launch, cap)
+        return
+    import multiprocessing
+
+    _WORK[:] = work
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap(_compile_item, range(len(work)))
+    _WORK.clear()
+
+
+def format_line(name: str, capability: int, res: Result, cases: list[str]) -> str:
+    where = f"[{', '.join(cases)}]"
+    if res.error is not None:
+        return f"FAIL sm_{capability} {name:16s} compile error: {res.error[:600]}  {where}"
+    status = "FAIL" if res.failed else "OK  "
+    line = (f"{status} sm_{capability} {name:16s} regs {res.registers:3d}  spill {res.spill_stores}/"
+            f"{res.spill_loads} B  stack {res.stack} B  smem {res.shared:6d} B  warps {res.num_warps}  "
+            f"stages {res.num_stages}  {where}")
+    return line + "".join(f"  <- {p}" for p in res.problems)
+
+
+# ----------------------------------------------------------------------------- the gate
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.compile_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", type=int, nargs="+", default=sorted(ARCHS), choices=sorted(ARCHS),
+                    help="compute capabilities to compile for (default: 80 90)")
+    ap.add_argument("--list", action="store_true",
+                    help="list the launches and check coverage; compile nothing")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="compile in this many processes (default: one per CPU)")
+    ap.add_argument("--extra-module", action="append", default=[], metavar="MODULE",
+                    help="also require coverage of the @triton.jit functions defined in MODULE (tests)")
+    args = ap.parse_args(argv)
+    # Triton 3.9 warns that its FP-fusion default changes in 3.10; the gate compiles with
+    # the default a GPU host gets, and the warning would only clutter the table.
+    warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
+
+    if os.environ.pop("TRITON_INTERPRET", None) not in (None, "", "0"):
+        print("compile_check: ignoring TRITON_INTERPRET (this gate needs Triton's real compiler, "
+              "not the interpreter)", flush=True)
+    t0 = time.perf_counter()
+    try:
+        kernels = discover(package_modules() + args.extra_module)
+    except RuntimeError as exc:  # imported under the interpreter earlier in this process
+        print(f"compile_check: {exc}; run the gate in a fresh process", file=sys.stderr)
+        return 2
+    shapes, dense = config_shapes()
+    shapes += layout_shapes()
+    print(f"compile_check: {len(kernels)} @triton.jit functions in {PACKAGE}"
+          f"{' + ' + ', '.join(args.extra_module) if args.extra_module else ''}; {len(shapes)} shapes: "
+          + "; ".join(f"{s.label} ({s.describe()})" for s in shapes), flush=True)
+    if dense:
+        print(f"compile_check: dense configs (SDPA, no Triton kernel): {', '.join(dense)}")
+
+    # launches per arch: the split of the compressed dK/dV depends on the GPU's SM count
+    launches = {cap: [x for s in shapes for x in drive_ops(s, ARCHS[cap].sms)] for cap in args.arch}
+    failed = False
+    missing = uncovered(kernels, [x.kernel for xs in launches.values() for x in xs])
+    for name in missing:
+        print(f"FAIL kernel {name} not covered: no launch of the gate's shapes reaches it (launch it from "
+              f"an op that drive_ops runs, or extend drive_ops)")
+        failed = True
+
+    n_cases = 0
+    work: list[tuple[int, Launch, list[str]]] = []  # one per distinct compile
+    for cap in args.arch:
+        groups: dict[str, list[Launch]] = {}
+        for x in launches[cap]:
+            groups.setdefault(spec_key(x, cap), []).append(x)
+        n_cases += len(launches[cap])
+        for members in groups.values():
+            work.append((cap, members[0], [m.case for m in members]))
+    if args.list:
+        for cap, first, cases in work:
+            print(f"LIST sm_{cap} {first.name:16s} [{', '.join(cases)}]")
+    else:
+        for (cap, first, cases), res in zip(work, compile_all(work, args.jobs)):
+            failed |= res.failed
+            print(format_line(first.name, cap, res, cases), flush=True)
+    n_compiles = 0 if args.list else len(work)
+    verdict = "FAILED" if failed else "passed"
+    print(f"compile_check: {verdict}: {n_cases} launch cases, {n_compiles} distinct compiles, "
+          f"archs {', '.join(f'sm_{c}' for c in args.arch)}, {time.perf_counter() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

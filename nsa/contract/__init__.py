@@ -1,0 +1,61 @@
+"""The typed contract from trainer to screen: run-directory records, agent protocol, statuses.
+
+One definition of every record the trainer writes, the agent reads and serves, and the
+client, panel and CLI show (docs/run-directory.md and docs/agent-protocol.md describe the
+same; tests/test_contract_docs.py checks that they agree). Depends on msgspec only: the
+panel imports it without torch.
+
+- ``status``: :class:`RunStatus` (with its order and ``is_terminal``), :class:`Phase`;
+- ``records``: run.json, launch.json, exit.json, stop.json, relaunch.json, archived.json, heartbeats,
+  metrics lines, host samples, alerts;
+- ``series``: bounded metric summaries (metrics-summary.json);
+- ``protocol``: hello, requests, replies, events and the agent's view of a run;
+- ``io``: the one JSON encoder, atomic writer, JSONL appender and tail reader.
+"""
+
+from nsa.contract.io import (
+    ContractError,
+    JsonlWriter,
+    LineStats,
+    decode,
+    decode_lines,
+    encode,
+    last_record,
+    read_json,
+    write_json_atomic,
+)
+from nsa.contract.protocol import PROTOCOL, Hello, RunStatusReport, RunView
+from nsa.contract.records import (
+    Alert,
+    AlertEvent,
+    Archived,
+    AttentionOps,
+    Beat,
+    CpuThreads,
+    DeviceInfo,
+    EpochMetric,
+    EvalMetric,
+    ExitInfo,
+    GateShares,
+    GpuReading,
+    HostSample,
+    LaunchInfo,
+    Metric,
+    Relaunch,
+    RunInfo,
+    SelfCheck,
+    StopInfo,
+    TrainMetric,
+    on_gpu,
+)
+from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
+from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
+
+__all__ = [
+    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat", "CpuThreads",
+    "ContractError", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
+    "Hello", "HostSample", "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder",
+    "MetricsSummary", "Phase", "Relaunch", "RunInfo", "RunStatus", "RunStatusReport", "RunView",
+    "SelfCheck", "SeriesSummary", "StopInfo", "TrainMetric", "decode", "decode_lines", "encode",
+    "last_record", "on_gpu", "read_json", "write_json_atomic",
+]

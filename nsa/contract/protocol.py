@@ -1,0 +1,416 @@
+"""The agent protocol's messages (docs/agent-protocol.md states the same).
+
+Newline-delimited JSON: the agent's first line is ``{"hello": Hello}``; then the client
+sends :class:`Request` lines and the agent answers with :class:`Reply` lines and, for
+subscriptions, :class:`EventMsg` lines whose ``data`` type is given by ``event``
+(:data:`EVENT_DATA`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from nsa.contract.records import (
+    Alert,
+    Beat,
+    ExitInfo,
+    HostSample,
+    LaunchInfo,
+    Metric,
+    Record,
+    RunInfo,
+)
+from nsa.contract.series import MetricsSummary
+from nsa.contract.status import RunStatus
+
+PROTOCOL = 2  # the agent's protocol version: client and agent must agree
+
+
+class Hello(Record, kw_only=True):
+    """What a client needs first: versions, host, GPUs, where runs live, what is missing."""
+
+    agent: int
+    nsa_tui: str
+    nsa_version: str | None = None
+    host: str = ""
+    python: str = ""
+    python_exe: str = ""
+    torch: str | None = None
+    runs_root: str = ""
+    gpus: int = 0
+    gpu_names: list[str | None] = []
+    gpu_message: str = ""
+    boot_id: str = ""
+    pid: int = 0
+    time: float = 0.0
+    problems: list[str] = []
+
+
+class Request(Record, kw_only=True):
+    id: int | str | None = None
+    op: str
+    args: dict[str, Any] = {}
+
+
+class ErrorInfo(Record, kw_only=True):
+    code: str
+    message: str
+
+
+class Reply(Record, kw_only=True):
+    id: int | str | None = None
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+class RunView(Record, kw_only=True):
+    """What the agent knows of one run: run.json (``info``; synthesised from launch.json before
+    the trainer writes it) combined with launch.json, exit.json and process liveness into the
+    status a user sees (``status``; the trainer's own is ``info.status``)."""
+
+    run_id: str
+    dir: str
+    name: str  # the launch name, else the trainer's, else the run id
+    status: RunStatus
+    info: RunInfo
+    launch: LaunchInfo | None = None
+    exit: ExitInfo | None = None
+    alive: bool = False
+    pids: list[int] = []
+    stop_requested: bool = False
+    parent_run: str | None = None
+    created: float = 0.0  # when it was launched (or started, for a run started by hand)
+    archived: bool = False  # archived.json exists: hidden from the default run list
+    log_tail: list[str] = []  # the end of train.log, for crashed and failed runs
+    launcher_alive: bool = False  # the run's supervisor (the parent of torchrun) is alive
+    watchdog: bool = False  # the host records its alerts (alerts.jsonl): its watchdog runs or ran to the end
+
+
+class RunStatusReport(Record, kw_only=True):
+    """The ``status`` op: a run's view, the latest beat of each rank, the last metric lines (the
+    recent step times that stall thresholds need), its open alerts. O(ranks), not O(age)."""
+
+    run: RunView
+    beats: list[Beat] = []
+    recent_metrics: list[Metric] = []
+    alerts: list[Alert] = []
+
+
+class LogLines(Record, kw_only=True):
+    lines: list[str]
+
+
+class Gap(Record, kw_only=True):
+    """Part of a stream was not sent (too old to be worth sending): ``skipped_bytes`` of it
+    before this point. The stream continues after it."""
+
+    stream: str
+    skipped_bytes: int
+    size: int
+
+
+class Synced(Record, kw_only=True):
+    """The subscription's bounded backlog has been sent; ``bad_lines``: malformed lines skipped
+    so far, per stream (never fatal)."""
+
+    ts: float
+    offsets: dict[str, int] = {}
+    bad_lines: dict[str, int] = {}
+
+
+class RunsList(Record, kw_only=True):
+    runs: list[RunView]
+
+
+class RunRemoved(Record, kw_only=True):
+    run_id: str
+
+
+class AlertState(Record, kw_only=True):
+    """One alert of a run as its alerts.jsonl tells it (every event of that id folded):
+    ``state`` is ``open`` until it is acknowledged or its condition ends (``resolved``)."""
+
+    id: str
+    run: str
+    state: Literal["open", "acknowledged", "resolved"]
+    raised_at: float
+    updated_at: float
+    resolved_at: float | None = None
+    acked_at: float | None = None
+    acked_by: str | None = None
+    alert: Alert
+
+
+class AlertList(Record, kw_only=True):
+    """Alerts of one run or of every run: every open one and the newest resolved ones, oldest
+    first; ``bad_lines``: malformed lines of alerts.jsonl skipped."""
+
+    alerts: list[AlertState]
+    bad_lines: int = 0
+
+
+# event name -> the type of its ``data``
+EVENT_DATA: dict[str, Any] = {
+    "status": RunView,
+    "beats": list[Beat],
+    "metrics": list[Metric],
+    "summary": MetricsSummary,
+    "log": LogLines,
+    "gap": Gap,
+    "synced": Synced,
+    "host": HostSample,
+    "runs": RunsList,
+    "run": RunView,
+    "run_removed": RunRemoved,
+    "alerts": AlertList,
+    "alert": AlertState,
+    "error": ErrorInfo,
+}
+EventKind = Literal["status", "beats", "metrics", "summary", "log", "gap", "synced", "host", "runs", "run",
+                    "run_removed", "alerts", "alert", "error"]
+
+
+class EventMsg(Record, kw_only=True):
+    """One event of a subscription: ``id`` is the subscribing request's id; ``offset`` the
+    byte offset after the data in its stream (file streams), else a sequence number."""
+
+    id: int | str | None = None
+    event: str
+    run: str | None = None
+    stream: str = ""
+    offset: int = 0
+    initial: bool = False  # a status sent while the subscription's backlog is still coming
+    data: Any = None
+
+
+class EventEnvelope(Record, kw_only=True):
+    """An incoming line, before its data is validated by its event kind."""
+
+    id: int | str | None = None
+    event: str | None = None
+    run: str | None = None
+    stream: str = ""
+    offset: int = 0
+    initial: bool = False
+    data: msgspec.Raw = msgspec.Raw(b"null")
+    ok: bool | None = None
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    error: ErrorInfo | None = None
+    hello: msgspec.Raw = msgspec.Raw(b"null")
+
+
+# -- request arguments --------------------------------------------------------------------------
+class WatchArgs(Record, kw_only=True, forbid_unknown_fields=True):
+    """``watch``: what of a run to stream. Bounded: the latest beat of each rank, the metrics as
+    a summary plus the ``recent_metrics`` last lines, the log's last ``log_tail_bytes``; then
+    live lines. ``offsets`` resumes streams (after a reconnect) when little was missed."""
+
+    run: str
+    streams: list[Literal["status", "heartbeats", "metrics", "log"]] | None = None
+    offsets: dict[str, int] = {}
+    summary_points: int = 512
+    recent_metrics: int = 512
+    log_tail_bytes: int = 256 * 1024
+
+
+class Args(Record, kw_only=True, forbid_unknown_fields=True):
+    """Base of request arguments: an unknown argument is a bad request."""
+
+
+class NoArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RunArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+
+
+class KillArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    grace_s: float = 60.0
+
+
+class ResumeArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    nproc: int | None = None
+
+
+class ArchiveArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    archived: bool = True  # False: take it out of the archive
+
+
+class DeleteArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    dry_run: bool = False  # only say what deleting would free
+
+
+class ReadLogArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    offset: int = 0
+    max_bytes: int = 1 << 20
+    file: Literal["train.log", "metrics.jsonl"] = "train.log"  # metrics.jsonl: for exports
+
+
+class WatchHostArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    interval_s: float = 1.0
+
+
+class UnwatchArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    sub: int | str
+
+
+class LaunchArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    config_path: str | None = None
+    config_text: str | None = None
+    nproc: int | None = None
+    overrides: list[str] = []
+    name: str | None = None
+    on_failure: str | None = None  # the config's on_failure.action for this run
+    force: bool = False  # start even when ``describe`` finds a problem (the probe may be wrong)
+
+
+class DescribeArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``describe``: the config as ``launch`` would get it, nothing started."""
+
+    config_path: str | None = None
+    config_text: str | None = None
+    nproc: int | None = None
+    overrides: list[str] = []
+
+
+class ConfigSummary(Record, kw_only=True):
+    """What a config is and whether it can run on this host (``describe``; ``launch`` refuses
+    what has ``problems`` unless forced). Why: a 125M GPU config on FineWeb from the Hub used
+    to start on a CPU box without network and fail 45 s later."""
+
+    config: str  # the path as the user gave it
+    name: str
+    params: int
+    attention: str  # "nsa" | "dense"
+    seq_len: int
+    batch_size: int
+    grad_accum: int
+    nproc: int
+    global_batch: int  # sequences per optimizer step: batch_size x nproc x grad_accum
+    steps: int
+    device: str  # train.device as configured: "auto" | "cpu" | "cuda"
+    dtype: str  # train.dtype as configured
+    needs: str  # "CUDA" | "CPU or CUDA" | "CPU"
+    runs_on: str  # what it would run on here: "cpu" | "cuda" (N GPUs)
+    data: str  # the data source in words
+    problems: list[str] = []  # why it cannot run on this host; empty: it can
+    notes: list[str] = []  # worth knowing, not in the way
+
+
+class PlanArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    action: Literal["kill", "fallback", "resume"]
+
+
+class ActionPlan(Record, kw_only=True):
+    """``plan``: exactly what a ``kill``, ``fallback`` or ``resume`` of the run would do now,
+    nothing done: the confirmation a person reads before pressing k, f or r."""
+
+    op: Literal["kill", "fallback", "resume"]
+    run_id: str
+    alive: bool  # kill and fallback stop it
+    pids: list[int] = []  # every live process of the run (what kill ends)
+    rank_pids: list[int] = []  # those that are ranks (they get SIGTERM first)
+    world_size: int = 1  # the run's processes now
+    nproc: int = 1  # the new run's
+    name: str = ""  # the new run's
+    checkpoint: str | None = None  # the newest complete checkpoint it would start from
+    checkpoint_step: int | None = None
+    grad_accum: int | None = None  # the new run's (fallback: keeps the global batch)
+    global_batch: int | None = None
+    gpu: int | None = None  # fallback: the GPU with the most free memory (None: no NVML)
+    again: str | None = None  # done before: the run it started then (nothing new would start)
+    problem: str | None = None  # why it cannot be done (the op would refuse with this)
+
+
+class AlertsArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``alerts`` and ``watch_alerts``: one run's or every run's; at most ``history`` resolved
+    ones per run besides every open one."""
+
+    run: str | None = None
+    history: int = 100
+
+
+class AckArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    alert: str  # its id, or its kind when one open alert of the run has it
+    by: str | None = None
+
+
+class EvidenceArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    run: str
+    alert: str
+
+
+class LaunchResult(Record, kw_only=True):
+    """``launch``, ``fallback`` and ``resume``: the new run (``view``: as the agent sees it now)."""
+
+    run_id: str
+    dir: str
+    nproc: int
+    command: list[str]
+    launcher_pid: int | None = None
+    view: RunView | None = None
+    parent_run: str | None = None
+    resume_from: str | None = None
+    killed: KillResult | None = None
+    again: bool = False  # this relaunch had already been done: the same run, nothing new started
+
+
+class KillResult(Record, kw_only=True):
+    run_id: str
+    was_running: bool
+    forced: bool = False
+    remaining: list[int] = []
+
+
+class DeleteResult(Record, kw_only=True):
+    """``delete``: what the run's directory held (what deleting frees) and whether it is gone."""
+
+    run_id: str
+    bytes: int
+    files: int
+    deleted: bool
+    children: list[str] = []  # runs that continue this one (fallback/resume): they keep their own files
+
+
+class LogChunk(Record, kw_only=True):
+    text: str
+    offset: int
+    size: int
+
+
+class DumpFile(Record, kw_only=True):
+    name: str
+    text: str
+
+
+class MissingRank(Record, kw_only=True):
+    rank: int
+    reason: str
+
+
+class Evidence(Record, kw_only=True):
+    """``evidence``: the files the watchdog captured for an alert (each at most 1 MiB shown)."""
+
+    run_id: str
+    alert: str
+    files: list[DumpFile] = []
+    notes: list[str] = []
+
+
+class DumpResult(Record, kw_only=True):
+    run_id: str
+    ranks: list[int]
+    notes: list[str] = []
+    files: list[DumpFile] = []
+    missing: list[MissingRank] = []  # ranks of the run without a stack here, and why

@@ -1,0 +1,78 @@
+"""Run statuses and rank phases: one definition for trainer, agent, client, panel and CLI.
+
+Two layers say "status": the trainer writes its own view into run.json (``starting``,
+``running``, then ``finished`` | ``stopped`` | ``failed``), and the agent derives the
+status a user sees by combining it with process liveness (``stopping``, ``crashed``,
+``lost``, ``unknown``). Both are values of :class:`RunStatus`; :data:`TRAINER_STATUSES`
+is the subset run.json may hold.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RunStatus(str, Enum):
+    """A run's status. Order: unknown < starting < running < stopping < every end status."""
+
+    UNKNOWN = "unknown"  # started by hand, no run.json status yet: nothing to check against
+    STARTING = "starting"  # boot: imports, process group, model, data
+    RUNNING = "running"  # the first step has begun
+    STOPPING = "stopping"  # the trainer wrote its end status but processes remain
+    FINISHED = "finished"  # trained every step
+    STOPPED = "stopped"  # stopped on request (a checkpoint was saved), or killed through the agent
+    FAILED = "failed"  # the trainer recorded a failure (exit_reason says why)
+    CRASHED = "crashed"  # processes gone without an end status (exit code and log tail say why)
+    LOST = "lost"  # launched before the host's last reboot, no end status
+
+    @property
+    def order(self) -> int:
+        """Position in the life cycle; every end status shares the last position."""
+        return _ORDER[self]
+
+    def is_terminal(self) -> bool:
+        """The run has ended: nothing of it runs any more."""
+        return self.order == _END
+
+    def is_alive(self) -> bool:
+        """Processes of the run are (or are about to be) up."""
+        return self in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
+
+    def advance(self, new: RunStatus) -> RunStatus:
+        """The status after an update to ``new``: never backwards (a late or racing report of an
+        earlier state cannot undo a later one); one end status may refine another."""
+        return new if new.order >= self.order else self
+
+
+_END = 4
+_ORDER = {
+    RunStatus.UNKNOWN: 0,
+    RunStatus.STARTING: 1,
+    RunStatus.RUNNING: 2,
+    RunStatus.STOPPING: 3,
+    RunStatus.FINISHED: _END,
+    RunStatus.STOPPED: _END,
+    RunStatus.FAILED: _END,
+    RunStatus.CRASHED: _END,
+    RunStatus.LOST: _END,
+}
+
+# What the trainer itself may write into run.json.
+TRAINER_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.STOPPED,
+                    RunStatus.FAILED)
+
+
+class Phase(str, Enum):
+    """What a rank is doing, from its heartbeats (LESSONS 8: every phase is visible)."""
+
+    BOOT = "boot"  # imports, process group, model build, checkpoint load
+    DATA = "data"  # opening the data source, or a step waiting for the loader
+    COMPILE = "compile"  # the first step with train.compile
+    TRAIN = "train"
+    EVAL = "eval"
+    CHECKPOINT = "checkpoint"
+    DONE = "done"  # last beat of a finished or stopped rank
+    FAILED = "failed"  # last beat of a failed rank (carries ``error``)
+
+    def is_final(self) -> bool:
+        return self in (Phase.DONE, Phase.FAILED)

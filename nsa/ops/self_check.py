@@ -1,0 +1,169 @@
+"""Run every attention op of a backend once on tiny inputs and compare with the reference.
+
+Why: a Triton kernel that the compiler rejects on this GPU (or that computes wrong numbers
+there) would otherwise fail at the first training step, or worse, train silently wrong.
+``choose_ops`` runs this check before training and decides which ops the run uses:
+``backend: auto`` falls back to the reference ops when the check fails, and says so;
+``backend: triton`` makes the failure an error.
+
+The check uses the model's head layout and NSA settings (so the kernels compile with the
+same tile sizes as in training), a short sequence, the training compute dtype, and a
+private random generator (the global RNG, which seeds the model's weights, is untouched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from nsa.ops import reference
+
+# Relative error (Frobenius) allowed against the fp32 reference on the same inputs.
+# 16-bit kernels round their inputs of every dot and P/dS to 8 (bf16) or 11 (fp16) bits;
+# a broken kernel is off by O(1), not by 1e-2.
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+    """What the kernels are specialised on: head layout and NSA block sizes."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    compress_block: int = 32
+    compress_stride: int = 16
+    select_block: int = 64
+    num_selected: int = 16
+    num_initial: int = 1
+    num_local: int = 2
+    window: int = 512
+
+    @classmethod
+    def of_model(cls, model_cfg: Any) -> AttentionShape:
+        a = model_cfg.attention
+        return cls(model_cfg.n_heads, model_cfg.n_kv_heads, model_cfg.head_dim, a.compress_block,
+                   a.compress_stride, a.select_block, a.num_selected, a.num_initial, a.num_local, a.window)
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """Which ops were run and what failed (``op: reason`` per failure)."""
+
+    device: str
+    dtype: str
+    checked: list[str] = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def reason(self) -> str:
+        return "; ".join(self.failures) if self.failures else "all ops agree with the reference"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _compare(report: CheckReport, op: str, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
+             tol: float) -> None:
+    bad = []
+    for name, ref in want.items():
+        val = got[name]
+        if val is None or val.shape != ref.shape:
+            got_shape = None if val is None else tuple(val.shape)
+            bad.append(f"{name} has shape {got_shape}, expected {tuple(ref.shape)}")
+        elif not torch.isfinite(val).all():
+            bad.append(f"{name} is not finite")
+        else:
+            err = _rel_err(val, ref)
+            if not err <= tol:
+                bad.append(f"{name} differs from the reference by {err:.2e} (tolerance {tol:.0e})")
+    if bad:
+        report.failures.append(f"{op}: " + ", ".join(bad))
+
+
+def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionShape,
+               ops: ModuleType | None = None, seq_len: int | None = None) -> CheckReport:
+    """Run ``ops`` (default: the Triton kernels) forward and backward on ``device`` in
+    ``dtype`` and compare every output and gradient with ``nsa.ops.reference`` in fp32 on
+    the same (``dtype``-rounded) inputs. Never raises for a failing op: the report says."""
+    device = torch.device(device)
+    s = shape
+    report = CheckReport(str(device), str(dtype).replace("torch.", ""))
+    start = time.perf_counter()
+    try:
+        ops = ops or importlib.import_module("nsa.ops.triton")
+    except Exception as exc:  # noqa: BLE001 - a failing import is a failing check
+        report.failures.append(f"import nsa.ops.triton: {_one_line(exc)}")
+        report.seconds = time.perf_counter() - start
+        return report
+    T = seq_len or 2 * s.select_block + s.compress_block + 16  # several selection blocks, partial tail
+    H, G, D = s.n_heads, s.n_kv_heads, s.head_dim
+    nc = reference.num_compressed(T, s.compress_block, s.compress_stride)
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*size: int) -> torch.Tensor:  # values exactly representable in ``dtype``
+        return torch.randn(*size, generator=gen).to(dtype).float().to(device)
+
+    q, dout = rand(1, T, H, D), rand(1, T, H, D)
+    k, v = rand(1, T, G, D), rand(1, T, G, D)
+    kc, vc = rand(1, nc, G, D), rand(1, nc, G, D)
+    tol = TOLERANCE.get(dtype, 3e-2)
+
+    def run(op: str, fn: Callable[[Any, list[torch.Tensor]], Any], inputs: list[torch.Tensor]) -> Any:
+        """fn(ops, inputs) -> out or (out, extra); returns the reference's extra."""
+        report.checked.append(op)
+        mine = [x.detach().clone().to(dtype).requires_grad_() for x in inputs]
+        theirs = [x.detach().clone().requires_grad_() for x in inputs]
+        ref = fn(reference, theirs)
+        ref_out, ref_extra = ref if isinstance(ref, tuple) else (ref, None)
+        ref_out.backward(dout)
+        want = {"out": ref_out, **{f"d{i}": x.grad for i, x in enumerate(theirs)}}
+        if ref_extra is not None:
+            want["extra"] = ref_extra
+        try:
+            got_all = fn(ops, mine)
+            got_out, got_extra = got_all if isinstance(got_all, tuple) else (got_all, None)
+            got_out.backward(dout.to(got_out.dtype))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # kernel errors surface here, inside the try
+            got = {"out": got_out, **{f"d{i}": x.grad for i, x in enumerate(mine)}}
+            if ref_extra is not None:
+                got["extra"] = got_extra
+            _compare(report, op, got, want, tol)
+        except Exception as exc:  # noqa: BLE001 - compile errors, launch failures, anything
+            report.failures.append(f"{op}: {_one_line(exc)}")
+        return ref_extra
+
+    scores = run("compressed_attention_and_scores", lambda m, x: m.compressed_attention_and_scores(
+        x[0], x[1], x[2], s.compress_block, s.compress_stride, s.select_block, G), [q, kc, vc])
+    idx = reference.select_blocks(scores.detach(), s.select_block, s.num_selected, s.num_initial, s.num_local)
+    report.checked.append("select_blocks")
+    try:
+        mine_idx = ops.select_blocks(scores.detach(), s.select_block, s.num_selected, s.num_initial,
+                                     s.num_local)
+        if not torch.equal(mine_idx.cpu(), idx.cpu()):
+            report.failures.append("select_blocks: not the reference's block choice on the same scores")
+    except Exception as exc:  # noqa: BLE001
+        report.failures.append(f"select_blocks: {_one_line(exc)}")
+    run("selected_attention", lambda m, x: m.selected_attention(x[0], x[1], x[2], idx, s.select_block),
+        [q, k, v])
+    run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])
+    report.seconds = time.perf_counter() - start
+    return report

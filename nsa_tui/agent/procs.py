@@ -1,0 +1,111 @@
+"""Which processes belong to a run, from /proc.
+
+Liveness survives PID reuse and reboots (LESSONS 12): a process belongs to a run only
+while it carries ``NSA_RUN_ID=<run id>`` in its environment (every process of a run
+inherits it from the agent's launch). ``RANK`` in that environment marks a rank (torchrun
+sets it for its workers, never for itself or the supervisor).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+GROUPS_MAX_AGE_S = 0.5
+
+
+@dataclass(frozen=True)
+class RunProcess:
+    pid: int
+    pgid: int | None
+    rank: int | None  # None: the supervisor or torchrun
+
+
+def boot_id() -> str:
+    """This boot's id; it changes on every reboot, so a stale run is recognisable."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pgrp(pid: int) -> int | None:
+    """The process group of ``pid`` (None if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name may contain spaces and parentheses: fields follow the last ")"
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[2])
+    except (IndexError, ValueError):
+        return None
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def rank_of(env: dict[str, str]) -> int | None:
+    rank = env.get("RANK", "")
+    return int(rank) if rank.isdigit() else None
+
+
+_GROUPS: tuple[float, dict[int, list[int]]] = (0.0, {})
+
+
+def process_groups(max_age_s: float = GROUPS_MAX_AGE_S) -> dict[int, list[int]]:
+    """{process group id: pids}, one /proc scan shared by every caller for ``max_age_s``.
+
+    Why: the agent checks every watched run's liveness each second; one scan per second
+    instead of one per run keeps it cheap on hosts with thousands of processes.
+    """
+    global _GROUPS
+    now = time.monotonic()
+    if now - _GROUPS[0] > max_age_s:
+        groups: dict[int, list[int]] = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                grp = pgrp(int(entry.name))
+                if grp is not None:
+                    groups.setdefault(grp, []).append(int(entry.name))
+        _GROUPS = (now, groups)
+    return _GROUPS[1]
+
+
+def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False) -> list[RunProcess]:
+    """Processes carrying ``NSA_RUN_ID=run_id`` (in group ``pgid`` when given).
+
+    ``fresh`` rescans /proc now (kill's confirmation must not trust a cached scan).
+    """
+    groups = process_groups(0.0 if fresh or pgid is None else GROUPS_MAX_AGE_S)
+    found = []
+    for grp, pids in ([(pgid, groups.get(pgid, []))] if pgid is not None else groups.items()):
+        for pid in pids:
+            env = environ_of(pid)
+            if env.get("NSA_RUN_ID") == run_id:
+                found.append(RunProcess(pid, grp, rank_of(env)))
+    return found
+
+
+def run_process(pid: int | None, run_id: str) -> RunProcess | None:
+    """``pid`` if it is a live process of ``run_id`` (the id, not the pid alone: PID reuse
+    cannot fake it)."""
+    if not pid:
+        return None
+    env = environ_of(pid)
+    if env.get("NSA_RUN_ID") != run_id:
+        return None
+    return RunProcess(pid, pgrp(pid), rank_of(env))

@@ -1,0 +1,76 @@
+"""What the CLI prints for people (``--json`` prints the records instead): the runs table and a
+run's status. Pure functions of the contract's records and a clock, so they are tested
+without a host. The table fits 100 columns; nothing unknown is printed as ``None``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nsa.contract import Alert, RunStatus, RunStatusReport, RunView
+from nsa_tui.fmt import fmt_count, fmt_duration
+from nsa_tui.runref import short_ids
+
+MIN_NAME = 12
+WIDTH = 100
+
+
+def cut_middle(text: str, width: int) -> str:
+    """``nsa-125m-…-fallback``: a long name keeps its start and its end (relaunch suffixes)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _step(view: RunView, beat_step: int = 0) -> str:
+    info = view.info
+    step = max(info.step, beat_step)
+    return f"{step}/{info.total_steps}" if info.total_steps is not None else str(step)
+
+
+def runs_table(runs: Sequence[RunView], now: float) -> str:
+    """One row per run, newest first: the shortest unique id prefix (what commands accept), age,
+    name (cut in the middle), status, step/total, world size, parameters."""
+    short = short_ids([r.run_id for r in runs])
+    rows = [["RUN", "AGE", "NAME", "STATUS", "STEP", "WORLD", "PARAMS"]]
+    for r in runs:
+        i = r.info
+        age = fmt_duration(now - r.created) if r.created else "-"
+        status = r.status.value + (" (archived)" if r.archived else "")
+        rows.append([short[r.run_id], age, r.name, status, _step(r), str(i.world_size),
+                     fmt_count(i.param_count) if i.param_count else "-"])
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    others = sum(widths) - widths[2] + 2 * (len(widths) - 1)
+    name_width = max(MIN_NAME, min(widths[2], WIDTH - others))  # the name gives way, not the id
+    for row in rows[1:]:
+        row[2] = cut_middle(row[2], name_width)
+    widths[2] = max(len(row[2]) for row in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew: float) -> str:
+    """The run's identity and progress, one line per rank, the alerts that hold now. A run that
+    is still booting says so (and how long its ranks have been in which phase) instead of
+    printing the numbers it does not have yet."""
+    run, info = rep.run, rep.run.info
+    beat_step = max((b.step for b in rep.beats), default=0)  # run.json is rewritten every ~10 s
+    parts = [run.run_id, run.name, f"status={run.status.value}", f"step={_step(run, beat_step)}",
+             f"world={info.world_size}"]
+    if info.global_batch:
+        parts.append(f"global_batch={info.global_batch}")
+    if info.param_count:
+        parts.append(f"params={fmt_count(info.param_count)}")
+    booting = run.status.is_alive() and info.status == RunStatus.STARTING
+    if booting:
+        created = run.created or info.started_at
+        since = f" for {fmt_duration(now - skew - created)}" if created else ""
+        parts.append(f"(booting{since}: " + ("no heartbeat yet)" if not rep.beats else "see the ranks)"))
+    lines = ["  ".join(parts)]
+    for b in rep.beats:
+        phase_for = f" for {fmt_duration(max(0.0, now - skew - b.phase_since))}" if b.phase_since else ""
+        lines.append(f"  rank {b.rank}: step {b.step} phase {b.phase.value}{phase_for}, "
+                     f"heartbeat {max(0.0, now - skew - b.ts):.1f} s ago")
+    for a in alerts:
+        lines.append(f"  [{a.severity.upper()}] {a.kind}: {a.message}")
+        lines += [f"      | {ln}" for ln in a.log_tail[-8:]] if a.kind in ("crash", "nan") else []
+    return "\n".join(lines)

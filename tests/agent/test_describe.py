@@ -1,0 +1,151 @@
+"""``describe`` (what a config is, whether it can run here), ``launch``'s refusal, ``plan`` (what a
+fallback or resume would do) and a dump's missing ranks: through the real agent (local
+transport) over real files; the Hub probe against real sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa.config import load_config
+from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, write_json_atomic
+from nsa.size import param_count
+from nsa_tui.agent.dump import _missing_ranks
+from nsa_tui.client import AgentError, HostClient
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = str(REPO / "configs" / "tiny-cpu.yaml")
+DENSE_125M = str(REPO / "configs" / "dense-125m.yaml")
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    return port
+
+
+async def client(tmp_path: Path) -> HostClient:
+    c = HostClient("local", runs_root=str(tmp_path / "runs"))
+    await c.start()
+    return c
+
+
+async def test_describe_says_what_a_config_is_and_that_it_runs_here(tmp_path: Path) -> None:
+    c = await client(tmp_path)
+    try:
+        d = await c.describe(TINY)
+        cfg = load_config(TINY)
+        assert d.params == param_count(cfg.model) == 1_528_240 and d.attention == "nsa"
+        assert (d.seq_len, d.nproc, d.global_batch, d.steps) == (256, 1, 8, cfg.train.steps)
+        assert d.needs == "CPU or CUDA" and d.runs_on == "cpu" and d.data.startswith("stdlib")
+        assert d.problems == [] and d.config == TINY
+        d = await c.describe(TINY, nproc=2, overrides=["train.grad_accum=3"])
+        assert d.global_batch == 8 * 2 * 3
+        with pytest.raises(AgentError) as err:
+            await c.describe(TINY, overrides=["train.stepz=1"])
+        assert err.value.code == "bad_config" and "--set train.stepz=1" in err.value.message
+    finally:
+        await c.close()
+
+
+async def test_a_cuda_only_config_on_a_cpu_host_is_refused_with_the_reason(tmp_path: Path) -> None:
+    c = await client(tmp_path)
+    try:
+        if c.hello.gpus:
+            pytest.skip("this host has a GPU")
+        for override, why in (("train.device=cuda", "train.device is cuda"),
+                              ("train.dtype=bf16", "train.dtype bf16 runs on CUDA only")):
+            d = await c.describe(TINY, overrides=[override])
+            assert d.needs == "CUDA" and len(d.problems) == 1
+            assert d.problems[0].startswith(f"needs CUDA ({why}) but this host has no GPU")
+            with pytest.raises(AgentError) as err:
+                await c.launch(TINY, overrides=[override])
+            assert err.value.code == "cannot_run" and why in err.value.message
+        assert await c.runs() == []
+    finally:
+        await c.close()
+
+
+async def test_a_hub_source_without_network_is_refused(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe connects where datasets would (HF_ENDPOINT here): a closed port is "no network",
+    a listening socket is reachable."""
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    c = await client(tmp_path)
+    try:
+        d = await c.describe(DENSE_125M, overrides=["train.device=auto", "train.dtype=auto"])
+        assert d.params > 100_000_000 and d.data.startswith("fineweb-edu from the Hugging Face Hub")
+        assert any("cannot reach" in p and "127.0.0.1" in p for p in d.problems), d.problems
+        with pytest.raises(AgentError) as err:
+            await c.launch(DENSE_125M, overrides=["train.device=auto", "train.dtype=auto"])
+        assert err.value.code == "cannot_run" and "Hugging Face Hub" in err.value.message
+    finally:
+        await c.close()
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    c = await client(tmp_path)
+    try:
+        d = await c.describe(DENSE_125M, overrides=["train.device=auto", "train.dtype=auto"])
+        assert not [p for p in d.problems if "Hub" in p], d.problems
+    finally:
+        await c.close()
+        server.close()
+
+
+def stopped_run(root: Path, run_id: str, world: int = 2, checkpoint: bool = True) -> Path:
+    d = root / run_id
+    (d / "checkpoints" / "step-30").mkdir(parents=True)
+    if checkpoint:
+        (d / "checkpoints" / "latest").write_text("step-30")
+    (d / "config.yaml").write_text((REPO / "configs" / "smoke-cpu.yaml").read_text())
+    write_json_atomic(d / "launch.json", LaunchInfo(run_id=run_id, name="exp-resume", created=time.time(),
+                                                    nproc=world, overrides=["train.steps=100"]))
+    write_json_atomic(d / "run.json", RunInfo(run_id=run_id, name="exp", status=RunStatus.STOPPED,
+                                              world_size=world, batch_size=2, grad_accum=1,
+                                              global_batch=2 * world, step=31))
+    return d
+
+
+async def test_plan_says_exactly_what_fallback_and_resume_would_do(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    stopped_run(root, "20260101-000000-exp-0001")
+    stopped_run(root, "20260101-000000-exp-0002", checkpoint=False)
+    c = await client(tmp_path)
+    try:
+        fb = await c.plan("20260101-000000-exp-0001", "fallback")
+        assert (fb.nproc, fb.grad_accum, fb.global_batch, fb.checkpoint_step) == (1, 2, 4, 30)
+        assert fb.name == "exp-fallback" and fb.world_size == 2 and not fb.alive and fb.problem is None
+        assert fb.checkpoint is not None and fb.checkpoint.endswith("checkpoints/step-30")
+        rs = await c.plan("20260101-000000-exp-0001", "resume")
+        assert (rs.nproc, rs.grad_accum, rs.name) == (2, 1, "exp-resume")
+        stop = await c.plan("20260101-000000-exp-0001", "kill")
+        assert (stop.op, stop.alive, stop.pids, stop.world_size) == ("kill", False, [], 2)
+        none = await c.plan("20260101-000000-exp-0002", "resume")
+        assert none.problem is not None and "no complete checkpoint" in none.problem
+        assert [v.run_id for v in await c.runs()] == ["20260101-000000-exp-0002", "20260101-000000-exp-0001"]
+    finally:
+        await c.close()
+
+
+def test_a_dump_names_each_missing_rank_and_why(tmp_path: Path) -> None:
+    d = stopped_run(tmp_path, "20260101-000000-exp-0003", world=4)
+    (d / "heartbeats").mkdir()
+    beat = Beat(ts=time.time() - 20, run_id="x", rank=2, step=17, phase=Phase.FAILED,
+                error="rank 2 failed at step 18: RuntimeError: boom\ntraceback...")
+    (d / "heartbeats" / "rank-2.jsonl").write_text(__import__("msgspec").json.encode(beat).decode() + "\n")
+    missing = _missing_ranks(d, signalled=[0, 1], files={"stacks/rank-0-1.txt": "..."}, wait_s=3.0)
+    why = {m.rank: m.reason for m in missing}
+    assert sorted(why) == [1, 2, 3]
+    assert why[1].startswith("signalled (SIGUSR1) but wrote no stack within 3 s")
+    assert why[2].startswith("no live process of rank 2 on this host; its last heartbeat")
+    assert "phase failed at step 17: rank 2 failed at step 18: RuntimeError: boom" in why[2]
+    assert why[3] == "no process and no heartbeat of rank 3 on this host (never started here)"

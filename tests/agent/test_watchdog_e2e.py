@@ -1,0 +1,163 @@
+"""The watchdog with real runs (2 ranks on CPU) and NO panel or client connected: faults from
+outside (``kill -STOP``, ``kill -9`` of a rank), alerts on disk, delivered, with evidence, and
+the run's ``on_failure`` policy carried out. Thresholds are seconds (settings.yaml)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nsa.contract import AlertEvent, LaunchInfo, Relaunch, TrainMetric, decode_lines, read_json
+from nsa_tui.agent.procs import run_processes
+from nsa_tui.alertlog import ALERTS_FILE
+from nsa_tui.client import HostClient
+from tests.agent.e2e import LONG, SMOKE
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A runs root and the settings its runs' watchdogs read; every run is killed afterwards."""
+    root = tmp_path / "runs"
+    notified = tmp_path / "notified.jsonl"
+    script = f"import sys, time; open({str(notified)!r}, 'a').write(f'{{time.time()}} ' + sys.stdin.read())"
+    settings = {"alerts": {"stall_floor_s": 3.0, "stall_factor": 3.0, "no_heartbeat_s": 6.0},
+                "notify": {"command": [sys.executable, "-c", script]}}
+    (tmp_path / "settings.yaml").write_text(yaml.safe_dump(settings))
+    monkeypatch.setenv("NSA_TUI_SETTINGS", str(tmp_path / "settings.yaml"))
+    yield root, notified
+    for rid in os.listdir(root) if root.exists() else []:
+        for p in run_processes(rid):
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+async def launch(root: Path, *overrides: str, on_failure: str | None = None) -> str:
+    """Launch through the agent, then disconnect: nobody watches but the run's watchdog."""
+    c = HostClient("local", runs_root=str(root))
+    await c.start()
+    try:
+        res = await c.launch(SMOKE, nproc=2, overrides=[*LONG, *overrides], on_failure=on_failure)
+    finally:
+        await c.close()
+    return res.run_id
+
+
+def steps(d: Path) -> dict[int, float]:
+    try:
+        lines = (d / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    return {m.step: m.loss for m in decode_lines(lines, TrainMetric) if isinstance(m, TrainMetric)}
+
+
+def alert_events(d: Path) -> list[AlertEvent]:
+    try:
+        return decode_lines((d / ALERTS_FILE).read_text().splitlines(), AlertEvent)
+    except FileNotFoundError:
+        return []
+
+
+def rank_pid(run_id: str, rank: int) -> int:
+    return next(p.pid for p in run_processes(run_id, fresh=True) if p.rank == rank)
+
+
+async def until(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+async def test_a_stopped_rank_is_alerted_with_evidence_and_delivered_then_falls_back(host) -> None:
+    root, notified = host
+    rid = await launch(root, "on_failure.grace_s=3", on_failure="fallback")
+    d = root / rid
+    await until(lambda: len(steps(d)) >= 8, 120, "step 8")
+    pid = rank_pid(rid, 1)
+    os.kill(pid, signal.SIGSTOP)  # frozen from outside: no fault injection of ours
+    frozen = time.time()
+    first = await until(lambda: next((e for e in alert_events(d) if e.action == "raised"), None), 60,
+                        "the first alert")
+    print(f"\nMEASURE kill -STOP -> first alert in alerts.jsonl: {first.ts - frozen:.2f} s ({first.id})")
+    assert first.alert.kind in ("stall", "no_heartbeat") and first.ts - frozen <= 3.0 * 3 + 2.0
+    line = await until(lambda: notified.exists() and notified.read_text(), 30, "the notification")
+    when, _, sent = line.splitlines()[0].partition(" ")
+    print(f"MEASURE kill -STOP -> notification command ran: {float(when) - frozen:.2f} s")
+    assert json.loads(sent)["id"] == first.id
+    evidence = await until(lambda: next((e for e in alert_events(d) if e.alert.evidence), None), 30,
+                           "evidence")
+    summary = next(f for f in evidence.alert.evidence if f.startswith("stacks/watchdog-"))
+    text = (d / summary).read_text()
+    assert f"rank 1: pid {pid} state T (stopped)" in text  # what a stopped rank looks like
+    stacks = [f for f in evidence.alert.evidence if f.startswith("stacks/rank-0-")]
+    assert stacks and "File " in (d / stacks[0]).read_text()  # rank 0's stack, waiting for rank 1
+    # the policy: stop the run (KILL after 3 s: a stopped rank cannot end on TERM), relaunch on 1 GPU
+    rel = await until(lambda: read_json(d / "relaunch.json", Relaunch), 120, "the fallback")
+    assert rel.op == "fallback"
+    child = read_json(root / rel.child_run / "launch.json", LaunchInfo)
+    assert child is not None and child.nproc == 1 and child.parent_run == rid
+    policy = [e for e in alert_events(d) if e.alert.kind == "policy"]
+    assert any("on_failure=fallback: stopping the run" in e.alert.message for e in policy)
+    await until(lambda: any(rel.child_run in e.alert.message for e in alert_events(d)
+                            if e.alert.kind == "policy"), 30, "the relaunch said")
+    log = (d / "train.log").read_text()
+    assert "nsa-tui watchdog: on_failure=fallback: relaunched on one GPU" in log
+    await until(lambda: len(steps(root / rel.child_run)) >= 1, 120, "the fallback run's first step")
+    # the CLI lists the run's alerts and acknowledges one on the host
+    listed = cli("alerts", "local", rid, "--runs-root", str(root), "--json")
+    assert listed.returncode == 0, listed.stderr
+    ids = [a["id"] for a in json.loads(listed.stdout)["alerts"]]
+    assert first.id in ids
+    ack = cli("ack", "local", rid, first.id, "--runs-root", str(root))
+    assert ack.returncode == 0 and "acknowledged" in ack.stdout, ack.stderr
+    assert [e.action for e in alert_events(d) if e.id == first.id][-1] == "acknowledged"
+    assert cli("ack", "local", rid, "99-nope", "--runs-root", str(root)).returncode == 4
+
+
+async def test_kill_9_of_a_rank_names_it_and_restart_resumes_with_the_same_losses(host) -> None:
+    root, _ = host
+    rid = await launch(root, "train.steps=60", "on_failure.backoff_s=0.5", on_failure="restart")
+    d = root / rid
+    await until(lambda: len(steps(d)) >= 12, 120, "step 12")
+    os.kill(rank_pid(rid, 1), signal.SIGKILL)
+    killed = time.time()
+    crash = await until(lambda: next((e for e in alert_events(d) if e.alert.kind == "crash"), None), 60,
+                        "the crash alert")
+    print(f"\nMEASURE kill -9 of rank 1 -> crash alert naming it: {crash.ts - killed:.2f} s")
+    assert crash.alert.rank == 1 and crash.ts - killed <= 5.0 + 5.0  # a generous bound on a busy machine
+    final = await until(lambda: [e for e in alert_events(d) if e.alert.kind == "crash"
+                                 and "SIGKILL" in e.alert.message], 60, "torchrun's word on it")
+    said = final[-1].alert.message
+    assert final[-1].alert.rank == 1 and said.index("rank 1 was killed by signal 9") < said.find("rank 0")
+    rel = await until(lambda: read_json(d / "relaunch.json", Relaunch), 60, "the restart")
+    assert rel.op == "restart" and rel.child_run
+    child = root / rel.child_run
+    ck = int(Path(rel.resume_from).name.split("-")[1])
+    parent = steps(d)
+    crashed_at = max(parent)
+    await until(lambda: max(steps(child), default=0) >= crashed_at, 180, "the restarted run past the crash")
+    redone = {s: loss for s, loss in steps(child).items() if ck < s <= crashed_at}
+    assert redone and all(redone[s] == parent[s] for s in redone), (redone, parent)  # bit-identical
+    print(f"MEASURE restart: steps {ck + 1}..{crashed_at} redone, bit-identical losses ({len(redone)} steps)")
+    assert read_json(child / "launch.json", LaunchInfo).parent_run == rid

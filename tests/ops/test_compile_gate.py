@@ -1,0 +1,145 @@
+"""The compile gate (bench/compile_check.py): every kernel through Triton's real compiler.
+
+The suite runs under TRITON_INTERPRET=1, under which even ``triton.language``'s own jit
+helpers (``tl.sum``) are interpreter functions that the compiler cannot use: every check
+here runs the gate's code in a subprocess without it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Throwaway kernels, written to a module in a temporary directory.
+PROBE_KERNELS = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    SCALE = 2.0  # a plain module global: the compiler must refuse it inside a kernel
+    SCALE_CONST = tl.constexpr(2.0)  # the accepted form
+
+
+    @triton.jit
+    def scale_by_global(X, N, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < N)
+        tl.store(X + offs, x * SCALE, mask=offs < N)
+
+
+    @triton.jit
+    def scale_by_constexpr(X, N, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < N)
+        tl.store(X + offs, x * SCALE_CONST, mask=offs < N)
+
+
+    @triton.jit
+    def hold_a_big_tile(X, N, BLOCK: tl.constexpr):
+        """BLOCK x BLOCK fp32 values live at once in one warp: 512 registers per thread."""
+        offs = tl.arange(0, BLOCK)
+        ptrs = X + offs[:, None] * BLOCK + offs[None, :]
+        x = tl.load(ptrs)
+        tl.store(ptrs, x * tl.sum(x, 1)[:, None] + tl.sum(x, 0)[None, :])
+''')
+
+# Captures one launch of each probe kernel and compiles it with the gate's own functions.
+PROBE_DRIVER = textwrap.dedent('''
+    import sys
+    import torch
+    import bench.compile_check as cc
+    import gate_probe_kernels as k
+
+    x = torch.empty(128 * 128, device="meta", dtype=torch.float32)
+    for name, warps in (("scale_by_global", 4), ("scale_by_constexpr", 4), ("hold_a_big_tile", 1)):
+        with cc.capture(lambda: "probe") as launches:
+            getattr(k, name)[(1,)](x, 100, BLOCK=128, num_warps=warps)
+        for arch in (80, 90):
+            res = cc.compile_launch(launches[0], arch)
+            print(name, res.failed, cc.format_line(launches[0].name, arch, res, ["probe"]))
+''')
+
+
+def _gate_env(*extra: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, extra), str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def probe_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """``{kernel: [its line for sm_80, for sm_90]}`` as the gate prints them."""
+    tmp = tmp_path_factory.mktemp("probe")
+    (tmp / "gate_probe_kernels.py").write_text(PROBE_KERNELS)
+    out = subprocess.run([sys.executable, "-c", PROBE_DRIVER], cwd=ROOT, env=_gate_env(tmp),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines: dict[str, list[str]] = {}
+    for line in out.stdout.splitlines():
+        name, failed, text = line.split(" ", 2)
+        assert (failed == "True") == text.startswith("FAIL"), line
+        lines.setdefault(name, []).append(text)
+    return lines
+
+
+def test_a_kernel_reading_a_module_global_is_a_failure(probe_lines: dict[str, list[str]]) -> None:
+    for arch, line in zip((80, 90), probe_lines["scale_by_global"]):
+        assert line.startswith(f"FAIL sm_{arch} scale_by_global"), line
+        assert "Cannot access global variable SCALE" in line
+        assert "gate_probe_kernels.py:" in line  # names the kernel's file and line
+
+
+def test_the_same_kernel_with_a_constexpr_compiles(probe_lines: dict[str, list[str]]) -> None:
+    for arch, line in zip((80, 90), probe_lines["scale_by_constexpr"]):
+        assert line.startswith(f"OK   sm_{arch} scale_by_constexpr"), line
+        assert "spill 0/0 B" in line
+
+
+def test_a_spilling_kernel_is_a_failure(probe_lines: dict[str, list[str]]) -> None:
+    for line in probe_lines["hold_a_big_tile"]:
+        assert line.startswith("FAIL") and "<- spills" in line, line
+
+
+def test_every_kernel_is_covered_and_list_mode_needs_no_compiler() -> None:
+    env = _gate_env()
+    env["TRITON_INTERPRET"] = "1"  # the gate must drop it, and say so
+    out = subprocess.run([sys.executable, "-m", "bench.compile_check", "--list"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ignoring TRITON_INTERPRET" in out.stdout
+    for kernel in ("_band_fwd", "_band_bwd_dq", "_band_bwd_dkdv", "_scores_kernel", "_sel_fwd", "_sel_bwd_dq",
+                   "_sel_bwd_dkdv", "_sel_bwd_reduce"):
+        assert f"LIST sm_80 {kernel} " in out.stdout and f"LIST sm_90 {kernel} " in out.stdout
+    assert "not covered" not in out.stdout
+
+
+def test_a_kernel_no_op_launches_fails_the_gate(tmp_path: Path) -> None:
+    (tmp_path / "orphan_kernels.py").write_text(textwrap.dedent('''
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def _orphan(X, BLOCK: tl.constexpr):
+            tl.store(X + tl.arange(0, BLOCK), 0.0)
+    '''))
+    cmd = [sys.executable, "-m", "bench.compile_check", "--list", "--extra-module", "orphan_kernels"]
+    out = subprocess.run(cmd, cwd=ROOT, env=_gate_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "kernel orphan_kernels._orphan not covered" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_gate_passes_for_sm80_and_sm90() -> None:
+    """The whole gate, as CI runs it: every kernel x shape compiles with no spill."""
+    out = subprocess.run([sys.executable, "-m", "bench.compile_check"], cwd=ROOT, env=_gate_env(),
+                         capture_output=True, text=True, timeout=580)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    assert "compile_check: passed" in out.stdout
+    assert "FAIL" not in out.stdout

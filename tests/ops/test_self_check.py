@@ -1,0 +1,115 @@
+"""The attention-ops self-check and the run's choice of ops (nsa.ops.self_check, choose_ops).
+
+On CPU the Triton kernels run in the interpreter (TRITON_INTERPRET=1, fp32), with device
+"cpu" standing in for the GPU. A GPU-only failure (a kernel the compiler rejects, or one
+that computes wrong numbers there) is forced by replacing one kernel object with a stand-in
+that fails like that: the only fake here, for what this machine cannot have.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton.compiler.errors import CompilationError
+
+import nsa.ops as ops_pkg
+import nsa.ops.triton as triton_ops
+from nsa.ops import AttentionShape, choose_ops, get_ops, reference, self_check
+from nsa.ops.triton import band, selected
+
+# smoke-cpu's NSA layout: small enough for the interpreter (~10 s per check)
+SHAPE = AttentionShape(n_heads=2, n_kv_heads=1, head_dim=16, compress_block=16, compress_stride=8,
+                       select_block=16, num_selected=3, num_initial=1, num_local=1, window=32)
+
+
+class _RejectedByCompiler:
+    """Stands in for a @triton.jit kernel that Triton refuses to compile on this GPU."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise CompilationError(None, None, "NameError('Cannot access global variable NEG')")
+        return launch
+
+
+class _WritesNothing:
+    """Stands in for a kernel that launches but leaves its outputs unwritten (wrong numbers)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@pytest.fixture(autouse=True)
+def _keep_resolved_ops():
+    """choose_ops settles get_ops for the process: restore it after each test."""
+    saved = dict(ops_pkg._RESOLVED)
+    yield
+    ops_pkg._RESOLVED.clear()
+    ops_pkg._RESOLVED.update(saved)
+
+
+def test_the_interpreted_kernels_pass_the_check() -> None:
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert report.ok, report.reason()
+    assert report.checked == ["compressed_attention_and_scores", "select_blocks", "selected_attention",
+                              "window_attention"]
+
+
+def test_the_check_leaves_the_global_rng_alone() -> None:
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    self_check("cpu", torch.float32, SHAPE, ops=reference)
+    assert torch.equal(torch.rand(3), expected)  # the model's initial weights do not depend on the check
+
+
+def test_a_kernel_the_compiler_rejects_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(band, "_band_fwd", _RejectedByCompiler())
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert not report.ok
+    failed = {f.split(":")[0] for f in report.failures}
+    assert failed == {"compressed_attention_and_scores", "window_attention"}  # both run the band forward
+    assert "CompilationError" in report.reason() and "NEG" in report.reason()
+
+
+def test_a_kernel_with_wrong_numbers_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(selected, "_sel_fwd", _WritesNothing())
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert [f.split(":")[0] for f in report.failures] == ["selected_attention"]
+    assert "out " in report.failures[0]  # the output differs from the reference (or is not finite)
+
+
+def test_auto_on_a_gpu_falls_back_to_the_reference_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` on CUDA with a failing check: the real check, run on the CPU standing in."""
+    monkeypatch.setattr(band, "_band_fwd", _RejectedByCompiler())
+    cpu_check = lambda device, dtype, shape: self_check("cpu", dtype, shape)  # noqa: E731
+    choice = choose_ops("auto", "cuda", torch.float32, SHAPE, check=cpu_check)
+    assert choice.backend == "reference" and choice.requested == "auto"
+    assert choice.fallback_reason and "Triton self-check failed" in choice.fallback_reason
+    assert "CompilationError" in choice.fallback_reason
+    assert get_ops("auto", "cuda") is reference  # what the model's forward gets from now on
+    rec = choice.record()
+    assert rec.backend == "reference" and rec.self_check is not None and rec.self_check.ok is False
+    assert rec.self_check.failures == choice.check.failures
+
+
+def test_auto_on_a_gpu_uses_the_kernels_when_the_check_passes() -> None:
+    cpu_check = lambda device, dtype, shape: self_check("cpu", dtype, shape)  # noqa: E731
+    choice = choose_ops("auto", "cuda", torch.float32, SHAPE, check=cpu_check)
+    assert choice.backend == "triton" and choice.fallback_reason is None and choice.check.ok
+    assert get_ops("auto", "cuda") is triton_ops
+
+
+def test_triton_fails_loudly_instead_of_falling_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(selected, "_sel_fwd", _WritesNothing())
+    with pytest.raises(RuntimeError, match="failed their self-check.*selected_attention"):
+        choose_ops("triton", "cpu", torch.float32, SHAPE)
+
+
+def test_reference_and_auto_off_gpu_run_no_check() -> None:
+    def no_check(*args):
+        raise AssertionError("no check expected")
+
+    for backend in ("reference", "auto"):
+        choice = choose_ops(backend, "cpu", torch.float32, SHAPE, check=no_check)
+        assert choice.backend == "reference" and choice.fallback_reason is None and choice.check is None
+        assert get_ops(backend, "cpu") is reference

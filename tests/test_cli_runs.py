@@ -1,0 +1,133 @@
+"""The CLI for people: runs table within 100 columns, runs named by prefix or name, status while a
+run boots, and a closed stdout (``| head``) without a traceback. Real subprocesses against the
+local agent over run directories written as the trainer and the agent write them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, RunStatusReport, RunView
+from nsa.contract import write_json_atomic as write_json
+from nsa_tui import cli
+from nsa_tui.cli_text import runs_table, status_text
+from nsa_tui.runref import RunRefError, resolve, short_ids
+
+NOW = 1_800_000_000.0
+
+
+def view(run_id: str, name: str, status: str = "finished", created: float = NOW - 3600, **info) -> RunView:
+    return RunView(run_id=run_id, dir=f"/r/{run_id}", name=name, status=RunStatus(status),
+                   info=RunInfo(run_id=run_id, name=name, **info), created=created)
+
+
+LONG_NAME = "nsa-125m-with-a-long-descriptive-name-fallback"
+RUNS = [view("20261123-101500-nsa-125m-fallback-resume-9f3a", LONG_NAME, "running", NOW - 90,
+             step=1_234_567, total_steps=10_000_000, world_size=8, param_count=124_900_000),
+        view("20261123-101500-nsa-125m-77c1", "nsa-125m", world_size=2),
+        view("20261122-080000-demo-0b48", "demo", created=NOW - 2 * 86400),
+        view("20261121-080000-demo-aa01", "demo", created=NOW - 3 * 86400)]
+
+
+def test_runs_table_fits_100_columns_with_short_ids_and_age() -> None:
+    text = runs_table(RUNS, NOW)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 100, text
+    assert lines[0].split()[:3] == ["RUN", "AGE", "NAME"]
+    short = [line.split()[0] for line in lines[1:]]
+    assert short[2] == "20261122-080000" and short[0].startswith("20261123-101500-n")
+    for s, r in zip(short, RUNS):  # each short id names exactly its run
+        assert resolve(s, RUNS) == r.run_id
+    assert lines[1].split()[1] == "1m30s" and lines[3].split()[1] == "2d00h"
+    name = lines[1].split()[2]  # cut in the middle: its start and its end stay
+    assert name.startswith("nsa-125m-w") and name.endswith("-fallback") and "…" in name
+    assert "None" not in text
+
+
+def test_a_run_by_id_prefix_or_name_and_ambiguity_lists_the_matches() -> None:
+    assert resolve("20261122", RUNS) == "20261122-080000-demo-0b48"
+    assert resolve("nsa-125m", RUNS) == "20261123-101500-nsa-125m-77c1"  # by name
+    with pytest.raises(RunRefError) as exc:
+        resolve("demo", RUNS)
+    assert exc.value.code == "ambiguous_run"
+    msg = exc.value.message
+    assert "20261122-080000-demo-0b48" in msg and "20261121-080000-demo-aa01" in msg
+    with pytest.raises(RunRefError) as exc:
+        resolve("20261123-1015", RUNS)
+    assert exc.value.code == "ambiguous_run" and len(exc.value.matches) == 2
+    with pytest.raises(RunRefError) as exc:
+        resolve("nothing", RUNS)
+    assert exc.value.code == "no_such_run"
+    assert short_ids(["a-1", "a-2"], minimum=1) == {"a-1": "a-1", "a-2": "a-2"}
+
+
+def test_status_of_a_booting_run_prints_no_none() -> None:
+    """Before run.json exists the agent's view is synthesised from launch.json: total steps, batch and
+    parameters are unknown. Say it is booting (and in which phase, for how long), not None/None."""
+    launch = LaunchInfo(run_id="20261123-101500-x-0001", name="x", created=NOW - 12, nproc=2)
+    v = RunView(run_id=launch.run_id, dir="/r", name="x", status=RunStatus.STARTING, alive=True,
+                launch=launch, info=RunInfo(run_id=launch.run_id, name="x", world_size=2),
+                created=launch.created)
+    text = status_text(RunStatusReport(run=v), [], NOW, 0.0)
+    assert "None" not in text and "?" not in text
+    assert "status=starting" in text and "step=0 " in text and "world=2" in text
+    assert "(booting for 12s: no heartbeat yet)" in text
+    beat = Beat(ts=NOW - 1, run_id=v.run_id, rank=0, phase=Phase.DATA, phase_since=NOW - 7)
+    text = status_text(RunStatusReport(run=v, beats=[beat]), [], NOW, 0.0)
+    assert "rank 0: step 0 phase data for 7s, heartbeat 1.0 s ago" in text
+
+
+# -- real subprocesses --------------------------------------------------------------------------
+def nsa_tui(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+def finished_run(root: Path, run_id: str, name: str, log_lines: int = 10) -> None:
+    d = root / run_id
+    d.mkdir(mode=0o700, parents=True)
+    write_json(d / "run.json", RunInfo(run_id=run_id, name=name, status=RunStatus.FINISHED, step=5,
+                                              total_steps=5, started_at=time.time() - 60))
+    (d / "train.log").write_text("".join(f"line {i} " + "x" * 100 + "\n" for i in range(log_lines)))
+
+
+def test_commands_take_a_prefix_or_a_name(tmp_path: Path) -> None:
+    finished_run(tmp_path, "20261122-080000-demo-0b48", "demo")
+    finished_run(tmp_path, "20261121-080000-demo-aa01", "demo")
+    finished_run(tmp_path, "20261120-080000-other-cc02", "other")
+    root = ["--runs-root", str(tmp_path)]
+    r = nsa_tui("status", "local", "20261122", *root, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["run"]["run_id"] == "20261122-080000-demo-0b48"
+    r = nsa_tui("logs", "local", "other", *root)
+    assert r.returncode == 0 and r.stdout.startswith("line 0 ")
+    r = nsa_tui("status", "local", "demo", *root)
+    assert r.returncode == cli.EXIT_USAGE and "matches 2 runs" in r.stderr
+    assert "20261121-080000-demo-aa01" in r.stderr and "20261122-080000-demo-0b48" in r.stderr
+    r = nsa_tui("kill", "local", "nosuchrun", *root, "--json")
+    assert r.returncode == cli.EXIT_NO_RUN and json.loads(r.stdout)["error"]["code"] == "no_such_run"
+    r = nsa_tui("runs", "local", *root)
+    assert r.returncode == 0 and max(len(x) for x in r.stdout.splitlines()) <= 100
+
+
+@pytest.mark.parametrize("args", [["runs"], ["status", "demo"], ["logs", "demo"], ["logs", "demo", "-f"]],
+                         ids=["runs", "status", "logs", "logs-f"])
+@pytest.mark.parametrize("json_out", [True, False], ids=["json", "text"])
+def test_a_closed_stdout_ends_quietly(tmp_path: Path, args: list[str], json_out: bool) -> None:
+    """`nsa-tui status ... --json | head`: the reader is gone before the output is written."""
+    finished_run(tmp_path, "20261122-080000-demo-0b48", "demo", log_lines=2000)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read: the first write fails with EPIPE
+    try:
+        r = subprocess.run([sys.executable, "-m", "nsa_tui.cli", args[0], "local", *args[1:],
+                            "--runs-root", str(tmp_path), *(["--json"] if json_out else [])],
+                           stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert r.returncode == cli.EXIT_PIPE and r.stderr == ""

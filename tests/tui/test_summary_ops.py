@@ -1,0 +1,47 @@
+"""The run summary names the attention ops a run trains on, and a fallback with its reason."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from nsa.contract import RunInfo, RunStatus, RunView
+from nsa.contract.io import convert
+from nsa_tui.app.state import RunState
+from nsa_tui.app.widgets.summary import summary_table
+
+
+def _text(record: dict) -> str:
+    """The summary of a run whose run.json holds ``record`` (validated as the agent would)."""
+    info = convert({"run_id": "r", "name": "r", **record}, RunInfo)
+    view = RunView(run_id="r", dir="/r", name="r", status=RunStatus.RUNNING, info=info)
+    console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
+    console.print(summary_table(RunState(host="local", run_id="r", view=view)))
+    return console.export_text()
+
+
+def _attn_line(record: dict) -> str:
+    return next(line for line in _text(record).splitlines() if line.strip().startswith("attn ops"))
+
+
+def test_a_fallback_to_the_reference_is_shown_with_its_reason() -> None:
+    reason = ("Triton self-check failed on cuda:0 (bfloat16): selected_attention: CompilationError: "
+              "at 19:24: NameError('Cannot access global variable NEG')")
+    ops = {"backend": "reference", "requested": "auto", "fallback_reason": reason,
+           "self_check": {"ok": False, "device": "cuda:0", "dtype": "bfloat16"}}
+    line = _attn_line({"attention_ops": ops})
+    assert "reference" in line and "fallback from auto" in line and "far slower" in line
+    assert "selected_attention" in _text({"attention_ops": {"backend": "reference", "requested": "auto",
+                                                            "fallback_reason": reason}})
+
+
+def test_the_kernels_after_a_passing_check() -> None:
+    line = _attn_line({"attention_ops": {"backend": "triton", "requested": "auto", "fallback_reason": None,
+                                         "self_check": {"ok": True, "device": "cuda:0", "dtype": "bfloat16",
+                                                        "seconds": 12.5}}})
+    assert "triton" in line and "self-check ok on cuda:0" in line and "fallback" not in line
+
+
+def test_runs_of_older_trainers_have_no_ops_row() -> None:
+    assert "attn ops" not in _text({"status": "running"})
