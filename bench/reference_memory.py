@@ -10,11 +10,12 @@ compressed branch + scores, top-n, selected, window, gated sum) at the nsa-125m 
 Each (implementation, seq) runs in two fresh processes, so one case's allocations cannot
 hide another's:
 
-- ``time``: forward and backward wall time, process CPU time (one thread: on a shared
-  machine the CPU time is the steadier number), and the growth of the resident set over
-  its state once the inputs exist (``ru_maxrss`` at the end minus the RSS before the
-  call). That is what the OS sees; it also holds allocator caches, heap fragments that
-  glibc keeps after a free, and the BLAS libraries' own buffers.
+- ``time``: the growth of the resident set during the first call at this length over
+  its state once the inputs exist (``ru_maxrss`` after it minus the RSS before it: what
+  the OS sees, which also holds allocator caches, heap fragments that glibc keeps after a
+  free, and the BLAS libraries' own buffers); then a second call's forward and backward
+  wall time and process CPU time (the first call at a new length pays one-time setup;
+  one thread: on a shared machine the CPU time is the steadier number).
 - ``tensors``: the same call under ``torch.profiler(profile_memory=True)``: the peak of
   the bytes of tensors allocated during the call and still alive (torch's own
   accounting of every CPU tensor allocation and free). This is the algorithm's memory.
@@ -118,12 +119,15 @@ def child(mode: str, rev: str | None, T: int, threads: int, dims: tuple[int, int
             nsa_attention(ops, *xs).backward(grad_out)
         return dict(tensor_peak_bytes=peak_live_bytes(prof))
     base = _rss_bytes()
-    c0, t0 = time.process_time(), time.perf_counter()
+    nsa_attention(ops, *xs).backward(grad_out)  # first call at this length: the RSS growth
+    peak = _maxrss_bytes()
+    for x in xs:
+        x.grad = None
+    c0, t0 = time.process_time(), time.perf_counter()  # second call: steady-state times
     out = nsa_attention(ops, *xs)
     t1 = time.perf_counter()
     out.backward(grad_out)
     t2, c2 = time.perf_counter(), time.process_time()
-    peak = _maxrss_bytes()
     return dict(fwd_s=t1 - t0, bwd_s=t2 - t1, cpu_s=c2 - c0, rss_growth_bytes=peak - base,
                 rss_hidden=peak <= warm_max)
 

@@ -256,21 +256,26 @@ def _select_chunk(
     return idx
 
 
-# Selected branch: per-query gather of the n blocks, or a masked scan of the keys before
-# each chunk's end, whichever costs less. Measured on CPU (tests/ops, bench/reference_memory):
-# a scanned key costs about 4x a gathered one (masked, mostly invisible), and each
-# gathered (query, group) adds a fixed overhead worth ~2**18 multiply-adds (small
-# per-query products: the gather loses when heads per group and head dim are small).
-# SELECTED_PATH forces one way ("gather" / "prefix"; None: by that estimate).
-GATHER_OVERHEAD = 1 << 18
+# Selected branch: per-query gather of the n blocks, or a masked scan (fused SDPA) of the
+# keys before each chunk's end, whichever costs less. Measured on CPU, one thread
+# (nsa-125m's layout at T = 1k..8k, tiny-cpu's at 256): a scanned key costs about 0.6 of
+# a gathered key's R*D multiply-adds, and a gathered key carries a further ~192 (the
+# gather, small per-query products): the scan wins below T ~ 4k at nsa-125m's layout,
+# far longer with few heads per group or a small head dim. SELECTED_PATH forces one way
+# ("gather" / "prefix"; None: by that estimate).
+GATHER_KEY_OVERHEAD = 192
 SELECTED_PATH: str | None = None
 
 
+def _scan_limit(R: int, D: int, n: int, lp: int) -> int:
+    """The length below which scanning the prefix is cheaper than gathering n blocks."""
+    return 10 * n * lp * (R * D + GATHER_KEY_OVERHEAD) // (3 * R * D) + 1
+
+
 def _use_gather(T: int, R: int, D: int, n: int, lp: int) -> bool:
-    """Whether gathering n blocks per query is cheaper than scanning ~T/2 keys per query."""
     if SELECTED_PATH is not None:
         return SELECTED_PATH == "gather"
-    return 4 * (T // 2) * R * D >= n * lp * R * D + GATHER_OVERHEAD
+    return T >= _scan_limit(R, D, n, lp)
 
 
 def selected_attention(
@@ -287,18 +292,19 @@ def selected_attention(
 
     Long sequences: per query the n blocks (``n * l'`` keys) are gathered and masked
     causally inside the query's own block, O(T * n * l') work and memory. Short ones (see
-    ``_use_gather``): each chunk of queries scans the keys before its end under a mask of
-    the selected blocks, O(T^2) work in larger fused products, which is less there. Both
-    in chunks whose length does not depend on T."""
+    ``_use_gather``): each chunk of queries scans the keys before its end in one fused
+    SDPA call under a mask of its selected blocks, O(T^2) work that costs less there.
+    Both in chunks whose length does not depend on T."""
     B, T, H, D = q.shape
     G, n = idx.shape[2], idx.shape[3]
     scale = D**-0.5 if scale is None else scale
     lp = select_block
     width = max(D, H // G, v.shape[-1])
     if not _use_gather(T, H // G, D, n, lp):
-        # scanned keys per query: at most T, and this path means T < n * l' + overhead / (R * D)
-        per_query = B * G * width * (n * lp + GATHER_OVERHEAD // (H // G * D))
-        chunk = _chunk_len(T, per_query, q.device, whole=B * G * width * T * T)
+        # a chunk's largest temporary: scores [B, H, C, t1] if SDPA materialises them; this
+        # path means t1 <= T < _scan_limit, a bound that does not grow with T
+        per_query = B * H * _scan_limit(H // G, D, n, lp)
+        chunk = _chunk_len(T, per_query, q.device, whole=B * H * T * T)
         return _over_chunks(_selected_prefix_chunk, T, chunk, q, k, v, idx, lp, scale)[0]
     kb, vb = _as_blocks(k, lp), _as_blocks(v, lp)
     chunk = _chunk_len(T, B * G * n * lp * width, q.device)
