@@ -209,13 +209,20 @@ def _random_idx(B: int, T: int, G: int, n: int, lp: int, seed: int, dup: bool = 
     return idx
 
 
-@pytest.mark.parametrize("T,lp,n", [(29, 4, 3), (37, 8, 9), (5, 8, 4)])  # 9 > eligible; T < l'
+# (T, l', n, H, G): T not a multiple of l', n above the eligible blocks, T < l', T = 1,
+# T a multiple of l'; 2, 1 and 4 query heads per KV group
+SELECTED_SHAPES = [(29, 4, 3, 4, 2), (37, 8, 9, 4, 2), (5, 8, 4, 4, 2), (1, 4, 3, 4, 2), (32, 8, 3, 4, 2),
+                   (30, 4, 3, 3, 3), (27, 4, 4, 4, 1)]
+
+
+@pytest.mark.parametrize("T,lp,n,H,G", SELECTED_SHAPES)
 def test_chunked_selected_matches_per_query_loop(small_chunks, selected_path, T: int, lp: int,
-                                                 n: int) -> None:
-    B, H, G, D = 2, 4, 2, 8
+                                                 n: int, H: int, G: int) -> None:
+    B, D = 2, 8
     q, k, v = _rand(B, T, H, D, seed=20), _rand(B, T, G, D, seed=21), _rand(B, T, G, D, seed=22)
     idx = _random_idx(B, T, G, n, lp, seed=23, dup=True)
-    assert reference._chunk_len(T, B * G * n * lp * D, q.device) < T  # several chunks
+    if T > 1:
+        assert reference._chunk_len(T, B * G * n * lp * D, q.device) < T  # several chunks
     assert (idx == -1).any()
     out = reference.selected_attention(q, k, v, idx, lp)
     want = _naive_selected(q, k, v, idx, lp)
@@ -224,9 +231,11 @@ def test_chunked_selected_matches_per_query_loop(small_chunks, selected_path, T:
         torch.testing.assert_close(reference.selected_attention(q, k, v, idx, lp), out)
 
 
-def test_chunked_selected_gradients_match_per_query_loop(small_chunks, selected_path) -> None:
+@pytest.mark.parametrize("T,H,G", [(21, 4, 2), (19, 2, 2), (23, 4, 1)])
+def test_chunked_selected_gradients_match_per_query_loop(small_chunks, selected_path, T: int, H: int,
+                                                         G: int) -> None:
     """Gradients through the chunks (checkpointed) equal autograd through the loop."""
-    B, T, H, G, D, lp, n = 1, 21, 4, 2, 4, 4, 3
+    B, D, lp, n = 1, 4, 4, 3
     xs = (_rand(B, T, H, D, seed=24), _rand(B, T, G, D, seed=25), _rand(B, T, G, D, seed=26))
     idx = _random_idx(B, T, G, n, lp, seed=27)
     out, grads = _grads(lambda a, b, c: reference.selected_attention(a, b, c, idx, lp), xs, seed=28)
@@ -256,9 +265,13 @@ def _band_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -
     return F.scaled_dot_product_attention(q.transpose(1, 2), kh, vh, attn_mask=band).transpose(1, 2)
 
 
-@pytest.mark.parametrize("T,window", [(53, 16), (53, 7), (30, 1), (20, 64), (64, 64)])
-def test_chunked_window_matches_band_masked_sdpa_with_gradients(small_chunks, T: int, window: int) -> None:
-    B, H, G, D = 2, 4, 2, 8
+# T not a multiple of the chunk, window 1, T < window, T == window, T = 1; 2, 1 and 4
+# query heads per KV group
+@pytest.mark.parametrize("T,window,H,G", [(53, 16, 4, 2), (53, 7, 4, 2), (30, 1, 4, 2), (20, 64, 4, 2),
+                                          (64, 64, 4, 2), (1, 8, 4, 2), (45, 9, 3, 3), (41, 12, 4, 1)])
+def test_chunked_window_matches_band_masked_sdpa_with_gradients(small_chunks, T: int, window: int, H: int,
+                                                                G: int) -> None:
+    B, D = 2, 8
     xs = (_rand(B, T, H, D, seed=33), _rand(B, T, G, D, seed=34), _rand(B, T, G, D, seed=35))
     out, grads = _grads(lambda a, b, c: reference.window_attention(a, b, c, window), xs, seed=36)
     want, want_grads = _grads(lambda a, b, c: _band_sdpa(a, b, c, window), xs, seed=36)
