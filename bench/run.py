@@ -1,17 +1,34 @@
-"""NSA vs dense attention on one CUDA GPU: every case issue 6 lists, in one command.
+"""NSA vs dense attention on one CUDA GPU: every case issue 6 and issue 9 list, in one command.
 
     python -m bench.run [--quick] [--out-dir bench/results] [--no-train] [--no-reference]
-                        [--seqs 2048 8192 ...] [--layouts nsa-125m paper] [--tag NAME]
+                        [--no-check] [--no-breakdown] [--seqs 2048 8192 ...]
+                        [--layouts nsa-125m paper] [--tag NAME]
 
-Rows (bench/report.py): attention forward (``attn_fwd``) and backward alone
-(``attn_bwd``: the forward runs untimed before each timed backward) for ``nsa_triton``,
-``nsa_reference`` (until it runs out of memory) and ``dense_sdpa`` at seq 2k..64k with
-the nsa-125m head layout (16 q heads, 1 KV group, dim 64) and the paper's (64, 4, 128);
-then ``train_step`` (forward, loss, backward, clip, AdamW) of nsa-125m vs dense-125m at
-seq 2048 and 16k; and ``select_topn``, the top-n block selection alone (the triton
-module's topk vs the reference's sort). Times are medians over CUDA-event timings after warm-up; memory is
-``torch.cuda.max_memory_allocated`` during the timed calls. Dense rows always come
-from the same run. bf16 throughout (train: bf16 autocast over fp32 weights).
+Rows (bench/report.py), at seq 2k..64k with the nsa-125m head layout (16 q heads, 1 KV
+group, dim 64) and the paper's (64, 4, 128):
+
+- ``attn_fwd``: the attention forward under ``no_grad`` (inference);
+  ``attn_fwd_train``: the same forward recording autograd (inputs require grad; what a
+  training step pays, saved tensors included); ``attn_bwd``: the backward alone (the
+  forward runs untimed before each timed backward). For ``nsa_triton``, ``nsa_reference``
+  (until it runs out of memory) and one dense impl per SDPA backend: ``dense_flash``,
+  ``dense_cudnn``, ``dense_efficient`` (causal; native GQA where the backend takes it, else
+  K/V repeated per head; a backend the GPU or this torch lacks gives a ``skipped`` row
+  with the reason).
+- every ``nsa_triton`` row is checked against the reference ops on the same inputs
+  (bench/check.py): ``max_err`` is the largest relative error (output and block scores
+  for the forward rows, the gradient of every input for the backward), and ``status``
+  says ``mismatch`` when it is over the tests' bar (bf16: 1e-2).
+- a per-kernel breakdown of one ``nsa_triton`` fwd+bwd per case (torch.profiler device
+  time per kernel name; bench/breakdown.py): the ``kernels`` list in the JSON and one
+  table per case in the Markdown.
+- ``train_step`` (forward, loss, backward, clip, AdamW) of nsa-125m vs dense-125m at
+  seq 2048 and 16k; and ``select_topn``, the top-n block selection alone.
+
+Times are medians over CUDA-event timings after warm-up. Memory (``peak_mem_bytes``) is
+the growth over what was allocated before the timed calls (the inputs, the model):
+``max_memory_allocated`` during them minus ``memory_allocated`` before. Dense rows
+always come from the same run. bf16 throughout (train: bf16 autocast over fp32 weights).
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ import importlib
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.breakdown import kernel_breakdown, profile_kernels  # noqa: E402
+from bench.check import check_nsa, verdict  # noqa: E402
+from bench.core import NSA, attention_inputs, nsa_attention  # noqa: E402
 from bench.report import write_results  # noqa: E402
+
+__all__ = ["NSA", "attention_inputs", "nsa_attention", "main"]
 
 LAYOUTS = {"nsa-125m": (16, 1, 64), "paper": (64, 4, 128)}  # H, G, D: run by default
 # Only with --layouts: 4 query heads per group, where the selected kernels tile several
@@ -42,15 +65,18 @@ LAYOUTS = {"nsa-125m": (16, 1, 64), "paper": (64, 4, 128)}  # H, G, D: run by de
 EXTRA_LAYOUTS = {"h16-g4": (16, 4, 64)}
 SEQS = (2048, 8192, 16384, 32768, 65536)
 TRAIN_CASES = ((2048, 8), (16384, 1))  # (seq_len, batch)
-NSA = dict(block=32, stride=16, select_block=64, num_selected=16, num_initial=1, num_local=2, window=512)
+DENSE_BACKENDS = ("dense_flash", "dense_cudnn", "dense_efficient")
+ATTN_OPS = ("attn_fwd", "attn_fwd_train", "attn_bwd")
 
 
 def time_cuda(fn: Callable[[Any], None], setup: Callable[[], Any] | None, warmup: int,
               iters: int) -> tuple[float, int | None]:
-    """(median ms of ``fn(setup())`` measured with CUDA events, peak bytes allocated).
+    """(median ms of ``fn(setup())`` measured with CUDA events, peak memory growth in bytes).
 
-    Without CUDA (only the CPU smoke test of this module's code paths) it times with
-    perf_counter and reports no memory; the CLI never writes such rows."""
+    The growth: ``max_memory_allocated`` over the timed calls and their setup minus
+    ``memory_allocated`` just before them (after warm-up), i.e. what the calls need on
+    top of their inputs. Without CUDA (only the CPU smoke test of this module's code
+    paths) it times with perf_counter and reports no memory; the CLI never writes such rows."""
     if not torch.cuda.is_available():
         times = []
         for i in range(warmup + iters):
@@ -64,6 +90,7 @@ def time_cuda(fn: Callable[[Any], None], setup: Callable[[], Any] | None, warmup
         fn(setup() if setup else None)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
     times = []
     for _ in range(iters):
         state = setup() if setup else None
@@ -73,86 +100,86 @@ def time_cuda(fn: Callable[[Any], None], setup: Callable[[], Any] | None, warmup
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times), torch.cuda.max_memory_allocated()
+        del state
+    return statistics.median(times), torch.cuda.max_memory_allocated() - base
 
 
-def nsa_attention(ops: Any, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates) -> torch.Tensor:
-    """The NSA attention core of one layer: three branches, top-n selection, gated sum."""
-    G = k_slc.shape[2]
-    o_cmp, scores = ops.compressed_attention_and_scores(q, k_cmp, v_cmp, NSA["block"], NSA["stride"],
-                                                        NSA["select_block"], G)
-    idx = ops.select_blocks(scores, NSA["select_block"], NSA["num_selected"], NSA["num_initial"],
-                            NSA["num_local"])
-    o_slc = ops.selected_attention(q, k_slc, v_slc, idx, NSA["select_block"])
-    o_win = ops.window_attention(q, k_win, v_win, NSA["window"])
-    return gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
+def _sdpa_backend(impl: str) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    return {"dense_flash": SDPBackend.FLASH_ATTENTION, "dense_cudnn": SDPBackend.CUDNN_ATTENTION,
+            "dense_efficient": SDPBackend.EFFICIENT_ATTENTION}[impl]
 
 
-def _dense_variants() -> list[tuple[str, Callable[..., torch.Tensor]]]:
-    """Causal SDPA in [B, H, T, D], best first: FlashAttention with native GQA, FlashAttention
-    over K/V repeated per query head (what DenseAttention does), then SDPA's own choice."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def _dense_variants(impl: str) -> list[tuple[str, Callable[..., torch.Tensor]]]:
+    """Causal SDPA in [B, H, T, D] restricted to one backend: native GQA first, then K/V
+    repeated per query head (what DenseAttention does)."""
+    from torch.nn.attention import sdpa_kernel
 
-    def flash_gqa(q, k, v):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    backend = _sdpa_backend(impl)
+
+    def gqa(q, k, v):
+        with sdpa_kernel(backend):
             gqa = q.shape[1] != k.shape[1]
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
-    def flash_repeat(q, k, v):
+    def repeat(q, k, v):
         r = q.shape[1] // k.shape[1]
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1),
                                                   is_causal=True)
 
-    def default(q, k, v):
-        r = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1),
-                                              is_causal=True)
-
-    return [("sdpa flash, enable_gqa", flash_gqa), ("sdpa flash, K/V repeated per head", flash_repeat),
-            ("sdpa default backend, K/V repeated", default)]
+    return [("enable_gqa", gqa), ("K/V repeated per head", repeat)]
 
 
-def _pick_dense(xs: list[torch.Tensor]) -> tuple[str, Callable[..., torch.Tensor]]:
-    """The first dense variant that runs forward and backward on these inputs."""
+class BackendUnavailable(RuntimeError):
+    """An SDPA backend does not run these inputs on this GPU / torch (the reason)."""
+
+
+def _pick_dense(impl: str, xs: list[torch.Tensor]) -> tuple[str, Callable[..., torch.Tensor]]:
+    """The first variant of ``impl``'s backend that runs forward and backward on these
+    inputs; ``BackendUnavailable`` with the errors (and SDPA's warnings, which name the
+    reason a backend was not used) when none does."""
     errors = []
-    for name, fn in _dense_variants():
-        try:
-            leaves = [x.detach().requires_grad_() for x in xs]
-            fn(*leaves).sum().backward()
-            return name, fn
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except RuntimeError as exc:
-            errors.append(f"{name}: {str(exc).splitlines()[0][:80]}")
-    raise RuntimeError("no SDPA variant ran: " + "; ".join(errors))
+    for name, fn in _dense_variants(impl):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                leaves = [x.detach().requires_grad_() for x in xs]
+                fn(*leaves).sum().backward()
+                return name, fn
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except RuntimeError as exc:
+                why = {" ".join(str(w.message).split())[:160] for w in caught}
+                errors.append(f"{name}: {'; '.join(sorted(why)) or ' '.join(str(exc).split())[:100]}")
+    raise BackendUnavailable("; ".join(errors))
 
 
-def attention_inputs(impl: str, B: int, T: int, H: int, G: int, D: int, dev: str = "cuda",
-                     dt: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
-    """Random inputs of one case: dense q, k, v; or NSA q, compressed and branch K/V, gates."""
-    if impl == "dense_sdpa":
-        return [torch.randn(B, H, T, D, device=dev, dtype=dt), torch.randn(B, G, T, D, device=dev, dtype=dt),
-                torch.randn(B, G, T, D, device=dev, dtype=dt)]
-    nc = (T - NSA["block"]) // NSA["stride"] + 1
-    shapes = [(B, T, H, D), (B, nc, G, D), (B, nc, G, D)] + [(B, T, G, D)] * 4
-    xs = [torch.randn(*s, device=dev, dtype=dt) for s in shapes]
-    return xs + [torch.rand(B, T, H, 3, device=dev, dtype=dt)]
+def _ops(impl: str) -> Any:
+    return importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
 
 
 def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: int, device: str = "cuda",
-                    dims: tuple[int, int, int] | None = None) -> list[dict[str, Any]]:
-    """attn_fwd and attn_bwd rows of one implementation at one shape (bf16 on CUDA; fp32 on
-    CPU, where only the smoke test runs it, with ``dims`` overriding the layout's H, G, D)."""
+                    dims: tuple[int, int, int] | None = None, check: bool = True,
+                    check_max_len: int | None = None) -> list[dict[str, Any]]:
+    """attn_fwd, attn_fwd_train and attn_bwd rows of one implementation at one shape (bf16
+    on CUDA; fp32 on CPU, where only the smoke test runs it, with ``dims`` overriding the
+    layout's H, G, D). ``nsa_triton`` rows carry the check against the reference."""
     H, G, D = dims or {**LAYOUTS, **EXTRA_LAYOUTS}[layout]
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     xs = attention_inputs(impl, B, T, H, G, D, device, dt)
     note = f"H={H} G={G} D={D} {str(dt).removeprefix('torch.')}"
-    if impl == "dense_sdpa":
-        variant, fwd = _pick_dense(xs)
-        note += f", causal {variant}"
+    ident = dict(impl=impl, layout=layout, seq_len=T, batch=B, tokens_per_s=None)
+    if impl.startswith("dense"):
+        try:
+            variant, fwd = _pick_dense(impl, xs)
+        except BackendUnavailable as exc:
+            return [dict(ident, op=op, ms=None, peak_mem_bytes=None, max_err=None, status=f"skipped: {exc}",
+                         note=note) for op in ATTN_OPS]
+        note += f", causal sdpa {impl.removeprefix('dense_')}, {variant}"
     else:
-        ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
+        ops = _ops(impl)
         fwd = lambda *xs: nsa_attention(ops, *xs)  # noqa: E731
         if impl == "nsa_triton":
             from nsa.ops.triton import selected
@@ -174,10 +201,56 @@ def bench_attention(impl: str, layout: str, T: int, B: int, warmup: int, iters: 
             grad_out = torch.randn_like(out)
         return out
 
+    ms, mem = time_cuda(lambda _: setup(), None, warmup, iters)  # forward recording autograd
+    rows.append(dict(op="attn_fwd_train", ms=ms, peak_mem_bytes=mem))
     ms, mem = time_cuda(lambda out: out.backward(grad_out), setup, warmup, iters)
     rows.append(dict(op="attn_bwd", ms=ms, peak_mem_bytes=mem))
     for r in rows:
-        r.update(impl=impl, layout=layout, seq_len=T, batch=B, tokens_per_s=None, status="ok", note=note)
+        r.update(ident, max_err=None, status="ok", note=note)
+    if impl == "nsa_triton" and check:
+        try:
+            res = check_nsa(ops, [x.detach() for x in xs], grad_out, check_max_len)
+        except Exception as exc:  # noqa: BLE001 - keep the timings; the row says it is unchecked
+            for r in rows:
+                r["status"] = f"check error: {type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+        else:
+            _apply_check(rows, res)
+    return rows
+
+
+def _apply_check(rows: list[dict[str, Any]], res: dict[str, Any]) -> None:
+    """Write a check's verdict into the attention rows: forward rows get the output/score
+    error, the backward row the largest input-gradient error."""
+    T = rows[0]["seq_len"]
+    where = "" if res["checked_len"] == T else f" (first {res['checked_len']} positions)"
+    worst = {"fwd": max(("out", "scores"), key=lambda k: res["errors"][k])}
+    grads = {k: v for k, v in res["errors"].items() if k.startswith("d")}
+    if grads:
+        worst["bwd"] = max(grads, key=grads.get)
+    for r in rows:
+        kind = "bwd" if r["op"] == "attn_bwd" else "fwd"
+        err = res[f"{kind}_err"]
+        r["max_err"] = err
+        r["status"] = verdict(err, res["tolerance"], worst.get(kind, ""))
+        r["note"] += f"; checked vs reference{where}"
+
+
+def profile_case(layout: str, T: int, B: int, device: str = "cuda",
+                 dims: tuple[int, int, int] | None = None) -> list[dict[str, Any]]:
+    """Per-kernel device time of one ``nsa_triton`` fwd+bwd (after one warm-up call)."""
+    H, G, D = dims or {**LAYOUTS, **EXTRA_LAYOUTS}[layout]
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    xs = [x.requires_grad_() for x in attention_inputs("nsa_triton", B, T, H, G, D, device, dt)]
+    ops = _ops("nsa_triton")
+
+    def step() -> None:
+        out = nsa_attention(ops, *xs)
+        out.backward(torch.ones_like(out))
+
+    step()
+    rows = kernel_breakdown(profile_kernels(step, device))
+    for r in rows:
+        r.update(impl="nsa_triton", layout=layout, seq_len=T, batch=B)
     return rows
 
 
@@ -212,7 +285,7 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: st
     ms, mem = time_cuda(step, None, warmup, iters)
     impl = "nsa_triton" if cfg.model.attention.kind == "nsa" else "dense_sdpa"
     return dict(op="train_step", impl=impl, layout=cfg.name, seq_len=T, batch=B, ms=ms,
-                tokens_per_s=B * T / (ms / 1000.0), peak_mem_bytes=mem, status="ok",
+                tokens_per_s=B * T / (ms / 1000.0), peak_mem_bytes=mem, max_err=None, status="ok",
                 note=f"{model.param_count() / 1e6:.1f}M params, bf16 autocast, fused AdamW")
 
 
@@ -220,17 +293,17 @@ def bench_select(impl: str, layout: str, T: int, B: int, warmup: int, iters: int
                  device: str = "cuda") -> list[dict[str, Any]]:
     """``select_topn`` row: the top-n alone on random scores (topk on packed keys vs full sort)."""
     G = {**LAYOUTS, **EXTRA_LAYOUTS}[layout][1]
-    ops = importlib.import_module("nsa.ops.reference" if impl == "nsa_reference" else "nsa.ops.triton")
+    ops = _ops(impl)
     ns = -(-T // NSA["select_block"])
     scores = torch.rand(B, T, G, ns, device=device)
     args = (NSA["select_block"], NSA["num_selected"], NSA["num_initial"], NSA["num_local"])
     ms, mem = time_cuda(lambda _: ops.select_blocks(scores, *args), None, warmup, iters)
     return [dict(op="select_topn", impl=impl, layout=layout, seq_len=T, batch=B, ms=ms, tokens_per_s=None,
-                 peak_mem_bytes=mem, status="ok", note=f"scores [B,T,{G},{ns}] fp32")]
+                 peak_mem_bytes=mem, max_err=None, status="ok", note=f"scores [B,T,{G},{ns}] fp32")]
 
 
 def _failed(status: str, **kw: Any) -> dict[str, Any]:
-    return dict(ms=None, tokens_per_s=None, peak_mem_bytes=None, status=status, **kw)
+    return dict(ms=None, tokens_per_s=None, peak_mem_bytes=None, max_err=None, status=status, **kw)
 
 
 def _guard(make: Callable[[], list[dict[str, Any]]], ident: dict[str, Any],
@@ -246,12 +319,25 @@ def _guard(make: Callable[[], list[dict[str, Any]]], ident: dict[str, Any],
     return [_failed(status, op=op, note="", **ident) for op in ops]
 
 
+def _profile_guarded(layout: str, T: int, B: int) -> list[dict[str, Any]]:
+    """``profile_case``; a failure becomes one entry saying so (the benchmark runs on)."""
+    try:
+        return profile_case(layout, T, B)
+    except Exception as exc:  # noqa: BLE001
+        torch.cuda.empty_cache()
+        why = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else f"{type(exc).__name__}: {exc}"
+        return [dict(impl="nsa_triton", layout=layout, seq_len=T, batch=B,
+                     kernel=f"(profile failed: {why})"[:200], calls=0, device_ms=None, share=None)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 2k and 8k, nsa-125m layout, few iters")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--no-train", action="store_true", help="skip the train_step rows")
     ap.add_argument("--no-reference", action="store_true", help="skip the nsa_reference rows")
+    ap.add_argument("--no-check", action="store_true", help="skip the nsa_triton vs reference check")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the per-kernel profile")
     ap.add_argument("--tokens", type=int, default=65536, help="attention batch = max(1, tokens // seq_len)")
     ap.add_argument("--seqs", type=int, nargs="+", help=f"attention sequence lengths (default {SEQS})")
     ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS) + list(EXTRA_LAYOUTS),
@@ -274,16 +360,17 @@ def main(argv: list[str] | None = None) -> int:
     seqs = args.seqs or (SEQS[:2] if args.quick else SEQS)
     layouts = args.layouts or (["nsa-125m"] if args.quick else list(LAYOUTS))
     warmup, iters = (1, 3) if args.quick else (3, 10)
-    impls = ["nsa_triton", "dense_sdpa"] + ([] if args.no_reference else ["nsa_reference"])
+    impls = ["nsa_triton", *DENSE_BACKENDS] + ([] if args.no_reference else ["nsa_reference"])
     common = dict(device=device, torch=torch.__version__, triton=triton.__version__)
     rows: list[dict[str, Any]] = []
+    kernels: list[dict[str, Any]] = []
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     stem_date = date + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     meta = dict(common, argv=sys.argv[1:], quick=args.quick, nsa_hparams=NSA,
                 tokens_per_attn_batch=args.tokens, sel_positions=args.sel_positions)
 
     def save() -> tuple[Path, Path]:  # after every case: a crash keeps what was measured
-        return write_results(rows, args.out_dir, device, stem_date, meta)
+        return write_results(rows, args.out_dir, device, stem_date, meta, kernels)
 
     def record(got: list[dict[str, Any]]) -> None:
         for r in got:
@@ -301,15 +388,17 @@ def main(argv: list[str] | None = None) -> int:
                 ident = dict(impl=impl, layout=layout, seq_len=T, batch=B)
                 if gave_up:  # a shorter sequence already ran out of memory
                     got = [_failed("skipped (oom at a shorter seq)", op=op, note="", **ident)
-                           for op in ("attn_fwd", "attn_bwd")]
+                           for op in ATTN_OPS]
                 else:
                     w, n = (1, 2) if impl == "nsa_reference" else (warmup, iters)
-                    got = _guard(functools.partial(bench_attention, impl, layout, T, B, w, n),
-                                 ident, ("attn_fwd", "attn_bwd"))
+                    got = _guard(functools.partial(bench_attention, impl, layout, T, B, w, n,
+                                                   check=not args.no_check), ident, ATTN_OPS)
                     gave_up = any(r["status"] == "oom" for r in got)
-                if impl != "dense_sdpa":
+                if impl.startswith("nsa"):
                     got += _guard(functools.partial(bench_select, impl, layout, T, B, warmup, iters),
                                   ident, ("select_topn",))
+                if impl == "nsa_triton" and not args.no_breakdown and not gave_up:
+                    kernels.extend(_profile_guarded(layout, T, B))
                 record(got)
     if not args.no_train:
         cases = TRAIN_CASES[:1] if args.quick else TRAIN_CASES
@@ -327,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _line(r: dict[str, Any]) -> str:
     ms = "-" if r["ms"] is None else f"{r['ms']:.3f} ms"
-    return (f"{r['op']:10s} {r['impl']:14s} {r['layout']:10s} T={r['seq_len']:6d} B={r['batch']:3d} "
-            f"{ms} {r['status']}")
+    err = "" if r.get("max_err") is None else f" err {r['max_err']:.1e}"
+    return (f"{r['op']:14s} {r['impl']:15s} {r['layout']:10s} T={r['seq_len']:6d} B={r['batch']:3d} "
+            f"{ms}{err} {r['status']}")
 
 
 if __name__ == "__main__":

@@ -55,3 +55,18 @@ def test_whole_model_compiles_fullgraph_with_checkpointing(make_model, checkpoin
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], msg=n)
     torch.testing.assert_close(compiled.gate_shares(), shares)
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_chunked_reference_compiles_fullgraph_inside_block_checkpoints(make_model, monkeypatch,
+                                                                        gather: bool) -> None:
+    """The reference ops process queries in chunks, each under its own checkpoint: a few
+    chunks per branch (small chunk budget) still trace without a graph break, nested in
+    the model's per-block checkpoints, with the eager outputs and gradients; for both
+    ways of the selected branch (per-query gather, masked scan of the prefix)."""
+    from nsa.ops import reference
+
+    monkeypatch.setattr(reference, "CHUNK_ELEMS", 20000)
+    monkeypatch.setattr(reference, "WHOLE_CALL_CHUNKS", 0)
+    monkeypatch.setattr(reference, "SELECTED_PATH", "gather" if gather else "prefix")
+    test_whole_model_compiles_fullgraph_with_checkpointing(make_model, checkpointing=True)

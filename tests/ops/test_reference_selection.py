@@ -104,3 +104,25 @@ def test_future_scores_never_matter() -> None:
         chosen = [j for j in idx[0, t, 0].tolist() if j >= 0]
         assert all(j * lp <= t for j in chosen)
         assert (Ns - 1 in chosen) == ((Ns - 1) * lp <= t)
+
+
+@pytest.mark.parametrize("T,H,G,block,stride,lp,n,n_init,n_local", CASES[:3])
+def test_selection_in_query_chunks_matches_brute_force(monkeypatch, T, H, G, block, stride, lp, n, n_init,
+                                                       n_local) -> None:
+    """select_blocks ranks queries in chunks (a few queries each here): same blocks."""
+    monkeypatch.setattr(reference, "CHUNK_ELEMS", 64)
+    monkeypatch.setattr(reference, "WHOLE_CALL_CHUNKS", 0)
+    probs = _probs(2, T, H, G, block, stride, seed=T + n)
+    scores = reference.selection_scores(probs, G, block, stride, lp)
+    assert reference._chunk_len(T, 4 * 2 * G * scores.shape[-1], scores.device) < T
+    idx = reference.select_blocks(scores, lp, n, n_init, n_local)
+    assert torch.equal(idx, _brute_select(scores, lp, n, n_init, n_local))
+
+
+def test_chunked_selection_compiles_fullgraph(monkeypatch) -> None:
+    monkeypatch.setattr(reference, "CHUNK_ELEMS", 64)
+    monkeypatch.setattr(reference, "WHOLE_CALL_CHUNKS", 0)
+    torch._dynamo.reset()
+    scores = torch.rand(1, 40, 2, 5)
+    fn = torch.compile(reference.select_blocks, fullgraph=True, backend="aot_eager")
+    assert torch.equal(fn(scores, 8, 3, 1, 1), reference.select_blocks(scores, 8, 3, 1, 1))
