@@ -113,10 +113,14 @@ def test_every_kernel_is_covered_and_list_mode_needs_no_compiler() -> None:
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ignoring TRITON_INTERPRET" in out.stdout
-    for kernel in ("_band_fwd", "_band_bwd_dq", "_band_bwd_dkdv", "_scores_kernel", "_sel_fwd", "_sel_bwd_dq",
-                   "_sel_bwd_dkdv", "_sel_bwd_reduce"):
+    for kernel in ("_band_fwd", "_band_bwd_dq", "_band_bwd_dkdv", "_scores_topn", "_select_kernel",
+                   "_sel_fwd", "_sel_bwd_dq", "_sel_bwd_dkdv", "_sel_bwd_reduce", "_delta_kernel",
+                   "_combine_fwd", "_combine_bwd", "_rope_kernel"):
         assert f"LIST sm_80 {kernel} " in out.stdout and f"LIST sm_90 {kernel} " in out.stdout
     assert "not covered" not in out.stdout
+    # an autotuned kernel is listed once per config its prune keeps: the default and the others
+    for config in ("(default: BM=128 BN=64 warps 8)", "(alt: BM=128 BN=64 warps 4)"):
+        assert f"LIST sm_90 {'_band_fwd':16s} {config} [nsa-125m window fwd" in out.stdout, config
 
 
 def test_a_kernel_no_op_launches_fails_the_gate(tmp_path: Path) -> None:
