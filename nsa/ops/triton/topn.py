@@ -116,13 +116,19 @@ def _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_hi, j0, skb, skt, skh, qk_sc
     return out
 
 
-# 4 warps by default (the gate's table), 8 as the alternative the autotuner may time. The
-# 8-warp config states ptxas's own ceiling of 255 registers: without it ptxas trimmed it to
-# 128 registers and spilled 8-20 B on sm_80 at D = 128 (bench/compile_check.py).
+# 4 warps by default (the gate's table), 8 as the alternative the autotuner may time in
+# the scores mode only. The 8-warp config states ptxas's own ceiling of 255 registers
+# (without it ptxas trimmed it to 128 registers); with the running top-n it spilled either
+# way (sm_80 at D = 128 without the ceiling, sm_90 with it: bench/compile_check.py).
 SCORES_CONFIGS = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8, maxnreg=255)]
 
 
-@tunable(SCORES_CONFIGS, ["T", "NC", "HPG", "STRIDE", "BLK", "SBLK", "NSEL", "D"])
+def _scores_prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
+    """The top-n mode keeps the 4-warp default only."""
+    return configs[:1] if kwargs["TOPN"] else configs
+
+
+@tunable(SCORES_CONFIGS, ["T", "NC", "HPG", "STRIDE", "BLK", "SBLK", "NSEL", "D"], _scores_prune)
 @triton.jit
 def _scores_topn(Q, K, LSE, OUT,
                  sqb, sqt, sqh, skb, skt, skh, sob, sot, sog,
