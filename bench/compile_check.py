@@ -88,6 +88,7 @@ class Launch:
     args: tuple
     kwargs: dict
     case: str = ""
+    config: str = ""  # the autotune config (tiles, warps), for an autotuned kernel
 
     @property
     def name(self) -> str:
@@ -155,14 +156,25 @@ def _is_jit(obj: Any) -> bool:
     return isinstance(obj, JITFunction)
 
 
+def _unwrap(obj: Any) -> Any:
+    """The function under ``triton.autotune`` / ``triton.heuristics`` wrappers."""
+    from triton.runtime.autotuner import KernelInterface
+
+    while isinstance(obj, KernelInterface) and not _is_jit(obj) and hasattr(obj, "fn"):
+        obj = obj.fn
+    return obj
+
+
 def discover(module_names: list[str]) -> dict[str, Any]:
-    """Every ``@triton.jit`` function defined (not imported) in the given modules, by qualified name."""
+    """Every ``@triton.jit`` function defined (not imported) in the given modules, by
+    qualified name (autotuned ones by the function they tune)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     found = {}
     for name in module_names:
         mod = importlib.import_module(name)
         for attr, obj in vars(mod).items():
+            obj = _unwrap(obj)
             if isinstance(obj, InterpretedFunction):
                 raise RuntimeError(f"{name}.{attr} was built for the interpreter (TRITON_INTERPRET=1 was set "
                                    f"when {name} was imported): the compile gate needs the real compiler")
@@ -210,25 +222,43 @@ def uncovered(kernels: dict[str, Any], launched: list[Any]) -> list[str]:
 
 @contextlib.contextmanager
 def capture(case: Callable[[], str] = lambda: "") -> Iterator[list[Launch]]:
-    """Record every ``kernel[grid](...)`` made inside the block instead of launching it."""
+    """Record every ``kernel[grid](...)`` made inside the block instead of launching it;
+    an autotuned kernel's launch is recorded once per config its prune keeps (any of them
+    may be the one the autotuner picks on a GPU)."""
+    from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
+    from nsa.ops.triton import tuning
+
     launches: list[Launch] = []
+    tuned = {"config": ""}
 
     def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        launches.append(Launch(self, args, kwargs, case()))
+        launches.append(Launch(self, args, kwargs, case(), tuned["config"]))
 
-    saved = JITFunction.run
-    JITFunction.run = record
+    def record_configs(self: Any, *args: Any, **kwargs: Any) -> None:
+        for i, config in enumerate(tuning.candidates(self, args, kwargs)):
+            tiles = " ".join(f"{k}={v}" for k, v in config.kwargs.items())
+            role = "default" if i == 0 else "alt"
+            tuned["config"] = f"{role}: {tiles} warps {config.num_warps}".replace(":  ", ": ")
+            try:
+                self.fn.run(*args, **kwargs, **config.all_kwargs())
+            finally:
+                tuned["config"] = ""
+
+    saved = JITFunction.run, Autotuner.run, tuning.AUTOTUNE
+    JITFunction.run, Autotuner.run, tuning.AUTOTUNE = record, record_configs, True
     try:
         yield launches
     finally:
-        JITFunction.run = saved
+        JITFunction.run, Autotuner.run, tuning.AUTOTUNE = saved
 
 
 def drive_ops(shape: Shape, sms: int) -> list[Launch]:
-    """Run the model's four attention ops, forward and backward, in bf16 on meta tensors of
-    ``shape`` (nothing is computed or allocated) and return their kernel launches."""
+    """Run the ops of ``nsa.ops.triton`` (the model's attention ops, the contract's scores
+    and ``select_blocks``, the gated combine and RoPE), forward and backward, in bf16 on
+    meta tensors of ``shape`` (nothing is computed or allocated) and return their kernel
+    launches."""
     import torch
 
     import nsa.ops.triton as T
@@ -257,6 +287,15 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
         with capture(lambda: f"{shape.label} {step['op']}") as launches:
             run("compressed+scores", lambda: T.compressed_attention_and_scores(
                 q, kc, vc, s.block, s.stride, s.select_block, s.G)[0])
+            run("compressed+selection", lambda: T.compressed_attention_and_selection(
+                q, kc, vc, s.block, s.stride, s.select_block, s.G, s.n, 1, 2)[0])
+            step["op"] = "select_blocks"
+            T.select_blocks(torch.empty(s.B, s.T, s.G, -(-s.T // s.select_block), device="meta"),
+                            s.select_block, s.n, 1, 2)
+            gates = torch.empty(s.B, s.T, s.H, 3, device="meta", requires_grad=True)
+            run("gated combine", lambda: T.gated_combine(gates, q, q, q))
+            angles = torch.empty(s.T, s.D // 2, device="meta")
+            run("rope", lambda: T.apply_rope(q, angles, angles))
             run("selected", lambda: T.selected_attention(q, k, v, idx, s.select_block))
             run("window", lambda: T.window_attention(q, k, v, s.window))
     finally:
@@ -397,8 +436,8 @@ def compile_all(work: list[tuple[int, Launch, list[str]]], jobs: int) -> Iterato
     _WORK.clear()
 
 
-def format_line(name: str, capability: int, res: Result, cases: list[str]) -> str:
-    where = f"[{', '.join(cases)}]"
+def format_line(name: str, capability: int, res: Result, cases: list[str], config: str = "") -> str:
+    where = f"{'(' + config + ') ' if config else ''}[{', '.join(cases)}]"
     if res.error is not None:
         return f"FAIL sm_{capability} {name:16s} compile error: {res.error[:600]}  {where}"
     status = "FAIL" if res.failed else "OK  "
@@ -463,11 +502,12 @@ def main(argv: list[str] | None = None) -> int:
             work.append((cap, members[0], [m.case for m in members]))
     if args.list:
         for cap, first, cases in work:
-            print(f"LIST sm_{cap} {first.name:16s} [{', '.join(cases)}]")
+            print(f"LIST sm_{cap} {first.name:16s} {'(' + first.config + ') ' if first.config else ''}"
+                  f"[{', '.join(cases)}]")
     else:
         for (cap, first, cases), res in zip(work, compile_all(work, args.jobs)):
             failed |= res.failed
-            print(format_line(first.name, cap, res, cases), flush=True)
+            print(format_line(first.name, cap, res, cases, first.config), flush=True)
     n_compiles = 0 if args.list else len(work)
     verdict = "FAILED" if failed else "passed"
     print(f"compile_check: {verdict}: {n_cases} launch cases, {n_compiles} distinct compiles, "

@@ -20,7 +20,8 @@ from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
 from nsa.model.layers import upcast
 from nsa.model.rope import apply_rope, rope_angles
-from nsa.ops import get_ops
+from nsa.ops import apply_rope as ops_rope
+from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops
 
 BRANCHES = ("compressed", "selected", "window")
 
@@ -66,9 +67,11 @@ class NSAAttention(nn.Module):
         pos = torch.arange(T, device=x.device)
         adt = upcast(x).dtype  # fp32, or fp64 in tests
         cos, sin = rope_angles(pos, D, self.rope_theta, adt)
-        q = apply_rope(q, cos, sin)
-        k_slc = apply_rope(kv[:, :, 2], cos, sin)
-        k_win = apply_rope(kv[:, :, 4], cos, sin)
+        # RoPE in the compute dtype (the kernels: one pass, fp32 maths inside); q is rotated
+        # once and shared by the three branches
+        q = ops_rope(ops, q, cos, sin)
+        k_slc = ops_rope(ops, kv[:, :, 2], cos, sin)
+        k_win = ops_rope(ops, kv[:, :, 4], cos, sin)
         v_slc, v_win = kv[:, :, 3].contiguous(), kv[:, :, 5].contiguous()
 
         # Compressed branch: phi over raw keys/values, then RoPE at each block's last
@@ -77,27 +80,28 @@ class NSAAttention(nn.Module):
         v_cmp = self.compress_v(kv[:, :, 1]).contiguous()
         cpos = torch.arange(k_cmp.shape[1], device=x.device) * c.compress_stride + (c.compress_block - 1)
         ccos, csin = rope_angles(cpos, D, self.rope_theta, adt)
-        k_cmp = apply_rope(k_cmp, ccos, csin)
+        k_cmp = ops_rope(ops, k_cmp, ccos, csin)
         # Its probabilities rank the selection blocks (Eqs. 8-10; no gradient through
-        # the ranking); the kernels get both without materialising [T, Nc] probabilities.
-        o_cmp, scores = ops.compressed_attention_and_scores(
-            q, k_cmp, v_cmp, c.compress_block, c.compress_stride, c.select_block, G
+        # the ranking): the top-n blocks per (query, KV group). The kernels pick them
+        # inside the scores pass, without [T, Nc] probabilities or [T, Ns] scores.
+        o_cmp, idx = compressed_attention_and_selection(
+            ops, q, k_cmp, v_cmp, c.compress_block, c.compress_stride, c.select_block, G, c.num_selected,
+            c.num_initial, c.num_local
         )
 
-        # Selected branch: top-n blocks per (query, KV group).
-        idx = ops.select_blocks(scores, c.select_block, c.num_selected, c.num_initial, c.num_local)
+        # Selected branch: attention over those blocks.
         o_slc = ops.selected_attention(q, k_slc, v_slc, idx, c.select_block)
 
         o_win = ops.window_attention(q, k_win, v_win, c.window)
 
         if self.gate_override is None:
             g = torch.sigmoid(upcast(self.gate(x))).view(B, T, H, 3)
-        else:
-            g = torch.tensor(self.gate_override, device=x.device, dtype=adt).expand(B, T, H, 3)
+        else:  # fills, not torch.tensor(..., device=): no host-to-device copy per call
+            g = torch.cat([x.new_full((B, T, H, 1), v, dtype=adt) for v in self.gate_override], -1)
         with torch.no_grad():
             self.gate_mean.copy_(g.detach().mean(dim=(0, 1, 2)))
-        g = g.to(q.dtype)
-        o = g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
+        # the gated sum in the branches' dtype (the kernels: one fused pass, fp32 inside)
+        o = gated_combine(ops, g, o_cmp, o_slc, o_win)
         return self.o_proj(o.reshape(B, T, H * D))
 
 

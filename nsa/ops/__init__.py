@@ -21,7 +21,8 @@ from nsa.contract import AttentionOps, SelfCheck
 from nsa.ops import reference
 from nsa.ops.self_check import AttentionShape, CheckReport, self_check
 
-__all__ = ["AttentionShape", "CheckReport", "OpsChoice", "choose_ops", "get_ops", "reference", "self_check",
+__all__ = ["AttentionShape", "CheckReport", "OpsChoice", "apply_rope", "choose_ops",
+           "compressed_attention_and_selection", "gated_combine", "get_ops", "reference", "self_check",
            "triton_available"]
 
 
@@ -36,6 +37,45 @@ def triton_available() -> bool:
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return False
     return True
+
+
+def compressed_attention_and_selection(ops: ModuleType, q: torch.Tensor, k_cmp: torch.Tensor,
+                                       v_cmp: torch.Tensor, block: int, stride: int, select_block: int,
+                                       n_kv_heads: int, num_selected: int, num_initial: int,
+                                       num_local: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compressed branch's output and the blocks its probabilities select, ``(out
+    [B,T,H,D], idx [B,T,G,n])``, with ``ops``: its fused op where it has one (the Triton
+    kernels pick the top-n inside the scores kernel: no [B,T,G,Ns] scores tensor), else
+    ``compressed_attention_and_scores`` then ``select_blocks`` (the reference)."""
+    fused = getattr(ops, "compressed_attention_and_selection", None)
+    if fused is not None:
+        return fused(q, k_cmp, v_cmp, block, stride, select_block, n_kv_heads, num_selected, num_initial,
+                     num_local)
+    out, scores = ops.compressed_attention_and_scores(q, k_cmp, v_cmp, block, stride, select_block,
+                                                      n_kv_heads)
+    return out, ops.select_blocks(scores, select_block, num_selected, num_initial, num_local)
+
+
+def gated_combine(ops: ModuleType, g: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor,
+                  o_win: torch.Tensor) -> torch.Tensor:
+    """The gated sum of the branches, ``sum_c g[..., c] * o_c`` (``g [B,T,H,3]``), in the
+    branches' dtype: one kernel where ``ops`` has it (Triton), else torch."""
+    fused = getattr(ops, "gated_combine", None)
+    if fused is not None:
+        return fused(g, o_cmp, o_slc, o_win)
+    g = g.to(o_cmp.dtype)
+    return g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
+
+
+def apply_rope(ops: ModuleType, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x [B,T,heads,D]`` in ``x``'s dtype: one kernel where ``ops`` has it (Triton),
+    else ``nsa.model.rope.apply_rope`` (fp32 maths in torch, fp64 stays fp64)."""
+    fused = getattr(ops, "apply_rope", None)
+    if fused is not None and x.dtype != torch.float64:
+        return fused(x, cos, sin)
+    from nsa.model.rope import apply_rope as torch_rope
+
+    return torch_rope(x, cos, sin)
 
 
 _RESOLVED: dict[tuple[str, str], ModuleType] = {}

@@ -98,6 +98,53 @@ def _compare(report: CheckReport, op: str, got: dict[str, torch.Tensor], want: d
         report.failures.append(f"{op}: " + ", ".join(bad))
 
 
+def selection_mismatch(idx: torch.Tensor, ref_scores: torch.Tensor, select_block: int, num_selected: int,
+                       num_initial: int, num_local: int, tol: float) -> str | None:
+    """None when ``idx [B,T,G,n]`` is a choice the reference could make on ``ref_scores``
+    up to near-ties, else what is wrong with the first bad row.
+
+    A kernel ranks its own scores, which differ from the reference's by rounding (bf16:
+    ~1e-2), so two blocks whose scores are that close may come out in either order. Each
+    row must list distinct eligible blocks in ascending order with -1 after, as many as
+    the reference, and the reference's keys of its blocks (forced blocks +inf, the
+    others their score), sorted, must equal the keys of the reference's own choice within
+    ``tol`` times the row's largest score.
+    """
+    want = reference.select_blocks(ref_scores, select_block, num_selected, num_initial, num_local)
+    if idx.shape == want.shape and torch.equal(idx.cpu(), want.cpu()):
+        return None
+    if idx.shape != want.shape:
+        return f"shape {tuple(idx.shape)}, expected {tuple(want.shape)}"
+    idx, want, sc = idx.cpu(), want.cpu(), ref_scores.detach().double().cpu()
+    B, T, G, ns = sc.shape
+    t = torch.arange(T)[:, None]
+    j = torch.arange(ns)[None, :]
+    own = t // select_block
+    eligible = (j <= own)[None, :, None, :]
+    forced = eligible & ((j < num_initial) | (j > own - num_local))[None, :, None, :]
+    key = torch.where(forced, torch.inf, torch.where(eligible, sc, -torch.inf))
+
+    def keys(choice: torch.Tensor) -> torch.Tensor:
+        k = torch.gather(key, -1, choice.clamp(0, ns - 1))
+        return torch.where(choice >= 0, k, -torch.inf).sort(-1, descending=True).values
+
+    used = idx >= 0
+    ascending = (idx[..., 1:] > idx[..., :-1]) | ~used[..., 1:]
+    ok = (used.sum(-1) == (want >= 0).sum(-1)) & ascending.all(-1) & (used[..., 1:] <= used[..., :-1]).all(-1)
+    ok &= (idx < ns).all(-1) & (idx >= -1).all(-1)
+    mine, theirs = keys(idx), keys(want)
+    ok &= (~used | (torch.gather(key, -1, idx.clamp(0, ns - 1)) > -torch.inf)).all(-1)
+    finite = torch.isfinite(theirs) & torch.isfinite(mine)
+    scale = sc.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    close = torch.where(finite, (mine - theirs).abs() <= tol * scale, mine == theirs)
+    ok &= close.all(-1)
+    if bool(ok.all()):
+        return None
+    b, tt, g = (int(x) for x in (~ok).nonzero()[0])
+    return (f"selection at b={b} t={tt} g={g}: {idx[b, tt, g].tolist()}, the reference chose "
+            f"{want[b, tt, g].tolist()} (scores {[round(float(x), 6) for x in sc[b, tt, g]][:64]})")
+
+
 def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionShape,
                ops: ModuleType | None = None, seq_len: int | None = None) -> CheckReport:
     """Run ``ops`` (default: the Triton kernels) forward and backward on ``device`` in
@@ -162,6 +209,24 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
             report.failures.append("select_blocks: not the reference's block choice on the same scores")
     except Exception as exc:  # noqa: BLE001
         report.failures.append(f"select_blocks: {_one_line(exc)}")
+    if hasattr(ops, "compressed_attention_and_selection"):
+        chosen: dict[str, torch.Tensor] = {}
+
+        def fused(m: Any, x: list[torch.Tensor]) -> torch.Tensor:
+            if m is reference:  # no fused op: its output is the compressed branch's
+                return m.compressed_attention_and_scores(x[0], x[1], x[2], s.compress_block,
+                                                         s.compress_stride, s.select_block, G)[0]
+            out, chosen["idx"] = m.compressed_attention_and_selection(
+                x[0], x[1], x[2], s.compress_block, s.compress_stride, s.select_block, G, s.num_selected,
+                s.num_initial, s.num_local)
+            return out
+
+        run("compressed_attention_and_selection", fused, [q, kc, vc])
+        if "idx" in chosen:
+            problem = selection_mismatch(chosen["idx"], scores, s.select_block, s.num_selected, s.num_initial,
+                                         s.num_local, tol)
+            if problem is not None:
+                report.failures.append(f"compressed_attention_and_selection: {problem}")
     run("selected_attention", lambda m, x: m.selected_attention(x[0], x[1], x[2], idx, s.select_block),
         [q, k, v])
     run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from triton.compiler.errors import CompilationError
+from triton.runtime.autotuner import Autotuner
 
 import nsa.ops as ops_pkg
 import nsa.ops.triton as triton_ops
@@ -38,6 +39,16 @@ class _WritesNothing:
         return lambda *args, **kwargs: None
 
 
+def _replace_kernel(monkeypatch: pytest.MonkeyPatch, module, name: str, fake) -> None:
+    """Put ``fake`` where the kernel's compiled function is: under the autotune wrapper of a
+    tunable kernel (whose launch picks a config, then runs ``.fn``), else the kernel itself."""
+    kernel = getattr(module, name)
+    if isinstance(kernel, Autotuner):
+        monkeypatch.setattr(kernel, "fn", fake)
+    else:
+        monkeypatch.setattr(module, name, fake)
+
+
 @pytest.fixture(autouse=True)
 def _keep_resolved_ops():
     """choose_ops settles get_ops for the process: restore it after each test."""
@@ -50,8 +61,8 @@ def _keep_resolved_ops():
 def test_the_interpreted_kernels_pass_the_check() -> None:
     report = self_check("cpu", torch.float32, SHAPE)
     assert report.ok, report.reason()
-    assert report.checked == ["compressed_attention_and_scores", "select_blocks", "selected_attention",
-                              "window_attention"]
+    assert report.checked == ["compressed_attention_and_scores", "select_blocks",
+                              "compressed_attention_and_selection", "selected_attention", "window_attention"]
 
 
 def test_the_check_leaves_the_global_rng_alone() -> None:
@@ -63,24 +74,40 @@ def test_the_check_leaves_the_global_rng_alone() -> None:
 
 
 def test_a_kernel_the_compiler_rejects_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(band, "_band_fwd", _RejectedByCompiler())
+    _replace_kernel(monkeypatch, band, "_band_fwd", _RejectedByCompiler())
     report = self_check("cpu", torch.float32, SHAPE)
     assert not report.ok
     failed = {f.split(":")[0] for f in report.failures}
-    assert failed == {"compressed_attention_and_scores", "window_attention"}  # both run the band forward
+    # all three run the band forward
+    assert failed == {"compressed_attention_and_scores", "compressed_attention_and_selection",
+                      "window_attention"}
     assert "CompilationError" in report.reason() and "NEG" in report.reason()
 
 
 def test_a_kernel_with_wrong_numbers_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(selected, "_sel_fwd", _WritesNothing())
+    _replace_kernel(monkeypatch, selected, "_sel_fwd", _WritesNothing())
     report = self_check("cpu", torch.float32, SHAPE)
     assert [f.split(":")[0] for f in report.failures] == ["selected_attention"]
     assert "out " in report.failures[0]  # the output differs from the reference (or is not finite)
 
 
+def test_a_wrong_block_choice_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused scores + top-n kernel is checked by its choice, not only its output."""
+    real = triton_ops.selection_from_lse
+
+    def drops_the_first_block(*args, **kwargs):  # stands in for a top-n that loses a block
+        idx = real(*args, **kwargs)
+        return torch.cat([idx[..., 1:], torch.full_like(idx[..., :1], -1)], -1)
+
+    monkeypatch.setattr(triton_ops, "selection_from_lse", drops_the_first_block)
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert [f.split(":")[0] for f in report.failures] == ["compressed_attention_and_selection"]
+    assert "the reference chose" in report.failures[0]
+
+
 def test_auto_on_a_gpu_falls_back_to_the_reference_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` on CUDA with a failing check: the real check, run on the CPU standing in."""
-    monkeypatch.setattr(band, "_band_fwd", _RejectedByCompiler())
+    _replace_kernel(monkeypatch, band, "_band_fwd", _RejectedByCompiler())
     cpu_check = lambda device, dtype, shape: self_check("cpu", dtype, shape)  # noqa: E731
     choice = choose_ops("auto", "cuda", torch.float32, SHAPE, check=cpu_check)
     assert choice.backend == "reference" and choice.requested == "auto"
@@ -100,7 +127,7 @@ def test_auto_on_a_gpu_uses_the_kernels_when_the_check_passes() -> None:
 
 
 def test_triton_fails_loudly_instead_of_falling_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(selected, "_sel_fwd", _WritesNothing())
+    _replace_kernel(monkeypatch, selected, "_sel_fwd", _WritesNothing())
     with pytest.raises(RuntimeError, match="failed their self-check.*selected_attention"):
         choose_ops("triton", "cpu", torch.float32, SHAPE)
 

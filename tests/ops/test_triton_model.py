@@ -7,8 +7,9 @@ compressed-attention + scores path.
 Top-n selection is discontinuous: two scores within rounding of each other (common at
 init, where compressed attention is near uniform and many block scores are equal) can
 be ordered differently by two correct fp32 implementations. So the triton run replays the
-blocks the reference run selected (recorded per layer), and the scores that led to them
-are compared separately; select_blocks itself is one shared torch function."""
+blocks the reference run selected (recorded per layer); the scores that led to them are
+compared separately, and the fused kernel's own choice must agree with the reference's
+up to such near-ties (``selection_mismatch``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 import nsa.ops.reference as R
 from nsa.config import AttentionConfig, ModelConfig
 from nsa.model import build_model
+from nsa.ops.self_check import selection_mismatch
 
 TOL = 1e-5
 
@@ -38,19 +40,23 @@ def test_triton_model_matches_reference(n_heads, n_kv_heads, monkeypatch):
     import nsa.ops.triton as t_ops
     scores: dict[str, list[torch.Tensor]] = {"reference": [], "triton": []}
     chosen: list[torch.Tensor] = []
+    fused_choice: list[torch.Tensor] = []
 
     def record(scores_, *args):  # reference run: select, remember the choice
         scores["reference"].append(scores_.detach().clone())
         chosen.append(select(scores_, *args))
         return chosen[-1]
 
-    def replay(scores_, *args):  # triton run: the same blocks, layer by layer
-        scores["triton"].append(scores_.detach().clone())
-        return chosen[len(scores["triton"]) - 1]
+    def replay(q, kc, vc, blk, d, sblk, g, *args):  # triton run: the fused op, then the same blocks
+        out, idx = fused(q, kc, vc, blk, d, sblk, g, *args)
+        fused_choice.append(idx)
+        q, kc, vc = q.detach(), kc.detach(), vc.detach()
+        scores["triton"].append(t_ops.compressed_attention_and_scores(q, kc, vc, blk, d, sblk, g)[1])
+        return out, chosen[len(scores["triton"]) - 1]
 
-    select = R.select_blocks
+    select, fused = R.select_blocks, t_ops.compressed_attention_and_selection
     monkeypatch.setattr(R, "select_blocks", record)
-    monkeypatch.setattr(t_ops, "select_blocks", replay)
+    monkeypatch.setattr(t_ops, "compressed_attention_and_selection", replay)
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     ref = build_model(_cfg(n_heads, n_kv_heads, "reference"))
@@ -65,8 +71,11 @@ def test_triton_model_matches_reference(n_heads, n_kv_heads, monkeypatch):
         loss.backward()
         losses.append((logits.detach(), loss.detach()))
     assert len(scores["triton"]) == len(scores["reference"]) == 2
-    for sr, st in zip(scores["reference"], scores["triton"]):
+    a = _cfg(n_heads, n_kv_heads, "triton").attention
+    for sr, st, idx in zip(scores["reference"], scores["triton"], fused_choice):
         assert ((st - sr).norm() / sr.norm()).item() <= TOL, f"seed={seed} scores"
+        problem = selection_mismatch(idx, sr, a.select_block, a.num_selected, a.num_initial, a.num_local, TOL)
+        assert problem is None, f"seed={seed} {problem}"
     (lr, _), (lt, _) = losses
     assert ((lt - lr).norm() / lr.norm()).item() <= TOL, f"seed={seed} logits"
     ref_params = dict(ref.named_parameters())

@@ -1,4 +1,4 @@
-"""Fused compressed attention + selection scores (scores.py) against the reference.
+"""Compressed attention + selection scores (topn.py, scores mode) against the reference.
 
 The kernel path never builds the T x Nc probability matrix; it must equal
 ``selection_scores(compressed_attention(...)[1])`` (Eq. 9 + 10). CPU interpreter, fp32.

@@ -2,12 +2,16 @@
 
 - ``compressed_attention`` / ``window_attention``: one flash-style "band" kernel family
   (band.py), forward + backward.
-- ``compressed_attention_and_scores``: the fused path the model should use: compressed
-  attention plus the selection scores [B,T,G,Ns] (Eq. 9 + 10) computed from the row LSE in
-  a second pass (scores.py), never materialising the T x Nc probability matrix.
+- ``compressed_attention_and_selection``: what the model uses: compressed attention, then
+  a second pass (topn.py) that recomputes the compressed probabilities from the row LSE,
+  turns them into selection-block scores (Eq. 9 + 10) and keeps a running top-n in
+  registers: only the chosen block indices [B,T,G,n] are written (no T x Nc
+  probabilities, no [B,T,G,Ns] scores, no torch top-n).
+- ``compressed_attention_and_scores``: the contract's pair (out, scores [B,T,G,Ns]) from the
+  same kernel with the scores stored instead of ranked.
 - ``selected_attention``: group-centric, forward + backward (selected.py).
-- ``select_blocks``: no gradient; top-n with ``torch.topk`` over a packed (score, block)
-  key (select.py), exactly the reference's choice without a full sort of every row.
+- ``select_blocks``: no gradient; the same running top-n over a given scores tensor
+  (topn.py), exactly the reference's choice.
 - ``selection_scores`` (from a probability tensor): the reference's torch function.
 
 Every kernel is deterministic (no atomics). Under ``TRITON_INTERPRET=1`` they run on CPU
@@ -16,18 +20,24 @@ in fp32 (bf16 ``tl.dot`` is wrong in the interpreter). Design notes: docs/kernel
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nsa.ops.reference import selection_scores
 
-from .band import BWD_BN, band_backward, band_forward
-from .scores import selection_scores_from_lse
-from .select import select_blocks
+from . import topn
+from .band import BWD_BN, LN2, band_backward, band_forward
+from .glue import GatedCombine, Rope
 from .selected import selected_backward, selected_forward
+from .topn import scores_from_lse, selection_from_lse
 
 __all__ = [
     "compressed_attention",
     "compressed_attention_and_scores",
+    "compressed_attention_and_selection",
+    "apply_rope",
+    "gated_combine",
     "selection_scores",
     "select_blocks",
     "selected_attention",
@@ -90,11 +100,13 @@ def _amp(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return xs
 
 
-def _check_size(*xs: torch.Tensor) -> None:
-    """The kernels index with 32-bit integers: refuse tensors they would overflow."""
+def _check_size(*xs: torch.Tensor | tuple[int, ...]) -> None:
+    """The kernels index with 32-bit integers: refuse tensors (or the shapes of tensors
+    they would allocate) past 2**31 elements."""
     for x in xs:
-        if x.numel() >= 2**31:
-            raise ValueError(f"tensor of shape {tuple(x.shape)} has >= 2**31 elements: the Triton kernels "
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(x)
+        if math.prod(shape) >= 2**31:
+            raise ValueError(f"tensor of shape {shape} has >= 2**31 elements: the Triton kernels "
                              "use 32-bit offsets; split the batch")
 
 
@@ -146,7 +158,7 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
         s = torch.einsum("bthd,bshd->bths", q.float(), kk) * _scale(q, scale)
         ends = torch.arange(k_cmp.shape[1], device=q.device) * stride + (block - 1)
         vis = ends[None, :] <= torch.arange(T, device=q.device)[:, None]  # [T, Nc]
-        probs = torch.exp(s - lse.permute(0, 2, 1)[..., None]) * vis[None, :, None, :]
+        probs = torch.exp(s - LN2 * lse.permute(0, 2, 1)[..., None]) * vis[None, :, None, :]
     return out, probs
 
 
@@ -160,13 +172,59 @@ def compressed_attention_and_scores(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp:
     """
     if k_cmp.shape[2] != n_kv_heads:
         raise ValueError(f"k_cmp has {k_cmp.shape[2]} KV groups, n_kv_heads={n_kv_heads}")
+    B, T = q.shape[:2]
+    _check_size((B, T, n_kv_heads, -(-T // select_block)))  # the scores tensor
     out, lse = _compressed(q, k_cmp, v_cmp, block, stride, scale)
     with torch.no_grad():
         qc, kc = _amp(q.detach(), k_cmp.detach())
         qc = qc.contiguous()
         kc = kc.to(qc.dtype).contiguous()
-        scores = selection_scores_from_lse(qc, kc, lse, block, stride, select_block, _scale(q, scale))
+        scores = scores_from_lse(qc, kc, lse, block, stride, select_block, _scale(q, scale))
     return out, scores
+
+
+def compressed_attention_and_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, block: int,
+                                       stride: int, select_block: int, n_kv_heads: int, num_selected: int,
+                                       num_initial: int, num_local: int,
+                                       scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B,T,H,D], idx [B,T,G,n] int64 without gradient): compressed attention and the
+    blocks its probabilities select, with the top-n inside the scores kernel (topn.py).
+
+    Equals ``select_blocks(compressed_attention_and_scores(...)[1], select_block, n,
+    num_initial, num_local)`` without the [B,T,G,Ns] scores tensor.
+    """
+    if k_cmp.shape[2] != n_kv_heads:
+        raise ValueError(f"k_cmp has {k_cmp.shape[2]} KV groups, n_kv_heads={n_kv_heads}")
+    _check_size(q.shape[:2] + (n_kv_heads, num_selected))  # the selection: no scores tensor
+    out, lse = _compressed(q, k_cmp, v_cmp, block, stride, scale)
+    with torch.no_grad():
+        qc, kc = _amp(q.detach(), k_cmp.detach())
+        qc = qc.contiguous()
+        kc = kc.to(qc.dtype).contiguous()
+        idx = selection_from_lse(qc, kc, lse, block, stride, select_block, _scale(q, scale), num_selected,
+                                 num_initial, num_local)
+    return out, idx
+
+
+def select_blocks(scores: torch.Tensor, select_block: int, num_selected: int, num_initial: int,
+                  num_local: int) -> torch.Tensor:
+    """``scores [B,T,G,Ns] -> idx [B,T,G,n]`` int64: the reference's choice, by topn.py's
+    running top-n kernel (no torch sort or top-k)."""
+    _check_size(scores, scores.shape[:3] + (num_selected,))
+    return topn.select_blocks(scores, select_block, num_selected, num_initial, num_local)
+
+
+def gated_combine(g: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor,
+                  o_win: torch.Tensor) -> torch.Tensor:
+    """``g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win`` in one kernel, in
+    the branches' dtype (glue.py)."""
+    return GatedCombine.apply(g, o_cmp, o_slc, o_win)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``nsa.model.rope.apply_rope`` in one kernel, in ``x``'s dtype (glue.py)."""
+    _check_size(x)
+    return Rope.apply(x, cos, sin)
 
 
 def selected_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,

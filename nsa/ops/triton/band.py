@@ -9,13 +9,18 @@ Both branches are one kernel family. Key ``s`` has an *end position*
 - compressed attention: STRIDE = d, OFF = l - 1, WIN = T + 1 (no lower bound): query t
   sees compressed token i iff ``i*d + l - 1 <= t`` (ops contract).
 
-Each program computes the key range its query tile can see and loops only over those
-key tiles (so the window kernel skips everything outside the band). Forward stores the
-row log-sum-exp; backward is FlashAttention-2 style in two kernels, both without atomics:
-``dq`` (one program per query tile and head) and ``dk/dv`` (one program per key tile and
-KV group, looping over the group's heads and the query tiles that can see the key tile;
-optionally split over NSPLIT programs that write fp32 partials summed afterwards, which
-keeps it deterministic while giving the short compressed key axis enough programs).
+Each program computes the key range its query tile can see and splits it into *edge*
+tiles (some query/key pair masked: the diagonal, the window's far end, the last partial
+tile) and *interior* tiles that every query of the tile sees whole; interior tiles skip
+the mask arithmetic (``e(s)`` compares and selects on every score) and the bounds checks.
+Softmax runs in base 2: scores are scaled by ``scale * log2(e)`` once and exponentiated
+with ``exp2``; the stored row log-sum-exp is in log2 units (``lse2 = lse / ln 2``).
+Query tiles are launched last-first (the last ones see the most keys). Backward is
+FlashAttention-2 style in two kernels, both without atomics: ``dq`` (one program per
+query tile and head) and ``dk/dv`` (one program per key tile and KV group, looping over
+the group's heads and the query tiles that can see the key tile; optionally split into
+NSPLIT contiguous query ranges whose fp32 partials are summed afterwards, deterministic).
+dK/dV programs run heaviest key tile first (a 1-D grid, key tile slowest).
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .glue import row_delta
+from .tuning import launch, tunable
+
 # Finite "minus infinity" for the running max: keeps exp(m_old - m_new) NaN-free. A
 # tl.constexpr object: the compiler rejects plain module globals read in @triton.jit code
 # (the interpreter does not), see bench/compile_check.py.
 NEG = tl.constexpr(-1.0e30)
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): the kernels fold it into the score scale
+LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -42,146 +52,276 @@ def _key_range(t0, t1, NK, STRIDE, OFF, WIN):
 
 
 @triton.jit
+def _interior_keys(lo, hi, t0, t1, NK, STRIDE, OFF, WIN, BN: tl.constexpr):
+    """[f0, f1): the key tiles (BN-aligned from ``lo``) that every query in [t0, t1) sees
+    whole: every key ended by t0, none out of t1 - 1's window, none past NK."""
+    ended = tl.minimum(tl.where(t0 >= OFF, tl.maximum(t0 - OFF, 0) // STRIDE + 1, 0), NK)
+    num = t1 - 1 - OFF - WIN
+    first_in = tl.where(num >= 0, tl.maximum(num, 0) // STRIDE + 1, 0)
+    f0 = tl.minimum(lo + tl.cdiv(tl.maximum(first_in - lo, 0), BN) * BN, hi)
+    f1 = tl.maximum(lo + tl.maximum(ended - lo, 0) // BN * BN, f0)
+    return f0, f1
+
+
+@triton.jit
+def _visible(offs_m, offs_n, NK, STRIDE, OFF, WIN):
+    e = offs_n * STRIDE + OFF
+    return (e[None, :] <= offs_m[:, None]) & (offs_m[:, None] - e[None, :] < WIN) & (offs_n < NK)[None, :]
+
+
+@triton.jit
+def _load_rows(base, offs, rmask, offs_d, stride, D: tl.constexpr, BD: tl.constexpr, TRANS: tl.constexpr,
+               CHECK: tl.constexpr):
+    """A [rows, BD] tile (``[BD, rows]`` if TRANS) of a row-major tensor; bounds checks only
+    where they can fail (CHECK: rows; D < BD: columns)."""
+    if TRANS:
+        ptr = base + offs[None, :] * stride + offs_d[:, None]
+        if CHECK:
+            x = tl.load(ptr, mask=rmask[None, :] & (offs_d < D)[:, None], other=0.0)
+        elif D != BD:
+            x = tl.load(ptr, mask=(offs_d < D)[:, None], other=0.0)
+        else:
+            x = tl.load(ptr)
+    else:
+        ptr = base + offs[:, None] * stride + offs_d[None, :]
+        if CHECK:
+            x = tl.load(ptr, mask=rmask[:, None] & (offs_d < D)[None, :], other=0.0)
+        elif D != BD:
+            x = tl.load(ptr, mask=(offs_d < D)[None, :], other=0.0)
+        else:
+            x = tl.load(ptr)
+    return x
+
+
+@triton.jit
+def _fwd_tile(q, kbase, vbase, s0, offs_m, offs_d, m_i, l_i, acc, skt, NK, qk_scale, STRIDE, OFF, WIN,
+              D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+    offs_n = s0 + tl.arange(0, BN)
+    nmask = offs_n < NK
+    kt = _load_rows(kbase, offs_n, nmask, offs_d, skt, D, BD, True, MASKED)
+    s = tl.dot(q, kt, input_precision=PREC) * qk_scale  # log2 units
+    if MASKED:
+        s = tl.where(_visible(offs_m, offs_n, NK, STRIDE, OFF, WIN), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_rows(vbase, offs_n, nmask, offs_d, skt, D, BD, False, MASKED)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+def _tiles_for(table: dict[int, list[tuple[int, int, int]]]):
+    """An autotune prune: the (BM, BN, warps) configs listed for the launch's head-dim tile BD."""
+    def prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
+        allowed = table[min(t for t in table if t >= kwargs["BD"])]
+        by_tiles = {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps): c for c in configs}
+        return [by_tiles[t] for t in allowed]
+    return prune
+
+
+def _configs(table: dict[int, list[tuple[int, int, int]]]) -> list[triton.Config]:
+    tiles = dict.fromkeys(t for ts in table.values() for t in ts)
+    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w) for bm, bn, w in tiles]
+
+
+# Tiles (query rows BM, keys BN, warps) per head-dim tile BD, the default first; every
+# entry for BD <= 128 compiles for sm_80 and sm_90 without spills (bench/compile_check.py
+# compiles all of them; no shipped config has D > 128). Forward: 128-row tiles on 8 warps
+# where D allows (D <= 64; at D = 128, 128 x 32 on 8 warps spilled 24-28 B on sm_80, so
+# 64 x 32 on 4 warps; 64 x 64 on 4 warps spilled 4 B at D = 64).
+FWD_TILES = {64: [(128, 64, 8), (128, 64, 4)], 128: [(64, 32, 4), (64, 64, 4), (32, 32, 4)],
+             256: [(32, 32, 4)]}
+# Backward dQ (one program per BM queries stepping over BN keys) and dK/dV (one program
+# per BN keys stepping over BM queries): 64 x 32 on 8 warps (the forward's 64 x 64 on 4
+# warps spilled in both on sm_80 at D = 64; dK/dV 64 x 64 on 8 warps spilled 92-152 B;
+# at D = 32 dK/dV 64 x 32 spilled 8 B on sm_90, 64 x 16 on 4 warps needs 120 registers).
+DQ_TILES = {64: [(64, 32, 8), (128, 32, 8)], 128: [(64, 32, 8)], 256: [(32, 32, 4)]}
+DKDV_TILES = {32: [(64, 16, 4), (32, 32, 4)], 64: [(64, 32, 8)], 128: [(64, 32, 8)], 256: [(32, 32, 4)]}
+BAND_KEY = ["T", "NK", "HPG", "STRIDE", "OFF", "WIN", "D"]
+
+
+@tunable(_configs(FWD_TILES), BAND_KEY, _tiles_for(FWD_TILES))
+@triton.jit
 def _band_fwd(Q, K, V, OUT, LSE,
               sqb, sqt, sqh, skb, skt, skh, sob, sot, soh,
-              T, NK, H, HPG, scale, STRIDE, OFF, WIN,
+              T, NK, H, HPG, qk_scale, STRIDE, OFF, WIN,
               D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the last query tiles see the most keys
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     g = h // HPG
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
-    q = tl.load(Q + b * sqb + offs_m[:, None] * sqt + h * sqh + offs_d[None, :],
-                mask=(offs_m[:, None] < T) & dmask[None, :], other=0.0)
+    mmask = offs_m < T
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, mmask, offs_d, sqt, D, BD, False, True)
     t0 = pid_m * BM
-    lo, hi = _key_range(t0, tl.minimum(T, t0 + BM), NK, STRIDE, OFF, WIN)
+    t1 = tl.minimum(T, t0 + BM)
+    lo, hi = _key_range(t0, t1, NK, STRIDE, OFF, WIN)
     lo = (lo // BN) * BN
+    f0, f1 = _interior_keys(lo, hi, t0, t1, NK, STRIDE, OFF, WIN, BN)
     m_i = tl.full([BM], NEG, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
     kbase = K + b * skb + g * skh
     vbase = V + b * skb + g * skh
-    for s0 in range(lo, hi, BN):
-        offs_n = s0 + tl.arange(0, BN)
-        nmask = offs_n < NK
-        kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
-                     mask=nmask[None, :] & dmask[:, None], other=0.0)
-        s = tl.dot(q, kt, input_precision=PREC) * scale
-        e = offs_n * STRIDE + OFF
-        vis = (e[None, :] <= offs_m[:, None]) & (offs_m[:, None] - e[None, :] < WIN) & nmask[None, :]
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :],
-                    mask=nmask[:, None] & dmask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+    for s0 in range(lo, f0, BN):  # the window's far edge
+        m_i, l_i, acc = _fwd_tile(q, kbase, vbase, s0, offs_m, offs_d, m_i, l_i, acc, skt, NK, qk_scale,
+                                  STRIDE, OFF, WIN, D, BD, BN, True, PREC)
+    for s0 in range(f0, f1, BN):  # interior: no mask
+        m_i, l_i, acc = _fwd_tile(q, kbase, vbase, s0, offs_m, offs_d, m_i, l_i, acc, skt, NK, qk_scale,
+                                  STRIDE, OFF, WIN, D, BD, BN, False, PREC)
+    for s0 in range(f1, hi, BN):  # the diagonal and the last partial tile
+        m_i, l_i, acc = _fwd_tile(q, kbase, vbase, s0, offs_m, offs_d, m_i, l_i, acc, skt, NK, qk_scale,
+                                  STRIDE, OFF, WIN, D, BD, BN, True, PREC)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("inf"))
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))
     tl.store(OUT + b * sob + offs_m[:, None] * sot + h * soh + offs_d[None, :],
-             out.to(OUT.dtype.element_ty), mask=(offs_m[:, None] < T) & dmask[None, :])
-    tl.store(LSE + pid_bh * T + offs_m, lse, mask=offs_m < T)
+             out.to(OUT.dtype.element_ty), mask=mmask[:, None] & (offs_d < D)[None, :])
+    tl.store(LSE + pid_bh * T + offs_m, lse, mask=mmask)
 
 
 @triton.jit
+def _dq_tile(q, do, lse, delta, dq, kbase, vbase, s0, offs_m, offs_d, skt, NK, qk_scale, STRIDE, OFF, WIN,
+             D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+    offs_n = s0 + tl.arange(0, BN)
+    nmask = offs_n < NK
+    kt = _load_rows(kbase, offs_n, nmask, offs_d, skt, D, BD, True, MASKED)
+    vt = _load_rows(vbase, offs_n, nmask, offs_d, skt, D, BD, True, MASKED)
+    s = tl.dot(q, kt, input_precision=PREC) * qk_scale - lse[:, None]
+    if MASKED:
+        s = tl.where(_visible(offs_m, offs_n, NK, STRIDE, OFF, WIN), s, float("-inf"))
+    p = tl.exp2(s)
+    dp = tl.dot(do, vt, input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    return dq + tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
+
+
+@tunable(_configs(DQ_TILES), BAND_KEY, _tiles_for(DQ_TILES))
+@triton.jit
 def _band_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  sqb, sqt, sqh, skb, skt, skh,
-                 T, NK, H, HPG, scale, STRIDE, OFF, WIN,
+                 T, NK, H, HPG, qk_scale, scale, STRIDE, OFF, WIN,
                  D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     g = h // HPG
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
-    qmask = (offs_m[:, None] < T) & dmask[None, :]
-    qoff = b * sqb + offs_m[:, None] * sqt + h * sqh + offs_d[None, :]
-    q = tl.load(Q + qoff, mask=qmask, other=0.0)
-    do = tl.load(DO + qoff, mask=qmask, other=0.0)
-    lse = tl.load(LSE + pid_bh * T + offs_m, mask=offs_m < T, other=float("inf"))
-    delta = tl.load(DELTA + pid_bh * T + offs_m, mask=offs_m < T, other=0.0)
+    mmask = offs_m < T
+    q = _load_rows(Q + b * sqb + h * sqh, offs_m, mmask, offs_d, sqt, D, BD, False, True)
+    do = _load_rows(DO + b * sqb + h * sqh, offs_m, mmask, offs_d, sqt, D, BD, False, True)
+    lse = tl.load(LSE + pid_bh * T + offs_m, mask=mmask, other=float("inf"))
+    delta = tl.load(DELTA + pid_bh * T + offs_m, mask=mmask, other=0.0)
     t0 = pid_m * BM
-    lo, hi = _key_range(t0, tl.minimum(T, t0 + BM), NK, STRIDE, OFF, WIN)
+    t1 = tl.minimum(T, t0 + BM)
+    lo, hi = _key_range(t0, t1, NK, STRIDE, OFF, WIN)
     lo = (lo // BN) * BN
+    f0, f1 = _interior_keys(lo, hi, t0, t1, NK, STRIDE, OFF, WIN, BN)
     dq = tl.zeros([BM, BD], tl.float32)
     kbase = K + b * skb + g * skh
     vbase = V + b * skb + g * skh
-    for s0 in range(lo, hi, BN):
-        offs_n = s0 + tl.arange(0, BN)
-        nmask = offs_n < NK
-        kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
-                     mask=nmask[None, :] & dmask[:, None], other=0.0)
-        vt = tl.load(vbase + offs_n[None, :] * skt + offs_d[:, None],
-                     mask=nmask[None, :] & dmask[:, None], other=0.0)
-        s = tl.dot(q, kt, input_precision=PREC) * scale
-        e = offs_n * STRIDE + OFF
-        vis = (e[None, :] <= offs_m[:, None]) & (offs_m[:, None] - e[None, :] < WIN) & nmask[None, :]
-        p = tl.exp(tl.where(vis, s - lse[:, None], float("-inf")))
-        dp = tl.dot(do, vt, input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
-    tl.store(DQ + qoff, (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
+    for s0 in range(lo, f0, BN):
+        dq = _dq_tile(q, do, lse, delta, dq, kbase, vbase, s0, offs_m, offs_d, skt, NK, qk_scale,
+                      STRIDE, OFF, WIN, D, BD, BN, True, PREC)
+    for s0 in range(f0, f1, BN):
+        dq = _dq_tile(q, do, lse, delta, dq, kbase, vbase, s0, offs_m, offs_d, skt, NK, qk_scale,
+                      STRIDE, OFF, WIN, D, BD, BN, False, PREC)
+    for s0 in range(f1, hi, BN):
+        dq = _dq_tile(q, do, lse, delta, dq, kbase, vbase, s0, offs_m, offs_d, skt, NK, qk_scale,
+                      STRIDE, OFF, WIN, D, BD, BN, True, PREC)
+    tl.store(DQ + b * sqb + offs_m[:, None] * sqt + h * sqh + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=mmask[:, None] & (offs_d < D)[None, :])
 
 
 @triton.jit
-def _band_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DKP, DVP,
+def _dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, it, b, h, offs_n, offs_d, e, sqb, sqt, sqh, T, H,
+               qk_scale, WIN, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+               PREC: tl.constexpr):
+    offs_m = it * BM + tl.arange(0, BM)
+    mmask = offs_m < T
+    qt = _load_rows(Q + b * sqb + h * sqh, offs_m, mmask, offs_d, sqt, D, BD, True, MASKED)
+    dot_ = _load_rows(DO + b * sqb + h * sqh, offs_m, mmask, offs_d, sqt, D, BD, True, MASKED)
+    if MASKED:
+        lse = tl.load(LSE + (b * H + h) * T + offs_m, mask=mmask, other=float("inf"))
+        delta = tl.load(DELTA + (b * H + h) * T + offs_m, mask=mmask, other=0.0)
+    else:
+        lse = tl.load(LSE + (b * H + h) * T + offs_m)
+        delta = tl.load(DELTA + (b * H + h) * T + offs_m)
+    st = tl.dot(k, qt, input_precision=PREC) * qk_scale - lse[None, :]
+    if MASKED:
+        vis = (e[:, None] <= offs_m[None, :]) & (offs_m[None, :] - e[:, None] < WIN) & mmask[None, :]
+        st = tl.where(vis, st, float("-inf"))
+    pt = tl.exp2(st)
+    dv += tl.dot(pt.to(dot_.dtype), tl.trans(dot_), input_precision=PREC)
+    dpt = tl.dot(v, dot_, input_precision=PREC)
+    dst = pt * (dpt - delta[None, :])
+    dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=PREC)
+    return dk, dv
+
+
+@tunable(_configs(DKDV_TILES), BAND_KEY, _tiles_for(DKDV_TILES))
+@triton.jit
+def _band_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    sqb, sqt, sqh, skb, skt, skh, spart, spb, spt, sph,
-                   T, NK, H, HPG, scale, STRIDE, OFF, WIN,
+                   T, NK, H, HPG, qk_scale, scale, STRIDE, OFF, WIN, BG,
                    NSPLIT: tl.constexpr,
                    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    PREC: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_bg = tl.program_id(1)
-    sp = tl.program_id(2)
+    # 1-D grid, key tile slowest: the first key tiles (the most later queries to visit) of
+    # every (batch, group, split) start first and the short ones fill in behind them
+    pid = tl.program_id(0)
+    pid_n = pid // (BG * NSPLIT)
+    pid_bg = (pid // NSPLIT) % BG
+    sp = pid % NSPLIT
     G = H // HPG
     b = pid_bg // G
     g = pid_bg % G
     offs_n = pid_n * BN + tl.arange(0, BN)
     nmask = offs_n < NK
     offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
-    kvmask = nmask[:, None] & dmask[None, :]
-    kvoff = b * skb + offs_n[:, None] * skt + g * skh + offs_d[None, :]
-    k = tl.load(K + kvoff, mask=kvmask, other=0.0)
-    v = tl.load(V + kvoff, mask=kvmask, other=0.0)
+    k = _load_rows(K + b * skb + g * skh, offs_n, nmask, offs_d, skt, D, BD, False, True)
+    v = _load_rows(V + b * skb + g * skh, offs_n, nmask, offs_d, skt, D, BD, False, True)
     e = offs_n * STRIDE + OFF
     s_last = tl.minimum(pid_n * BN + BN, NK) - 1
-    t_lo = pid_n * BN * STRIDE + OFF
-    t_hi = tl.minimum(T, s_last * STRIDE + OFF + WIN)
-    first = t_lo // BM
+    e_last = s_last * STRIDE + OFF
+    t_hi = tl.minimum(T, e_last + WIN)
+    first = (pid_n * BN * STRIDE + OFF) // BM
     n_tiles = tl.cdiv(t_hi, BM)
+    # this split's contiguous share of the query tiles (equal work: every tile costs the same)
+    per = tl.cdiv(tl.maximum(n_tiles - first, 0), NSPLIT)
+    a = tl.minimum(first + sp * per, n_tiles)
+    z = tl.minimum(a + per, n_tiles)
+    # interior query tiles: every row sees every key of the tile (all keys real and ended,
+    # all within the window, all rows < T)
+    i0 = tl.where(pid_n * BN + BN <= NK, tl.cdiv(e_last, BM), n_tiles)
+    last_row = pid_n * BN * STRIDE + OFF + WIN - BM  # first row of the last tile in every key's window
+    i1 = tl.minimum(tl.where(last_row >= 0, tl.maximum(last_row, 0) // BM + 1, 0), T // BM)
+    i0 = tl.minimum(tl.maximum(i0, a), z)
+    i1 = tl.minimum(tl.maximum(i1, i0), z)
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
     for hh in range(0, HPG):
         h = g * HPG + hh
-        for it in range(first + sp, n_tiles, NSPLIT):
-            offs_m = it * BM + tl.arange(0, BM)
-            mmask = offs_m < T
-            qoff = b * sqb + offs_m[None, :] * sqt + h * sqh + offs_d[:, None]
-            qt = tl.load(Q + qoff, mask=mmask[None, :] & dmask[:, None], other=0.0)
-            dot_ = tl.load(DO + qoff, mask=mmask[None, :] & dmask[:, None], other=0.0)
-            lse = tl.load(LSE + (b * H + h) * T + offs_m, mask=mmask, other=float("inf"))
-            delta = tl.load(DELTA + (b * H + h) * T + offs_m, mask=mmask, other=0.0)
-            st = tl.dot(k, qt, input_precision=PREC) * scale
-            vis = (e[:, None] <= offs_m[None, :]) & (offs_m[None, :] - e[:, None] < WIN) & mmask[None, :]
-            pt = tl.exp(tl.where(vis, st - lse[None, :], float("-inf")))
-            dv += tl.dot(pt.to(dot_.dtype), tl.trans(dot_), input_precision=PREC)
-            dpt = tl.dot(v, dot_, input_precision=PREC)
-            dst = pt * (dpt - delta[None, :])
-            dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=PREC)
+        for it in range(a, i0):
+            dk, dv = _dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, it, b, h, offs_n, offs_d, e, sqb, sqt, sqh,
+                                T, H, qk_scale, WIN, D, BD, BM, True, PREC)
+        for it in range(i0, i1):
+            dk, dv = _dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, it, b, h, offs_n, offs_d, e, sqb, sqt, sqh,
+                                T, H, qk_scale, WIN, D, BD, BM, False, PREC)
+        for it in range(i1, z):
+            dk, dv = _dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, it, b, h, offs_n, offs_d, e, sqb, sqt, sqh,
+                                T, H, qk_scale, WIN, D, BD, BM, True, PREC)
     poff = sp * spart + b * spb + offs_n[:, None] * spt + g * sph + offs_d[None, :]
-    tl.store(DKP + poff, dk * scale, mask=kvmask)
-    tl.store(DVP + poff, dv, mask=kvmask)
+    kvmask = nmask[:, None] & (offs_d < D)[None, :]
+    tl.store(DK + poff, (dk * scale).to(DK.dtype.element_ty), mask=kvmask)
+    tl.store(DV + poff, dv.to(DV.dtype.element_ty), mask=kvmask)
 
 
 def _prec(x: torch.Tensor) -> str:
@@ -189,33 +329,26 @@ def _prec(x: torch.Tensor) -> str:
     return "tf32" if x.dtype in (torch.float16, torch.bfloat16) else "ieee"
 
 
-def _blocks(d: int) -> tuple[int, int, int]:
-    """Forward tiles (BD, BM query rows, BN keys), 4 warps."""
-    bd = max(16, triton.next_power_of_2(d))
-    return bd, 64 if bd <= 64 else 32, 64 if bd <= 64 else 32
+def _bd(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
 
 
-# Backward tiles: 64 query rows x 32 keys for every head dim, 8 warps (dq: one program per
-# 64 queries stepping over 32 keys; dK/dV: one program per 32 keys stepping over 64
-# queries). The forward's 64 x 64 on 4 warps spilled in both backward kernels on sm_80 at
-# D = 64 (bench/compile_check.py; docs/kernels.md has the table).
-BWD_BM, BWD_BN, BWD_WARPS = 64, 32, 8
+# The dK/dV key tile of the default config (sizes the compressed split, _cmp_split).
+BWD_BN = 32
 
 
 def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stride: int, off: int, win: int,
                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output [B,T,H,D] and row LSE [B,H,T] (fp32, +inf for rows that see no key)."""
+    """Output [B,T,H,D] and row LSE [B,H,T] (fp32, log2 units, +inf for rows that see no key)."""
     B, T, H, D = q.shape
     NK, G = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, device=q.device, dtype=torch.float32)
     if T == 0:
         return o, lse
-    bd, bm, bn = _blocks(D)
-    grid = (triton.cdiv(T, bm), B * H)
-    _band_fwd[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *o.stride()[:3],
-                    T, NK, H, H // G, scale, stride, off, win,
-                    D=D, BD=bd, BM=bm, BN=bn, PREC=_prec(q))
+    launch(_band_fwd, lambda meta: (triton.cdiv(T, meta["BM"]), B * H),
+           q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *o.stride()[:3],
+           T, NK, H, H // G, scale * LOG2E, stride, off, win, D=D, BD=_bd(D), PREC=_prec(q))
     return o, lse
 
 
@@ -226,20 +359,27 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     B, T, H, D = q.shape
     NK, G = k.shape[1], k.shape[2]
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1).permute(0, 2, 1).contiguous()  # [B,H,T]
     dq = torch.empty_like(q)
-    bd, bm, bn = _blocks(D)[0], BWD_BM, BWD_BN
     prec = _prec(q)
     if T > 0:
-        _band_bwd_dq[(triton.cdiv(T, bm), B * H)](
-            q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3],
-            T, NK, H, H // G, scale, stride, off, win, D=D, BD=bd, BM=bm, BN=bn, PREC=prec,
-            num_warps=BWD_WARPS)
-    dkp = torch.zeros(nsplit, B, NK, G, D, device=q.device, dtype=torch.float32)
-    dvp = torch.zeros_like(dkp)
-    if NK > 0 and T > 0:
-        _band_bwd_dkdv[(triton.cdiv(NK, bn), B * G, nsplit)](
-            q, k, v, do, lse, delta, dkp, dvp, *q.stride()[:3], *k.stride()[:3], *dkp.stride()[:4],
-            T, NK, H, H // G, scale, stride, off, win, NSPLIT=nsplit,
-            D=D, BD=bd, BM=bm, BN=bn, PREC=prec, num_warps=BWD_WARPS)
-    return dq, dkp.sum(0).to(k.dtype), dvp.sum(0).to(v.dtype)
+        delta = row_delta(o, do, heads_major=True)  # [B,H,T]
+        launch(_band_bwd_dq, lambda meta: (triton.cdiv(T, meta["BM"]), B * H),
+               q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3],
+               T, NK, H, H // G, scale * LOG2E, scale, stride, off, win, D=D, BD=_bd(D), PREC=prec)
+    if NK == 0 or T == 0:
+        return dq, torch.zeros_like(k), torch.zeros_like(v)
+    if nsplit == 1:  # written in place, in k's dtype: no partials, no sum
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dks, dvs = dk, dv
+        strides = (0, *dk.stride()[:3])
+    else:  # every element of every split is written: empty, not zeros
+        dks = torch.empty(nsplit, B, NK, G, D, device=q.device, dtype=torch.float32)
+        dvs = torch.empty_like(dks)
+        strides = dks.stride()[:4]
+    launch(_band_bwd_dkdv, lambda meta: (triton.cdiv(NK, meta["BN"]) * B * G * nsplit,),
+           q, k, v, do, lse, delta, dks, dvs, *q.stride()[:3], *k.stride()[:3], *strides,
+           T, NK, H, H // G, scale * LOG2E, scale, stride, off, win, B * G, NSPLIT=nsplit,
+           D=D, BD=_bd(D), PREC=prec)
+    if nsplit == 1:
+        return dq, dk, dv
+    return dq, dks.sum(0).to(k.dtype), dvs.sum(0).to(v.dtype)

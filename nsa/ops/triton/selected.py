@@ -25,7 +25,37 @@ import torch
 import triton
 import triton.language as tl
 
-from .band import NEG, _prec
+from .band import LOG2E, NEG, _prec
+from .bitonic import NO_BLOCK, _bitonic_sort
+from .glue import row_delta
+from .tuning import launch, tunable
+
+# Query positions per forward/dQ program. None: ``_positions`` (about 32 rows of positions x
+# heads); an int forces it (bench.run --sel-positions).
+POSITIONS: int | None = None
+ROWS = 32  # forward/dQ rows a program aims at (positions x padded heads)
+MAX_POSITIONS = 16  # at most this many positions share one union of blocks
+
+
+def _warps(rows: int, bd: int, four_up_to: int) -> int:
+    """4 warps, or 8 once a ``rows x bd`` tile passes ``four_up_to`` elements (4 spilled
+    there: bench/compile_check.py)."""
+    return 4 if rows * bd <= four_up_to else 8
+
+
+def _fwd_warps(rows: int, bd: int, four_up_to: int) -> int:
+    """Forward/dQ warps: 2 for a 16-row tile (4 warps would split 16 rows x 64 keys into
+    16 x 16 slivers), else as ``_warps`` (bench/compile_check.py)."""
+    return 2 if rows <= 16 and bd <= 64 else _warps(rows, bd, four_up_to)
+
+
+# Forward and dQ state ptxas's own ceiling of 255 registers: without it ptxas (Triton
+# passes --regAllocOptLevel=2) trims them to an occupancy step (96 or 128 registers) at
+# the price of a few bytes of spill. Not for dK/dV: there it made ptxas 12.9 (sm_80) spill.
+MAXNREG = 255
+# Forward/dQ tune warps and the software-pipelining depth STAGES of the block loop (the
+# next block's K/V load is issued while this one is computed; the union list makes its
+# address known ahead): 2 stages by default (tuning.py, the configs below).
 
 
 @triton.jit
@@ -42,32 +72,70 @@ def _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL,
     # block indices fit int32 (Ns < 2**31); int64 doubled this tile's registers
     sel = tl.load(IDX + b * sib + t_r[:, None] * sit + g * sig + slots[None, :],
                   mask=valid[:, None] & (slots < NSEL)[None, :], other=-1).to(tl.int32)
-    return p_r, h_r, t_r, valid, sel
+    return h_r, t_r, valid, sel
 
 
 @triton.jit
-def _next_block(IDX, sib, sit, sig, b, g, t0, p, slot, T, sel, p_r):
-    """Block of (position t0+p, slot), and whether this program handles it now: it exists
-    and no earlier position of the tile selected it (each block once per tile)."""
-    tp = t0 + p
-    j = tl.load(IDX + b * sib + tl.minimum(tp, T - 1) * sit + g * sig + slot).to(tl.int32)
-    j = tl.where(tp < T, j, -1)
-    earlier = tl.sum(((sel == j) & (p_r < p)[:, None]).to(tl.int32))
-    member = tl.sum((sel == j).to(tl.int32), 1) > 0  # rows whose position selected j
-    return j, (j >= 0) & (earlier == 0), member
+def _union(IDX, SCR, sib, sit, sig, t0, b, g, T, NSEL,
+           P: tl.constexpr, NP: tl.constexpr, LOGU: tl.constexpr):
+    """The distinct blocks that positions t0..t0+P-1 selected, ascending, written to this
+    program's scratch row; returns (the row, how many). Computed once per program so the
+    block loop has a fixed list (no per-block branch) whose next entry can be prefetched:
+    sort the P*NP slots (-1 last), drop each entry equal to its predecessor (read back
+    from the scratch row), sort again."""
+    U: tl.constexpr = P * NP
+    u = tl.arange(0, U)
+    t = t0 + u // NP
+    slot = u % NP
+    x = tl.load(IDX + b * sib + t * sit + g * sig + slot, mask=(t < T) & (slot < NSEL), other=-1).to(tl.int32)
+    x = tl.where(x >= 0, x, NO_BLOCK)
+    xs = tl.reshape(_bitonic_sort(tl.reshape(x, [1, U]), 0, 1, U, LOGU), [U])
+    row = SCR + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * U
+    tl.store(row + u, xs)
+    tl.debug_barrier()
+    prev = tl.load(row + u - 1, mask=u > 0, other=-1)
+    keep = (xs != prev) & (xs != NO_BLOCK)
+    tl.debug_barrier()  # every thread has read its predecessor before the row is rewritten
+    xs = tl.reshape(_bitonic_sort(tl.reshape(tl.where(keep, xs, NO_BLOCK), [1, U]), 0, 1, U, LOGU), [U])
+    tl.store(row + u, xs)
+    tl.debug_barrier()
+    return row, tl.sum(keep.to(tl.int32), 0)
 
 
+def _sel_configs() -> list[triton.Config]:
+    return [triton.Config({"STAGES": s}, num_warps=w, maxnreg=MAXNREG) for w in (2, 4, 8) for s in (2, 3)]
+
+
+def _sel_prune(four_up_to: int):
+    """Forward/dQ configs for a launch's tile (R rows x BD): the default warps with 2 and
+    (tiles of at most 32 rows) 3 pipeline stages, then twice the warps (up to 8) with 2.
+    A third stage on a 64-row tile took the dQ to 255 registers and a 36 B spill (sm_80,
+    D = 64, 8 warps: bench/compile_check.py)."""
+    def prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
+        w = _fwd_warps(kwargs["R"], kwargs["BD"], four_up_to)
+        pick = [(w, 2)] + ([(w, 3)] if kwargs["R"] <= 32 else []) + ([(2 * w, 2)] if w < 8 else [])
+        by = {(c.num_warps, c.kwargs["STAGES"]): c for c in configs}
+        return [by[p] for p in pick]
+    return prune
+
+
+SEL_KEY = ["T", "HPG", "NSEL", "BS", "D"]
+
+
+@tunable(_sel_configs(), SEL_KEY, _sel_prune(64 * 64))
 @triton.jit
-def _sel_fwd(Q, K, V, IDX, OUT, LSE,
+def _sel_fwd(Q, K, V, IDX, SCR, OUT, LSE,
              sqb, sqt, sqh, skb, skt, skh, sib, sit, sig,
-             T, G, HPG, NSEL, scale,
+             T, G, HPG, NSEL, qk_scale,
              BS: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, HPGP: tl.constexpr, P: tl.constexpr,
-             NP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+             NP: tl.constexpr, LOGU: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
+             PREC: tl.constexpr):
     t0 = tl.program_id(0) * P
     pid_bg = tl.program_id(1)
     b = pid_bg // G
     g = pid_bg % G
-    p_r, h_r, t_r, valid, sel = _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL, R, HPGP, P, NP)
+    h_r, t_r, valid, sel = _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL, R, HPGP, P, NP)
+    row, nu = _union(IDX, SCR, sib, sit, sig, t0, b, g, T, NSEL, P, NP, LOGU)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
     qoff = b * sqb + t_r[:, None] * sqt + (g * HPG + h_r)[:, None] * sqh + offs_d[None, :]
@@ -78,78 +146,79 @@ def _sel_fwd(Q, K, V, IDX, OUT, LSE,
     acc = tl.zeros([R, BD], tl.float32)
     kbase = K + b * skb + g * skh
     vbase = V + b * skb + g * skh
-    for p in range(0, P):
-        for slot in range(0, NSEL):
-            j, todo, member = _next_block(IDX, sib, sit, sig, b, g, t0, p, slot, T, sel, p_r)
-            if todo:
-                offs_n = j * BS + tl.arange(0, LS)
-                nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
-                kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
-                             mask=nmask[None, :] & dmask[:, None], other=0.0)
-                s = tl.dot(q, kt, input_precision=PREC) * scale
-                vis = (member & valid)[:, None] & nmask[None, :] & (offs_n[None, :] <= t_r[:, None])
-                s = tl.where(vis, s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                pr = tl.exp(s - m_new[:, None])
-                alpha = tl.exp(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(pr, 1)
-                v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :],
-                            mask=nmask[:, None] & dmask[None, :], other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
-                m_i = m_new
+    for u in tl.range(0, nu, num_stages=STAGES):
+        j = tl.load(row + u)
+        offs_n = j * BS + tl.arange(0, LS)
+        nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
+        kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
+                     mask=nmask[None, :] & dmask[:, None], other=0.0)
+        v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :],
+                    mask=nmask[:, None] & dmask[None, :], other=0.0)
+        member = tl.sum((sel == j).to(tl.int32), 1) > 0  # rows whose position selected j
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale  # log2 units
+        vis = (member & valid)[:, None] & nmask[None, :] & (offs_n[None, :] <= t_r[:, None])
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        pr = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(pr, 1)
+        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("inf"))
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("inf"))  # log2 units
     tl.store(OUT + qoff, out.to(OUT.dtype.element_ty), mask=qmask)
     tl.store(LSE + (b * T + t_r) * G * HPG + g * HPG + h_r, lse, mask=valid)
 
 
+@tunable(_sel_configs(), SEL_KEY, _sel_prune(32 * 64))
 @triton.jit
-def _sel_bwd_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
+def _sel_bwd_dq(Q, K, V, IDX, SCR, DO, LSE, DELTA, DQ,
                 sqb, sqt, sqh, skb, skt, skh, sib, sit, sig,
-                T, G, HPG, NSEL, scale,
+                T, G, HPG, NSEL, qk_scale, scale,
                 BS: tl.constexpr, LS: tl.constexpr, R: tl.constexpr, HPGP: tl.constexpr, P: tl.constexpr,
-                NP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+                NP: tl.constexpr, LOGU: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
+                PREC: tl.constexpr):
     t0 = tl.program_id(0) * P
     pid_bg = tl.program_id(1)
     b = pid_bg // G
     g = pid_bg % G
-    p_r, h_r, t_r, valid, sel = _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL, R, HPGP, P, NP)
+    h_r, t_r, valid, sel = _rows(IDX, sib, sit, sig, t0, b, g, T, HPG, NSEL, R, HPGP, P, NP)
+    row, nu = _union(IDX, SCR, sib, sit, sig, t0, b, g, T, NSEL, P, NP, LOGU)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
     qoff = b * sqb + t_r[:, None] * sqt + (g * HPG + h_r)[:, None] * sqh + offs_d[None, :]
     qmask = valid[:, None] & dmask[None, :]
     q = tl.load(Q + qoff, mask=qmask, other=0.0)
     do = tl.load(DO + qoff, mask=qmask, other=0.0)
-    row = (b * T + t_r) * G * HPG + g * HPG + h_r
-    lse = tl.load(LSE + row, mask=valid, other=float("inf"))
-    delta = tl.load(DELTA + row, mask=valid, other=0.0)
+    rid = (b * T + t_r) * G * HPG + g * HPG + h_r
+    lse = tl.load(LSE + rid, mask=valid, other=float("inf"))
+    delta = tl.load(DELTA + rid, mask=valid, other=0.0)
     dq = tl.zeros([R, BD], tl.float32)
     kbase = K + b * skb + g * skh
     vbase = V + b * skb + g * skh
-    for p in range(0, P):
-        for slot in range(0, NSEL):
-            j, todo, member = _next_block(IDX, sib, sit, sig, b, g, t0, p, slot, T, sel, p_r)
-            if todo:
-                offs_n = j * BS + tl.arange(0, LS)
-                nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
-                kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
-                             mask=nmask[None, :] & dmask[:, None], other=0.0)
-                vt = tl.load(vbase + offs_n[None, :] * skt + offs_d[:, None],
-                             mask=nmask[None, :] & dmask[:, None], other=0.0)
-                s = tl.dot(q, kt, input_precision=PREC) * scale
-                vis = (member & valid)[:, None] & nmask[None, :] & (offs_n[None, :] <= t_r[:, None])
-                pr = tl.exp(tl.where(vis, s - lse[:, None], float("-inf")))
-                dp = tl.dot(do, vt, input_precision=PREC)
-                ds = pr * (dp - delta[:, None])
-                dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
+    for u in tl.range(0, nu, num_stages=STAGES):
+        j = tl.load(row + u)
+        offs_n = j * BS + tl.arange(0, LS)
+        nmask = (tl.arange(0, LS) < BS) & (offs_n < T)
+        kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None],
+                     mask=nmask[None, :] & dmask[:, None], other=0.0)
+        vt = tl.load(vbase + offs_n[None, :] * skt + offs_d[:, None],
+                     mask=nmask[None, :] & dmask[:, None], other=0.0)
+        member = tl.sum((sel == j).to(tl.int32), 1) > 0
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        vis = (member & valid)[:, None] & nmask[None, :] & (offs_n[None, :] <= t_r[:, None])
+        pr = tl.exp2(tl.where(vis, s - lse[:, None], float("-inf")))
+        dp = tl.dot(do, vt, input_precision=PREC)
+        ds = pr * (dp - delta[:, None])
+        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
     tl.store(DQ + qoff, (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
 
 
 @triton.jit
 def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, KEY_OF_CHUNK, CHUNK_START, DKP, DVP,
                   sqb, sqt, sqh, skb, skt, skh,
-                  T, G, HPG, NS, NKEYS, CH, scale,
+                  T, G, HPG, NS, NKEYS, CH, qk_scale, scale,
                   BS: tl.constexpr, LS: tl.constexpr, HPP: tl.constexpr, HC: tl.constexpr,
                   QC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
     """Chunk c of the query list of one (b, g, block j): partial dK/dV of that block.
@@ -194,9 +263,9 @@ def _sel_bwd_dkdv(Q, K, V, DO, LSE, DELTA, TLIST, OFFS, KEY_OF_CHUNK, CHUNK_STAR
             row = (b * T + t) * G * HPG + h
             lse = tl.load(LSE + row, mask=valid, other=float("inf"))
             delta = tl.load(DELTA + row, mask=valid, other=0.0)
-            st = tl.dot(k, tl.trans(qr), input_precision=PREC) * scale
+            st = tl.dot(k, tl.trans(qr), input_precision=PREC) * qk_scale
             vis = nmask[:, None] & (offs_n[:, None] <= t[None, :]) & valid[None, :]
-            pt = tl.exp(tl.where(vis, st - lse[None, :], float("-inf")))
+            pt = tl.exp2(tl.where(vis, st - lse[None, :], float("-inf")))
             dv += tl.dot(pt.to(dor.dtype), dor, input_precision=PREC)
             dpt = tl.dot(v, tl.trans(dor), input_precision=PREC)
             dst = pt * (dpt - delta[None, :])
@@ -231,27 +300,11 @@ def _sel_bwd_reduce(DKP, DVP, CHUNK_START, DK, DV, skb, skt, skh, T, G, NS,
     tl.store(DV + kvoff, dv.to(DV.dtype.element_ty), mask=kvmask)
 
 
-# Query positions per forward/dQ program. None: enough positions to fill a 16-row tile
-# (1 when a group has >= 16 heads, as in nsa-125m and the paper); 1 forces pure padding.
-POSITIONS: int | None = None
-
-
-def _warps(rows: int, bd: int, four_up_to: int) -> int:
-    """4 warps, or 8 once a ``rows x bd`` tile passes ``four_up_to`` elements (4 spilled
-    there: bench/compile_check.py)."""
-    return 4 if rows * bd <= four_up_to else 8
-
-
-# Forward and dQ state ptxas's own ceiling of 255 registers: without it ptxas (Triton
-# passes --regAllocOptLevel=2) trims them to an occupancy step (96 or 128 registers) at
-# the price of a few bytes of spill. Not for dK/dV: there it made ptxas 12.9 (sm_80) spill.
-MAXNREG = 255
-
-
 def _sizes(hpg: int, d: int, block: int, positions: int | None) -> tuple[int, int, int, int, int, int]:
     """(forward/dQ rows R, positions P, padded heads HPGP, dK/dV positions per tile QC, BD, LS)."""
     hpgp = triton.next_power_of_2(hpg)
-    pos = positions if positions is not None else (POSITIONS or max(1, 16 // hpgp))
+    pos = positions if positions is not None else (POSITIONS or max(1, min(MAX_POSITIONS, ROWS // hpgp)))
+    pos = triton.next_power_of_2(pos)  # the union sorts P x NP slots: a power of two
     rows = max(16, triton.next_power_of_2(pos * hpgp))  # rows beyond pos * hpgp are zero padding
     qc = max(1, 32 // hpgp)  # dK/dV rows: QC positions x heads, 32 (64 spilled: docs/kernels.md)
     return rows, pos, hpgp, qc, max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(block))
@@ -280,9 +333,16 @@ def inverted_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torc
     return tlist, offsets
 
 
+def _union_args(T: int, B: int, G: int, n: int, pos: int, device: torch.device) -> tuple[torch.Tensor, dict]:
+    """The per-program scratch rows of ``_union`` and its constexprs (NP slots, log2 of P x NP)."""
+    np_ = triton.next_power_of_2(max(n, 1))
+    scratch = torch.empty(triton.cdiv(T, pos) * B * G * pos * np_, device=device, dtype=torch.int32)
+    return scratch, dict(NP=np_, LOGU=(pos * np_).bit_length() - 1)
+
+
 def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, block: int,
                      scale: float, positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output [B,T,H,D] and LSE [B,T,H] (fp32)."""
+    """Output [B,T,H,D] and LSE [B,T,H] (fp32, log2 units)."""
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
     o = torch.empty_like(q)
@@ -290,10 +350,11 @@ def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     if T == 0:
         return o, lse
     rows, pos, hpgp, _, bd, ls = _sizes(H // G, D, block, positions)
-    _sel_fwd[(triton.cdiv(T, pos), B * G)](
-        q, k, v, idx, o, lse, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3], T, G, H // G, n, scale,
-        BS=block, LS=ls, R=rows, HPGP=hpgp, P=pos, NP=triton.next_power_of_2(max(n, 1)), D=D, BD=bd,
-        PREC=_prec(q), num_warps=_warps(rows, bd, 64 * 64), maxnreg=MAXNREG)
+    scratch, u = _union_args(T, B, G, n, pos, q.device)
+    launch(_sel_fwd, (triton.cdiv(T, pos), B * G),
+           q, k, v, idx, scratch, o, lse, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3],
+           T, G, H // G, n, scale * LOG2E, BS=block, LS=ls, R=rows, HPGP=hpgp, P=pos, D=D, BD=bd,
+           PREC=_prec(q), **u)
     return o, lse
 
 
@@ -304,19 +365,19 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1).contiguous()  # [B,T,H]
     dq = torch.empty_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    dk = torch.empty_like(k)  # _sel_bwd_reduce writes every block, so every row
+    dv = torch.empty_like(v)
     if T == 0:
         return dq, dk, dv
+    delta = row_delta(o, do, heads_major=False)  # [B,T,H]
     rows, pos, hpp, qc, bd, ls = _sizes(H // G, D, block, positions)
     prec = _prec(q)
-    _sel_bwd_dq[(triton.cdiv(T, pos), B * G)](
-        q, k, v, idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3],
-        T, G, H // G, n, scale, BS=block, LS=ls, R=rows, HPGP=hpp, P=pos,
-        NP=triton.next_power_of_2(max(n, 1)), D=D, BD=bd, PREC=prec,
-        num_warps=_warps(rows, bd, 64 * 64), maxnreg=MAXNREG)
+    scratch, u = _union_args(T, B, G, n, pos, q.device)
+    launch(_sel_bwd_dq, (triton.cdiv(T, pos), B * G),
+           q, k, v, idx, scratch, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *idx.stride()[:3],
+           T, G, H // G, n, scale * LOG2E, scale, BS=block, LS=ls, R=rows, HPGP=hpp, P=pos, D=D, BD=bd,
+           PREC=prec, **u)
     ns = triton.cdiv(T, block)
     nkeys = B * G * ns
     tlist, offsets = inverted_index(idx, ns)
@@ -333,7 +394,8 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     dkp = torch.empty(max_chunks, ls, bd, device=q.device, dtype=torch.float32)
     dvp = torch.empty_like(dkp)
     _sel_bwd_dkdv[(max_chunks,)](q, k, v, do, lse, delta, tlist, offsets, key_of_chunk, chunk_start, dkp, dvp,
-                                 *q.stride()[:3], *k.stride()[:3], T, G, H // G, ns, nkeys, ch, scale,
+                                 *q.stride()[:3], *k.stride()[:3], T, G, H // G, ns, nkeys, ch,
+                                 scale * LOG2E, scale,
                                  BS=block, LS=ls, HPP=hpp, HC=_dkdv_heads(hpp), QC=qc, D=D, BD=bd,
                                  PREC=prec, num_warps=_warps(qc * _dkdv_heads(hpp), bd, 32 * 64))
     _sel_bwd_reduce[(nkeys,)](dkp, dvp, chunk_start, dk, dv, *k.stride()[:3], T, G, ns,

@@ -1,0 +1,177 @@
+"""Small kernels around the attention kernels: the backward's ``delta``, the gated
+combine of the three branches, and RoPE.
+
+``delta[b, t, h] = sum_d dO * O`` (fp32) feeds every FlashAttention-style backward. In
+torch it was three passes over fp32 copies (``do.float()``, ``o.float()``, the product)
+plus the sum: about 14 bytes moved per element of a bf16 O. Here one program reads a tile
+of rows of O and dO once in their own dtype and writes one fp32 per row: 4 bytes per
+element plus 4 per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _delta_kernel(OUT, DOUT, DELTA, n_rows, T, H, sdb, sdt, sdh,
+                  D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    offs_d = tl.arange(0, BD)
+    m = (r < n_rows)[:, None] & (offs_d < D)[None, :]
+    off = r[:, None] * D + offs_d[None, :]
+    o = tl.load(OUT + off, mask=m, other=0.0).to(tl.float32)
+    do = tl.load(DOUT + off, mask=m, other=0.0).to(tl.float32)
+    h = r % H
+    t = (r // H) % T
+    b = r // (H * T)
+    tl.store(DELTA + b * sdb + t * sdt + h * sdh, tl.sum(o * do, 1), mask=r < n_rows)
+
+
+def row_delta(o: torch.Tensor, do: torch.Tensor, heads_major: bool) -> torch.Tensor:
+    """``rowsum(dO * O)`` of ``[B,T,H,D]`` tensors in fp32: ``[B,H,T]`` when ``heads_major``
+    (the band kernels' layout), else ``[B,T,H]`` (the selected kernels')."""
+    B, T, H, D = o.shape
+    o, do = o.contiguous(), do.contiguous()
+    delta = torch.empty((B, H, T) if heads_major else (B, T, H), device=o.device, dtype=torch.float32)
+    n_rows = B * T * H
+    if n_rows == 0:
+        return delta
+    sdb, sdt, sdh = (H * T, 1, T) if heads_major else (T * H, H, 1)
+    bd = max(16, triton.next_power_of_2(D))
+    br = max(1, 4096 // bd)  # ~4k elements of each input per program
+    _delta_kernel[(triton.cdiv(n_rows, br),)](o, do, delta, n_rows, T, H, sdb, sdt, sdh, D=D, BD=bd, BR=br)
+    return delta
+
+
+@triton.jit
+def _combine_fwd(GATE, A, B, C, OUT, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = r < n_rows
+    offs_d = tl.arange(0, BD)
+    m = rmask[:, None] & (offs_d < D)[None, :]
+    off = r[:, None] * D + offs_d[None, :]
+    g0 = tl.load(GATE + r * 3, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    g1 = tl.load(GATE + r * 3 + 1, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    g2 = tl.load(GATE + r * 3 + 2, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    out = (g0 * tl.load(A + off, mask=m, other=0.0).to(tl.float32)
+           + g1 * tl.load(B + off, mask=m, other=0.0).to(tl.float32)
+           + g2 * tl.load(C + off, mask=m, other=0.0).to(tl.float32))
+    tl.store(OUT + off, out.to(OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _combine_grad(GATE, X, DX, DGATE, do, r, rmask, off, m, C: tl.constexpr):
+    """Branch C's share of the backward: dX = g_C * dOut, dg_C = rowsum(dOut * X)."""
+    g = tl.load(GATE + r * 3 + C, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(DX + off, (g[:, None] * do).to(DX.dtype.element_ty), mask=m)
+    x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
+    tl.store(DGATE + r * 3 + C, tl.sum(do * x, 1), mask=rmask)
+
+
+@triton.jit
+def _combine_bwd(GATE, A, B, C, DOUT, DA, DB, DC, DGATE, n_rows,
+                 D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = r < n_rows
+    offs_d = tl.arange(0, BD)
+    m = rmask[:, None] & (offs_d < D)[None, :]
+    off = r[:, None] * D + offs_d[None, :]
+    do = tl.load(DOUT + off, mask=m, other=0.0).to(tl.float32)
+    _combine_grad(GATE, A, DA, DGATE, do, r, rmask, off, m, 0)
+    _combine_grad(GATE, B, DB, DGATE, do, r, rmask, off, m, 1)
+    _combine_grad(GATE, C, DC, DGATE, do, r, rmask, off, m, 2)
+
+
+def _rows_per_program(d: int) -> tuple[int, int]:
+    bd = max(16, triton.next_power_of_2(d))
+    return bd, max(1, 4096 // bd)
+
+
+class GatedCombine(torch.autograd.Function):
+    """``out = g[..., 0] * a + g[..., 1] * b + g[..., 2] * c`` for gates ``g [B,T,H,3]`` and
+    branch outputs ``a, b, c [B,T,H,D]``: one kernel reads each input once and writes
+    ``out`` in the branches' dtype (bf16 in training), fp32 arithmetic inside. torch's
+    expression made five passes with rounded bf16 temporaries, and autograd six more."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        g, a, b, c = g.contiguous(), a.contiguous(), b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
+        out = torch.empty_like(a)
+        n_rows = a.numel() // a.shape[-1] if a.numel() else 0
+        if n_rows:
+            bd, br = _rows_per_program(a.shape[-1])
+            _combine_fwd[(triton.cdiv(n_rows, br),)](g, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br)
+        ctx.save_for_backward(g, a, b, c)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        g, a, b, c = ctx.saved_tensors
+        dout = dout.contiguous()
+        da, db, dc = torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
+        dg = torch.empty(g.shape, device=g.device, dtype=torch.float32)
+        n_rows = a.numel() // a.shape[-1] if a.numel() else 0
+        if n_rows:
+            bd, br = _rows_per_program(a.shape[-1])
+            _combine_bwd[(triton.cdiv(n_rows, br),)](g, a, b, c, dout, da, db, dc, dg, n_rows,
+                                                    D=a.shape[-1], BD=bd, BR=br)
+        return dg.to(g.dtype), da, db, dc
+
+
+@triton.jit
+def _rope_kernel(X, COS, SIN, Y, n_rows, T, H, sxb, sxt, sxh, syb, syt, syh, SIGN: tl.constexpr,
+                 HALF: tl.constexpr, BH: tl.constexpr, BR: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = r < n_rows
+    h = r % H
+    t = (r // H) % T
+    b = r // (H * T)
+    i = tl.arange(0, BH)
+    m = rmask[:, None] & (i < HALF)[None, :]
+    xp = X + (b * sxb + t * sxt + h * sxh)[:, None] + i[None, :]
+    x1 = tl.load(xp, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(xp + HALF, mask=m, other=0.0).to(tl.float32)
+    ang = t[:, None] * HALF + i[None, :]
+    cos = tl.load(COS + ang, mask=m, other=0.0)
+    sin = tl.load(SIN + ang, mask=m, other=0.0) * SIGN
+    yp = Y + (b * syb + t * syt + h * syh)[:, None] + i[None, :]
+    tl.store(yp, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=m)
+    tl.store(yp + HALF, (x1 * sin + x2 * cos).to(Y.dtype.element_ty), mask=m)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
+    B, T, H, D = x.shape
+    y = torch.empty(B, T, H, D, device=x.device, dtype=x.dtype)
+    n_rows = B * T * H
+    if n_rows == 0:
+        return y
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    half = D // 2
+    bh = max(16, triton.next_power_of_2(half))
+    br = max(1, 2048 // bh)
+    _rope_kernel[(triton.cdiv(n_rows, br),)](x, cos, sin, y, n_rows, T, H, *x.stride()[:3], *y.stride()[:3],
+                                             SIGN=sign, HALF=half, BH=bh, BR=br)
+    return y
+
+
+class Rope(torch.autograd.Function):
+    """RoPE (half-split layout, as ``nsa.model.rope.apply_rope``) in one pass: reads ``x
+    [B,T,heads,D]`` (any strides with unit last stride: the model's slices of its fused
+    K/V projection need no copy) in its own dtype, rotates in fp32, writes a contiguous
+    result in ``x``'s dtype. torch's version made ~10 fp32 passes over the tensor."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cos = cos.float().contiguous()
+        sin = sin.float().contiguous()
+        ctx.save_for_backward(cos, sin)
+        return _rope(x, cos, sin, 1)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        return _rope(dy, cos, sin, -1), None, None

@@ -1,0 +1,69 @@
+"""The small kernels around attention (glue.py): delta, the gated combine, RoPE.
+
+Each against the torch expression it replaces, forward and backward, fp32 in the
+interpreter (and the 16-bit path in fp16, whose dtype handling is the point)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nsa.ops.triton as T_OPS
+from nsa.model.rope import apply_rope, rope_angles
+from nsa.ops.triton.glue import row_delta
+from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
+
+
+@pytest.mark.parametrize("heads_major", [False, True])
+def test_row_delta_is_rowsum_of_do_times_o(heads_major):
+    seed = fresh_seed()
+    o, do = torch.randn(2, 37, 3, 24), torch.randn(2, 37, 3, 24)  # D not a power of two
+    want = (o * do).sum(-1)
+    want = want.permute(0, 2, 1) if heads_major else want
+    got = row_delta(o, do, heads_major)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert rel_err(got, want) <= TOL, f"seed={seed}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_combine_matches_torch(dtype):
+    seed = fresh_seed()
+    B, T, H, D = 2, 29, 3, 40
+    g = torch.rand(B, T, H, 3)
+    os_ = [torch.randn(B, T, H, D).to(dtype) for _ in range(3)]
+    dout = torch.randn(B, T, H, D).to(dtype)
+    xs = [x.clone().requires_grad_() for x in (g, *os_)]
+    out = T_OPS.gated_combine(*xs)
+    out.backward(dout)
+    rs = [x.detach().double().requires_grad_() for x in (g, *os_)]
+    ref = rs[0][..., 0:1] * rs[1] + rs[0][..., 1:2] * rs[2] + rs[0][..., 2:3] * rs[3]
+    ref.backward(dout.double())
+    tol = TOL if dtype == torch.float32 else 1e-3
+    assert out.dtype == dtype and xs[0].grad.dtype == torch.float32
+    assert rel_err(out, ref) <= tol, f"seed={seed} out"
+    for i, (a, r) in enumerate(zip(xs, rs)):
+        assert a.grad.dtype == a.dtype and rel_err(a.grad, r.grad) <= tol, f"seed={seed} grad {i}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_kernel_matches_the_model_rope_on_a_strided_slice(dtype):
+    """The model rotates slices of its fused K/V projection: a view with gaps between heads."""
+    seed = fresh_seed()
+    B, T, G, D = 2, 33, 2, 24
+    kv = torch.randn(B, T, 6, G, D).to(dtype)
+    cos, sin = rope_angles(torch.arange(T), D, 10000.0)
+    x = kv[:, :, 2].clone().requires_grad_()
+    view = kv.clone()
+    view[:, :, 2] = x.detach()
+    strided = view[:, :, 2].requires_grad_(False)
+    got = T_OPS.apply_rope(strided, cos, sin)
+    assert got.dtype == dtype and got.is_contiguous()
+    ref = apply_rope(x.detach().float(), cos, sin)
+    tol = TOL if dtype == torch.float32 else 1e-3
+    assert rel_err(got, ref) <= tol, f"seed={seed} out"
+    dy = torch.randn(B, T, G, D).to(dtype)
+    a = x.detach().clone().requires_grad_()
+    T_OPS.apply_rope(a, cos, sin).backward(dy)
+    r = x.detach().float().requires_grad_()
+    apply_rope(r, cos, sin).backward(dy.float())
+    assert a.grad.dtype == dtype and rel_err(a.grad, r.grad) <= tol, f"seed={seed} grad"
