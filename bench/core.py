@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from nsa.ops import compressed_attention_and_selection, gated_combine
+
 NSA = dict(block=32, stride=16, select_block=64, num_selected=16, num_initial=1, num_local=2, window=512)
 
 
@@ -20,18 +22,25 @@ def nsa_attention(ops: Any, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates,
 
     ``idx``: use this block selection instead of the top-n of this call's scores (to
     compare two implementations on the same blocks: near-tied scores may rank apart).
-    ``trace``: receives this call's ``scores`` and ``idx``."""
+    ``trace``: receives this call's ``scores`` and ``idx``. Without either, the model's own path:
+    the top-n fused into the scores kernel (no scores tensor) and the gated sum as one kernel,
+    where ``ops`` has them."""
     G = k_slc.shape[2]
-    o_cmp, scores = ops.compressed_attention_and_scores(q, k_cmp, v_cmp, NSA["block"], NSA["stride"],
-                                                        NSA["select_block"], G)
-    if idx is None:
-        idx = ops.select_blocks(scores, NSA["select_block"], NSA["num_selected"], NSA["num_initial"],
-                                NSA["num_local"])
-    if trace is not None:
-        trace.update(scores=scores, idx=idx)
+    if idx is None and trace is None:  # what the model runs: the fused selection where ops has it
+        o_cmp, idx = compressed_attention_and_selection(
+            ops, q, k_cmp, v_cmp, NSA["block"], NSA["stride"], NSA["select_block"], G, NSA["num_selected"],
+            NSA["num_initial"], NSA["num_local"])
+    else:
+        o_cmp, scores = ops.compressed_attention_and_scores(q, k_cmp, v_cmp, NSA["block"], NSA["stride"],
+                                                            NSA["select_block"], G)
+        if idx is None:
+            idx = ops.select_blocks(scores, NSA["select_block"], NSA["num_selected"], NSA["num_initial"],
+                                    NSA["num_local"])
+        if trace is not None:
+            trace.update(scores=scores, idx=idx)
     o_slc = ops.selected_attention(q, k_slc, v_slc, idx, NSA["select_block"])
     o_win = ops.window_attention(q, k_win, v_win, NSA["window"])
-    return gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
+    return gated_combine(ops, gates, o_cmp, o_slc, o_win)
 
 
 def num_compressed(T: int) -> int:

@@ -291,7 +291,8 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: st
 
 def bench_select(impl: str, layout: str, T: int, B: int, warmup: int, iters: int,
                  device: str = "cuda") -> list[dict[str, Any]]:
-    """``select_topn`` row: the top-n alone on random scores (topk on packed keys vs full sort)."""
+    """``select_topn`` row: the top-n alone on random scores (``ops.select_blocks``: the Triton
+    selection kernel or the reference's torch top-n); the model fuses it into the scores kernel."""
     G = {**LAYOUTS, **EXTRA_LAYOUTS}[layout][1]
     ops = _ops(impl)
     ns = -(-T // NSA["select_block"])
