@@ -8,6 +8,7 @@ waits for it; after ``Timeouts.steady()`` (1 s) the second fails on rank 0; insi
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,15 @@ def main() -> None:
     else:
         time.sleep(6)  # alive, silent: only a timeout ends rank 0's wait before this
     (out / f"rank-{info.rank}.json").write_text(json.dumps(res))
+    if info.rank == 0:
+        # rank 0's group is broken by the timeout (as in a real run, which then fails): gloo aborts
+        # the process at exit, and torchrun would then kill rank 1 before it writes its file. Wait
+        # for it, then leave without the group's teardown.
+        deadline = time.monotonic() + 60
+        while not (out / "rank-1.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

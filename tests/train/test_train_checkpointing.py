@@ -37,6 +37,8 @@ def test_process_group_timeout_follows_the_phase(tmp_path: Path) -> None:
            str(worker), str(SMOKE), str(tmp_path)]
     proc = subprocess.run(cmd, cwd=REPO, env=train_env({"PYTHONPATH": str(REPO)}), capture_output=True,
                           text=True, timeout=110, start_new_session=True)
+    got = {p.name for p in tmp_path.glob("rank-*.json")}
+    assert got == {"rank-0.json", "rank-1.json"}, (got, proc.stderr[-3000:])
     r0 = json.loads((tmp_path / "rank-0.json").read_text())
     r1 = json.loads((tmp_path / "rank-1.json").read_text())
     assert r0["start"] == r1["start"] == "ok 2", (r0, r1, proc.stderr[-2000:])
