@@ -107,7 +107,8 @@ async def test_a_stopped_rank_is_alerted_with_evidence_and_delivered_then_falls_
     stacks = [f for f in evidence.alert.evidence if f.startswith("stacks/rank-0-")]
     assert stacks and "File " in (d / stacks[0]).read_text()  # rank 0's stack, waiting for rank 1
     # the policy: stop the run (KILL after 3 s: a stopped rank cannot end on TERM), relaunch on 1 GPU
-    rel = await until(lambda: read_json(d / "relaunch.json", Relaunch), 120, "the fallback")
+    rel = await until(lambda: read_json(d / "relaunch.json", Relaunch), 120, "the fallback",
+                      lambda: describe(d))
     assert rel.op == "fallback"
     child = read_json(root / rel.child_run / "launch.json", LaunchInfo)
     assert child is not None and child.nproc == 1 and child.parent_run == rid
