@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsa_tui.cli_text import runs_table
+from nsa_tui.cli_text import LineSplitter, runs_table
 from nsa_tui.runref import RunRefError, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_CONFIG, EXIT_NO_RUN, EXIT_UNREACHABLE, EXIT_UNHEALTHY = range(7)
@@ -219,16 +219,10 @@ async def _alerts(c: Any, args: argparse.Namespace) -> int:
 
 async def _logs(c: Any, args: argparse.Namespace) -> int:
     offset = 0
-    carry = ""  # --json: the start of a line that a read cut (1 MiB reads; a line still being written)
+    split = LineSplitter()  # --json: whole lines only
 
     def json_lines(text: str, final: bool) -> None:
-        nonlocal carry
-        lines = (carry + text).split("\n")
-        carry = lines.pop()
-        if final and carry:
-            lines.append(carry)
-            carry = ""
-        for line in lines:
+        for line in split.feed(text, final):
             print(json.dumps({"line": line}))
 
     while True:
@@ -249,7 +243,7 @@ async def _logs(c: Any, args: argparse.Namespace) -> int:
         if ev.kind == "log":
             offset = ev.offset
             for text in ev.data.lines:
-                line, carry = carry + text, ""  # the watch completes a cut line
+                line, split.carry = split.carry + text, ""  # the watch completes a cut line
                 print(json.dumps({"line": line}) if args.json else text, flush=True)
         elif ev.kind == "status" and not ev.initial and ev.data.status.is_terminal():
             rest = await c.read_log(args.run, offset)  # lines written after the last poll

@@ -22,6 +22,7 @@ from typing import Any
 
 from nsa.contract import RunStatus
 from nsa_tui import coordinator as co
+from nsa_tui.cli_text import LineSplitter
 from nsa_tui.client import AgentError, HostClient
 from nsa_tui.multihost import MergedRun, Part, group_views, merge
 
@@ -96,16 +97,10 @@ async def _logs(clients: dict[str, HostClient], hosts: list[str], args: argparse
 
     async def one(host: str) -> None:
         c = clients[host]
-        offset, carry = 0, ""
+        offset, split = 0, LineSplitter()
 
         def out(text: str, final: bool = False) -> None:
-            nonlocal carry
-            lines = (carry + text).split("\n")
-            carry = lines.pop()
-            if final and carry:
-                lines.append(carry)
-                carry = ""
-            for line in lines:
+            for line in split.feed(text, final):
                 text = json.dumps({"host": host, "line": line}) if args.json else f"[{host}] {line}"
                 print(text, flush=True)
 

@@ -14,6 +14,23 @@ MIN_NAME = 12
 WIDTH = 100
 
 
+class LineSplitter:
+    """Whole lines out of chunks of a log that a read may cut anywhere (1 MiB reads, a line
+    still being written): the cut start is kept for the next chunk."""
+
+    def __init__(self) -> None:
+        self.carry = ""
+
+    def feed(self, text: str, final: bool = False) -> list[str]:
+        """The lines that ``text`` completes; ``final``: the cut start too, as a line."""
+        lines = (self.carry + text).split("\n")
+        self.carry = lines.pop()
+        if final and self.carry:
+            lines.append(self.carry)
+            self.carry = ""
+        return lines
+
+
 def cut_middle(text: str, width: int) -> str:
     """``nsa-125m-…-fallback``: a long name keeps its start and its end (relaunch suffixes)."""
     if len(text) <= width:

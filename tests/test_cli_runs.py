@@ -16,7 +16,7 @@ import pytest
 from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, RunStatusReport, RunView
 from nsa.contract import write_json_atomic as write_json
 from nsa_tui import cli
-from nsa_tui.cli_text import runs_table, status_text
+from nsa_tui.cli_text import LineSplitter, runs_table, status_text
 from nsa_tui.runref import RunRefError, resolve, short_ids
 
 NOW = 1_800_000_000.0
@@ -33,6 +33,14 @@ RUNS = [view("20261123-101500-nsa-125m-fallback-resume-9f3a", LONG_NAME, "runnin
         view("20261123-101500-nsa-125m-77c1", "nsa-125m", world_size=2),
         view("20261122-080000-demo-0b48", "demo", created=NOW - 2 * 86400),
         view("20261121-080000-demo-aa01", "demo", created=NOW - 3 * 86400)]
+
+
+def test_log_chunks_cut_anywhere_give_whole_lines_once() -> None:
+    text = "step 1 loss 5.1\nstep 2 loss 4.9\nno newline at the end"
+    for cut in range(len(text) + 1):
+        split = LineSplitter()
+        lines = split.feed(text[:cut]) + split.feed(text[cut:]) + split.feed("", final=True)
+        assert lines == text.split("\n"), cut
 
 
 def test_runs_table_fits_100_columns_with_short_ids_and_age() -> None:
