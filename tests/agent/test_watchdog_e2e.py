@@ -19,6 +19,7 @@ import yaml
 from bench.watchdog_faults import events as alert_events
 from bench.watchdog_faults import steps
 from nsa.contract import LaunchInfo, Relaunch, RunInfo, read_json
+from nsa.train.checkpoint import find_latest
 from nsa_tui.agent.procs import run_processes
 from nsa_tui.client import HostClient
 from tests.agent.e2e import LONG, SMOKE
@@ -87,7 +88,10 @@ async def test_a_stopped_rank_is_alerted_with_evidence_and_delivered_then_falls_
     root, notified = host
     rid = await launch(root, "on_failure.grace_s=3", on_failure="fallback")
     d = root / rid
-    await until(lambda: len(steps(d)) >= 8, 120, "step 8")
+    # past step 8 and a complete checkpoint to fall back to (an async save in flight would never
+    # complete once a rank is frozen)
+    await until(lambda: len(steps(d)) >= 8 and find_latest(d / "checkpoints") is not None, 120,
+                "step 8 and a complete checkpoint", lambda: describe(d))
     pid = rank_pid(rid, 1)
     os.kill(pid, signal.SIGSTOP)  # frozen from outside: no fault injection of ours
     frozen = time.time()
@@ -141,10 +145,14 @@ async def test_kill_9_of_a_rank_names_it_and_restart_resumes_with_the_same_losse
     rid = await launch(root, "train.steps=60", "train.save_every=10", "on_failure.backoff_s=0.5",
                        on_failure="restart")
     d = root / rid
-    # killed just past a checkpoint, so that steps after it are lost and must be redone (killed right
-    # after a save, nothing would be redone and there would be nothing to compare)
-    await until(lambda: max(steps(d), default=0) >= 12 and 1 <= max(steps(d)) % 10 <= 6, 120,
-                "a step just past a checkpoint", lambda: f"steps {max(steps(d), default=0)}, {describe(d)}")
+    # killed past a complete checkpoint (an async save still in flight dies with the rank), just past
+    # a save, so that steps after the checkpoint are lost and must be redone (killed right after it,
+    # nothing would be redone and there would be nothing to compare)
+    def just_past_a_checkpoint() -> bool:
+        return find_latest(d / "checkpoints") is not None and 1 <= max(steps(d), default=0) % 10 <= 6
+
+    await until(just_past_a_checkpoint, 120, "a step just past a complete checkpoint",
+                lambda: f"steps {max(steps(d), default=0)}, {describe(d)}")
     os.kill(rank_pid(rid, 1), signal.SIGKILL)
     killed = time.time()
     crash = await until(lambda: next((e for e in alert_events(d) if e.alert.kind == "crash"), None), 60,
