@@ -230,5 +230,17 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     run("selected_attention", lambda m, x: m.selected_attention(x[0], x[1], x[2], idx, s.select_block),
         [q, k, v])
     run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])
+    # the glue the model runs through ``ops`` where it has a kernel for it (the reference: torch)
+    import nsa.ops as dispatch
+    from nsa.model.rope import rope_angles
+
+    if hasattr(ops, "gated_combine"):
+        gates = torch.rand(1, T, H, 3, generator=gen).to(dtype).float().to(device)
+        o_slc, o_win = rand(1, T, H, D), rand(1, T, H, D)
+        run("gated_combine", lambda m, x: dispatch.gated_combine(m, x[0], x[1], x[2], x[3]),
+            [gates, q, o_slc, o_win])
+    if hasattr(ops, "apply_rope"):
+        cos, sin = rope_angles(torch.arange(T, device=device), D, 10000.0)
+        run("apply_rope", lambda m, x: dispatch.apply_rope(m, x[0], cos, sin), [q])
     report.seconds = time.perf_counter() - start
     return report

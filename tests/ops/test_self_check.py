@@ -16,7 +16,7 @@ from triton.runtime.autotuner import Autotuner
 import nsa.ops as ops_pkg
 import nsa.ops.triton as triton_ops
 from nsa.ops import AttentionShape, choose_ops, get_ops, reference, self_check
-from nsa.ops.triton import band, selected
+from nsa.ops.triton import band, glue, selected
 
 # smoke-cpu's NSA layout: small enough for the interpreter (~10 s per check)
 SHAPE = AttentionShape(n_heads=2, n_kv_heads=1, head_dim=16, compress_block=16, compress_stride=8,
@@ -62,7 +62,8 @@ def test_the_interpreted_kernels_pass_the_check() -> None:
     report = self_check("cpu", torch.float32, SHAPE)
     assert report.ok, report.reason()
     assert report.checked == ["compressed_attention_and_scores", "select_blocks",
-                              "compressed_attention_and_selection", "selected_attention", "window_attention"]
+                              "compressed_attention_and_selection", "selected_attention", "window_attention",
+                              "gated_combine", "apply_rope"]
 
 
 def test_the_check_leaves_the_global_rng_alone() -> None:
@@ -89,6 +90,15 @@ def test_a_kernel_with_wrong_numbers_fails_the_check(monkeypatch: pytest.MonkeyP
     report = self_check("cpu", torch.float32, SHAPE)
     assert [f.split(":")[0] for f in report.failures] == ["selected_attention"]
     assert "out " in report.failures[0]  # the output differs from the reference (or is not finite)
+
+
+@pytest.mark.parametrize("kernel, op", [("_combine_fwd", "gated_combine"), ("_rope_kernel", "apply_rope")])
+def test_a_glue_kernel_with_wrong_numbers_fails_the_check(monkeypatch: pytest.MonkeyPatch, kernel: str,
+                                                          op: str) -> None:
+    """The model runs the glue kernels too: a bad one must send the run to the reference."""
+    _replace_kernel(monkeypatch, glue, kernel, _WritesNothing())
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert [f.split(":")[0] for f in report.failures] == [op]
 
 
 def test_a_wrong_block_choice_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:

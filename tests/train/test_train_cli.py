@@ -109,8 +109,9 @@ def test_backend_triton_runs_the_self_check_first_and_records_it(tmp_path: Path)
     check = ops["self_check"]
     assert check["ok"] and check["failures"] == []
     assert check["device"] == "cpu" and check["dtype"] == "float32"
-    assert check["ops"] == ["compressed_attention_and_scores", "select_blocks", "selected_attention",
-                            "window_attention"]
+    assert check["ops"] == ["compressed_attention_and_scores", "select_blocks",
+                            "compressed_attention_and_selection", "selected_attention", "window_attention",
+                            "gated_combine", "apply_rope"]
     assert "attention ops: triton (self-check passed on cpu" in done.output
     phases = [b["phase"] for b in beats(done.run_dir, 0)]
     assert phases.index("compile") < phases.index("train")  # the check is visible as its own phase
