@@ -193,6 +193,13 @@ class NsaApp(ViewActions, App[str | None]):
             raise RuntimeError(f"not connected to {host}")
         return svc
 
+    def _connected(self, host: str) -> HostService | None:
+        """The host's service, or None after saying that the panel is not connected to it."""
+        svc = self.services.get(host)
+        if svc is None:
+            self.notify(f"not connected to {host}", severity="error", markup=False)
+        return svc
+
     async def submit_launch(self, host: str, opts: dict[str, Any]) -> str:
         """Launch through the host's service; raises with the host's message on a bad config.
         A launch that started is remembered for the host (the dialog's preselection, ctrl+r).
@@ -321,9 +328,8 @@ class NsaApp(ViewActions, App[str | None]):
 
     @work(group="actions")
     async def _evidence(self, host: str, run_id: str, alert_id: str) -> None:
-        svc = self.services.get(host)
+        svc = self._connected(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error", markup=False)
             return
         try:
             text = await svc.actions.evidence(run_id, alert_id)
@@ -339,9 +345,8 @@ class NsaApp(ViewActions, App[str | None]):
 
     @work(group="actions")
     async def _do(self, op: str, host: str, run_id: str) -> None:
-        svc = self.services.get(host)
+        svc = self._connected(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error", markup=False)
             return
         run = self.state.host(host).runs.get(run_id)
         try:
@@ -380,9 +385,8 @@ class NsaApp(ViewActions, App[str | None]):
 
     @work(group="actions")
     async def _ack_on_host(self, host: str, run_id: str, alert_id: str) -> None:
-        svc = self.services.get(host)
+        svc = self._connected(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error", markup=False)
             return
         try:
             await svc.actions.ack(run_id, alert_id)

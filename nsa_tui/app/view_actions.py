@@ -124,9 +124,8 @@ class ViewActions:
 
     @work(group="actions")
     async def _ask_delete(self, host: str, run_id: str, name: str) -> None:
-        svc = self.services.get(host)
+        svc = self._connected(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error")
             return
         try:
             plan = await svc.actions.delete_plan(run_id)
@@ -149,9 +148,8 @@ class ViewActions:
 
     @work(group="actions")
     async def _housekeeping(self, host: str, run_id: str, op: str, flag: bool) -> None:
-        svc = self.services.get(host)
+        svc = self._connected(host)
         if svc is None:
-            self.notify(f"not connected to {host}", severity="error")
             return
         try:
             act = svc.actions
