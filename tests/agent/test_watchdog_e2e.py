@@ -142,16 +142,18 @@ async def test_kill_9_of_a_rank_names_it_and_restart_resumes_with_the_same_losse
     loose = yaml.safe_load(settings.read_text())
     loose["alerts"].update(stall_floor_s=120.0, no_heartbeat_s=120.0)
     settings.write_text(yaml.safe_dump(loose))
-    rid = await launch(root, "train.steps=60", "train.save_every=10", "on_failure.backoff_s=0.5",
+    rid = await launch(root, "train.steps=100", "train.save_every=10", "on_failure.backoff_s=0.5",
                        on_failure="restart")
     d = root / rid
-    # killed past a complete checkpoint (an async save still in flight dies with the rank), just past
-    # a save, so that steps after the checkpoint are lost and must be redone (killed right after it,
-    # nothing would be redone and there would be nothing to compare)
-    def just_past_a_checkpoint() -> bool:
-        return find_latest(d / "checkpoints") is not None and 1 <= max(steps(d), default=0) % 10 <= 6
+    # killed past a complete checkpoint (an async save still in flight dies with the rank; on a busy
+    # machine one commits several steps after its own), so that steps after the checkpoint are lost
+    # and must be redone, and not at a save step (a save finishing then would leave nothing to redo)
+    def past_a_complete_checkpoint() -> bool:
+        latest = find_latest(d / "checkpoints")
+        step = max(steps(d), default=0)
+        return latest is not None and step > int(latest.name.split("-")[1]) and step % 10 != 0
 
-    await until(just_past_a_checkpoint, 120, "a step just past a complete checkpoint",
+    await until(past_a_complete_checkpoint, 120, "a step past a complete checkpoint",
                 lambda: f"steps {max(steps(d), default=0)}, {describe(d)}")
     os.kill(rank_pid(rid, 1), signal.SIGKILL)
     killed = time.time()
