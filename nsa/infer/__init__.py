@@ -1,0 +1,9 @@
+"""Inference: incremental decoding with per-layer KV caches (NSA and dense) and sampling.
+
+See docs/inference.md.
+"""
+
+from nsa.infer.cache import DenseCache, NSACache, make_cache
+from nsa.infer.decode import DecodeState, decode_step, prefill
+
+__all__ = ["DecodeState", "DenseCache", "NSACache", "decode_step", "make_cache", "prefill"]
