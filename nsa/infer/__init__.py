@@ -5,5 +5,7 @@ See docs/inference.md.
 
 from nsa.infer.cache import DenseCache, NSACache, make_cache
 from nsa.infer.decode import DecodeState, decode_step, prefill
+from nsa.infer.sample import generate, sample_next, stream
 
-__all__ = ["DecodeState", "DenseCache", "NSACache", "decode_step", "make_cache", "prefill"]
+__all__ = ["DecodeState", "DenseCache", "NSACache", "decode_step", "generate", "make_cache", "prefill",
+           "sample_next", "stream"]
