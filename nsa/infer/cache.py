@@ -70,17 +70,23 @@ class NSACache:
         self.capacity = num_select_blocks(capacity, c.select_block) * c.select_block
         self.tensors: dict[str, torch.Tensor] = {}
 
-    def _alloc(self, like: torch.Tensor) -> None:
+    def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Zeroed cache tensors (prefill calls this with its K/V's dtype; a benchmark may
+        call it and fill them with anything)."""
         c, a = self.attn.cfg, self.attn
         B, S, G, D = self.batch, self.capacity, a.n_kv_heads, a.head_dim
         sizes = {"slc": S, "win": min(c.window, S), "raw": c.compress_block,
                  "cmp": num_compressed(S, c.compress_block, c.compress_stride)}
         for name, n in sizes.items():
             for kv in "kv":
-                self.tensors[kv + "_" + name] = like.new_zeros(B, n, G, D)
+                self.tensors[kv + "_" + name] = torch.zeros(B, n, G, D, dtype=dtype, device=device)
         # Eq. 9's overlap weights for every compressed token and selection block there can be
-        self.W = _overlap_matrix(S, c.compress_block, c.compress_stride, c.select_block, like.device)
-        self.W = self.W.to(_acc_dtype(like))
+        self.W = _overlap_matrix(S, c.compress_block, c.compress_stride, c.select_block, device)
+        self.W = self.W.to(_acc_dtype(self.tensors["k_slc"]))
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        """Everything the cache holds (for memory accounting)."""
+        return list(self.tensors.values())
 
     def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The layer's own forward over ``x [B, T, dim]`` (prompts right-padded to T), which
@@ -93,7 +99,7 @@ class NSACache:
         k_cmp, v_cmp = a.compress(k_raw, v_raw)
         out = a.attend(x, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
         if not t:
-            self._alloc(k_slc)
+            self.allocate(k_slc.dtype, k_slc.device)
         t["k_slc"][:, :T], t["v_slc"][:, :T] = k_slc, v_slc
         nc = k_cmp.shape[1]  # blocks past a sequence's end hold padding until they complete
         t["k_cmp"][:, :nc], t["v_cmp"][:, :nc] = k_cmp, v_cmp
@@ -180,10 +186,20 @@ class DenseCache:
             raise ValueError(f"prompt of {T} tokens exceeds the cache's capacity {self.capacity}")
         q, k, v = self.attn.project(x, torch.arange(T, device=x.device))
         if self.k is None:
-            self.k = k.new_zeros(self.batch, self.capacity, *k.shape[2:])
-            self.v = v.new_zeros(self.batch, self.capacity, *v.shape[2:])
+            self.allocate(k.dtype, k.device)
         self.k[:, :T], self.v[:, :T] = k, v
         return self.attn.attend(q, k, v, None)
+
+    def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Zeroed K/V ``[B, S, G, D]`` (prefill calls this; a benchmark may fill them)."""
+        a = self.attn
+        shape = (self.batch, self.capacity, a.n_kv_heads, a.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        """Everything the cache holds (for memory accounting)."""
+        return [t for t in (self.k, self.v) if t is not None]
 
     def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One new token per sequence at positions ``pos [B]``: attention over keys ``<= pos``."""

@@ -187,10 +187,13 @@ class DenseAttention(nn.Module):
         B, T = q.shape[:2]
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if mask is not None:  # decoding: GQA in SDPA, no copy of the whole cache per head
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=G != H)
+            return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
         if G != H:  # repeat K/V per query head: keeps the fused (flash) kernels usable
             k = k.repeat_interleave(H // G, dim=1)
             v = v.repeat_interleave(H // G, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
 
     def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
