@@ -19,10 +19,13 @@ An NSA layer keeps, per sequence (``S`` = capacity, rounded up to whole selectio
   ``i*d + l - 1`` is decoded, exactly when the training forward first lets a query see it.
 
 The single new query's maths (``NSACache.step``) uses the reference ops' own primitives
-(masked attention with probabilities, Eq. 9 + 10 scores, the selection rule
-``select_blocks_at``, per-query attention over gathered keys) and the layer's own
-projections, phi, RoPE, gates and output projection: decoding is those functions applied
-to one query, not a second implementation of them.
+(masked attention with probabilities, the selection rule ``select_blocks_at``, per-query
+attention over gathered keys) and the layer's own projections, phi, RoPE, gates and
+output projection: decoding is those functions applied to one query, not a second
+implementation of them. One exception: Eq. 9 + 10 (block scores from the compressed
+probabilities) goes through the nonzero band of the overlap matrix (``group_scores``),
+O(Nc) per step instead of the dense ``[Nc, Ns]`` product, which at 64k tokens cost more
+than the rest of the layer's step; a test compares it with the reference's.
 """
 
 from __future__ import annotations
@@ -34,12 +37,43 @@ from nsa.ops.reference import (
     _acc_dtype,
     _attend,
     _masked_attention,
-    _overlap_matrix,
-    _scores_from_probs,
     num_compressed,
     num_select_blocks,
     select_blocks_at,
 )
+
+
+def overlap_band(T: int, block: int, stride: int, select_block: int, device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 9's overlap weights as a band: compressed token i (``[i*d, i*d + l)``) overlaps
+    the selection blocks ``cols[i, k] = i*d // l' + k`` (k < K, the most blocks a span of l
+    tokens can touch) with weight ``vals[i, k] = overlap length / d`` (0 past the last
+    block). The nonzero entries of the reference's dense ``[Nc, Ns]`` overlap matrix
+    (tests/model/test_decode.py compares them), in O(Nc) memory: a decode step then costs
+    O(Nc) for the scores instead of O(Nc * Ns)."""
+    nc, ns = num_compressed(T, block, stride), num_select_blocks(T, select_block)
+    K = (block - 1) // select_block + 2
+    c0 = (torch.arange(nc, device=device) * stride)[:, None]
+    cols = c0 // select_block + torch.arange(K, device=device)
+    s0 = cols * select_block
+    lo, hi = torch.maximum(c0, s0), torch.minimum(c0 + block, s0 + select_block)
+    vals = (hi - lo).clamp_min(0).to(torch.float64) / stride
+    inside = cols < ns
+    return torch.where(inside, cols, 0), torch.where(inside, vals, 0.0)
+
+
+def group_scores(probs: torch.Tensor, n_kv_heads: int, cols: torch.Tensor, vals: torch.Tensor, n_blocks: int
+                 ) -> torch.Tensor:
+    """Block importance per KV group for ``probs [B, C, H, Nc]``: Eq. 10 (sum over the
+    group's heads) then Eq. 9 through the band (``overlap_band``) -> ``[B, C, G, n_blocks]``.
+    The reference's ``_scores_from_probs`` up to rounding (both are linear; it applies the
+    dense overlap matrix per head first)."""
+    B, C, H, Nc = probs.shape
+    acc = vals.dtype
+    pg = probs.to(acc).reshape(B, C, n_kv_heads, H // n_kv_heads, Nc).sum(dim=3)  # [B, C, G, Nc]
+    contrib = (pg[..., None] * vals).reshape(B, C, n_kv_heads, -1)
+    out = torch.zeros(B, C, n_kv_heads, n_blocks, dtype=acc, device=probs.device)
+    return out.index_add_(-1, cols.reshape(-1), contrib)
 
 
 def _ring_fill(ring: torch.Tensor, src: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -80,9 +114,10 @@ class NSACache:
         for name, n in sizes.items():
             for kv in "kv":
                 self.tensors[kv + "_" + name] = torch.zeros(B, n, G, D, dtype=dtype, device=device)
-        # Eq. 9's overlap weights for every compressed token and selection block there can be
-        self.W = _overlap_matrix(S, c.compress_block, c.compress_stride, c.select_block, device)
-        self.W = self.W.to(_acc_dtype(self.tensors["k_slc"]))
+        # Eq. 9's overlap weights of every compressed token there can be, as a band
+        cols, vals = overlap_band(S, c.compress_block, c.compress_stride, c.select_block, device)
+        self.band_cols, self.band_vals = cols, vals.to(_acc_dtype(self.tensors["k_slc"]))
+        self.n_blocks = num_select_blocks(S, c.select_block)
 
     def cache_tensors(self) -> list[torch.Tensor]:
         """Everything the cache holds (for memory accounting)."""
@@ -141,8 +176,8 @@ class NSACache:
         visible = (ends[None, :] <= pos[:, None])[:, None, None, None, :]  # [B, 1, 1, 1, Nc]
         o_cmp, probs = _masked_attention(q, t["k_cmp"], t["v_cmp"], visible, scale)
         probs = probs.permute(0, 3, 1, 2, 4).reshape(B, 1, H, n_cmp)
-        # Eq. 9 + 10, then the training forward's selection rule at each sequence's position.
-        scores = _scores_from_probs(probs, G, self.W)  # [B, 1, G, Ns]
+        # Eq. 10 + 9, then the training forward's selection rule at each sequence's position.
+        scores = group_scores(probs, G, self.band_cols, self.band_vals, self.n_blocks)  # [B, 1, G, Ns]
         idx = select_blocks_at(scores, pos[:, None], lp, c.num_selected, c.num_initial, c.num_local)
 
         acc = _acc_dtype(q)

@@ -104,7 +104,7 @@ def test_a_wrong_selection_rule_fails(monkeypatch: pytest.MonkeyPatch, wrong: st
     """The equivalence test can fail: decoding with a perturbed selection (the local or
     initial block not forced, or each group ranking blocks by its first head's scores
     instead of the sum over its heads) gives logits outside the tolerance."""
-    rule, scores_of = reference.select_blocks_at, reference._scores_from_probs
+    rule, scores_of = reference.select_blocks_at, cache_mod.group_scores
 
     def rule_off(scores, t, select_block, num_selected, num_initial, num_local):
         if wrong == "no local block":
@@ -113,14 +113,13 @@ def test_a_wrong_selection_rule_fails(monkeypatch: pytest.MonkeyPatch, wrong: st
             num_initial -= 1
         return rule(scores, t, select_block, num_selected, num_initial, num_local)
 
-    def first_head(probs, n_kv_heads, W):
+    def first_head(probs, n_kv_heads, *band):
         B, C, H, Nc = probs.shape
-        one = probs.view(B, C, n_kv_heads, H // n_kv_heads, Nc)[:, :, :, :1]
-        return scores_of(one.expand_as(probs.view(B, C, n_kv_heads, -1, Nc)).reshape(probs.shape),
-                         n_kv_heads, W)
+        grouped = probs.view(B, C, n_kv_heads, H // n_kv_heads, Nc)
+        return scores_of(grouped[:, :, :, :1].expand_as(grouped).reshape(probs.shape), n_kv_heads, *band)
 
     if wrong == "per-head scores":
-        monkeypatch.setattr(cache_mod, "_scores_from_probs", first_head)
+        monkeypatch.setattr(cache_mod, "group_scores", first_head)
     else:
         monkeypatch.setattr(cache_mod, "select_blocks_at", rule_off)
     with pytest.raises(AssertionError, match="relative error"):
@@ -134,3 +133,20 @@ def test_triton_path_decoding_equals_forward(kind: str) -> None:
     is slow."""
     pytest.importorskip("triton")
     _check(peaked_model(kind, backend="triton"), 33, [5, 13])
+
+
+@pytest.mark.parametrize("block,d,lp", [(8, 4, 8), (8, 4, 16), (32, 16, 64), (16, 4, 8), (6, 3, 4),
+                                        (5, 5, 7)])
+def test_banded_scores_equal_the_reference(block: int, d: int, lp: int) -> None:
+    """The decoder's Eq. 9 band holds exactly the nonzero overlap weights of the reference's
+    dense matrix, and its group scores equal ``_scores_from_probs`` (fp64, up to rounding)."""
+    T = 97
+    cols, vals = cache_mod.overlap_band(T, block, d, lp, torch.device("cpu"))
+    W = reference._overlap_matrix(T, block, d, lp, torch.device("cpu"))
+    dense = torch.zeros_like(W).index_put_((torch.arange(W.shape[0])[:, None].expand_as(cols), cols), vals,
+                                           accumulate=True)
+    assert torch.equal(dense, W)
+    torch.manual_seed(0)
+    probs = torch.rand(2, 5, 4, W.shape[0], dtype=torch.float64)
+    got = cache_mod.group_scores(probs, 2, cols, vals, W.shape[1])
+    torch.testing.assert_close(got, reference._scores_from_probs(probs, 2, W), rtol=1e-12, atol=1e-12)
