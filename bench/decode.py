@@ -23,8 +23,10 @@ Measured: configs/nsa-125m.yaml against configs/dense-125m.yaml (random weights:
 and memory do not depend on them), batch ``--batch``, caches filled with random K/V at
 context s (a prefill of 64k tokens would dominate the run and is not what is measured),
 then ``--steps`` timed decode steps after two warm-up steps. tokens/s = batch * steps /
-wall time. Memory: the caches' bytes, and on CUDA the peak allocated during the steps
-over what was allocated before them (the model and caches excluded).
+time: wall time on CUDA; on CPU the process's CPU time (steadier on a shared machine; with
+one thread, ``--threads 1``, it is the work done). Memory: the caches' bytes, and on CUDA
+the peak allocated during the steps over what was allocated before them (the model and
+caches excluded).
 """
 
 from __future__ import annotations
@@ -112,14 +114,18 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         tok = decode_step(model, state, tok).argmax(-1)
     sync()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # On CPU the process's CPU time is the steadier clock on a shared machine (with one
+    # thread it is the work done); on CUDA, wall time.
+    clock = cpu if device.type == "cpu" else dt
     row = {"kind": cfg.attention.kind, "context": context, "batch": batch, "steps": steps,
-           "tokens_per_s": batch * steps / dt, "ms_per_step": 1000 * dt / steps, "cache_bytes": cache_bytes,
-           "step_peak_bytes": None}
+           "tokens_per_s": batch * steps / clock, "clock": "process CPU" if device.type == "cpu" else "wall",
+           "wall_ms_per_step": 1000 * dt / steps, "cpu_ms_per_step": 1000 * cpu / steps,
+           "cache_bytes": cache_bytes, "step_peak_bytes": None}
     if device.type == "cuda":
         row["step_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     del model, state
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
         ratios = {r["context"]: r["ratio_exact"] for r in rows if r["config"] == "nsa-125m"}
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-            f"CPU, {torch.get_num_threads()} threads"
+            f"CPU, {torch.get_num_threads()} threads, tokens per second of process CPU time"
         print(f"\nMeasured decode, nsa-125m vs dense-125m, batch {args.batch}, {dtype}, {where}\n")
         print(measured_table(measured, ratios))
         result["measured"] = measured

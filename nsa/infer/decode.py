@@ -42,11 +42,11 @@ def prefill(model: Transformer, tokens: torch.Tensor, lengths: Sequence[int] | t
             max_new_tokens: int = 0) -> tuple[torch.Tensor, DecodeState]:
     """Run ``tokens [B, T]`` (sequence b's prompt in its first ``lengths[b]`` positions, the
     rest padding: any token id) through the model, filling caches that hold
-    ``max(lengths) + max_new_tokens`` positions. Returns the logits ``[B, T, vocab]``
+    ``max(lengths) + max_new_tokens`` positions (at least T). Returns the logits ``[B, T, vocab]``
     (row b valid up to ``lengths[b]``) and the decode state."""
     lens = _lengths(tokens, lengths)
     B = tokens.shape[0]
-    capacity = max(lens) + max_new_tokens
+    capacity = max(tokens.shape[1], max(lens) + max_new_tokens)
     caches = [make_cache(block.attn, B, capacity) for block in model.blocks]
     lt = torch.tensor(lens, device=tokens.device)
     x = model.tok_emb(tokens)
