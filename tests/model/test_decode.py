@@ -126,14 +126,19 @@ def test_a_wrong_selection_rule_fails(monkeypatch: pytest.MonkeyPatch, wrong: st
         _check(peaked_model("nsa", **CONFIGS["l'=l"]), SEQ, [5])
 
 
-@pytest.mark.parametrize("kind", ["nsa", "dense"])
-def test_triton_path_decoding_equals_forward(kind: str) -> None:
-    """The Triton ops (the interpreter on CPU): prefill and the forward use the kernels;
-    the one-query step uses the kernels' RoPE and gated combine. Short: the interpreter
-    is slow."""
+@pytest.mark.parametrize("kind,ties", [("nsa", False), ("nsa", True), ("dense", False)])
+def test_triton_path_decoding_equals_forward(kind: str, ties: bool) -> None:
+    """The Triton ops (the interpreter on CPU): prefill and the forward use the kernels
+    (the fused compressed attention + top-n among them); the one-query step uses the
+    kernels' RoPE and gated combine. ``ties``: q = 0, whole blocks tie exactly (see
+    test_exact_ties_break_as_in_training), and the kernels' choice is the decoder's.
+    Short: the interpreter is slow."""
     pytest.importorskip("triton")
-    _check(peaked_model(kind, backend="triton"), 33, [5, 13])
-
+    model = peaked_model(kind, backend="triton")
+    if ties:
+        for block in model.blocks:
+            torch.nn.init.zeros_(block.attn.q_proj.weight)
+    _check(model, 33, [5, 13])
 
 @pytest.mark.parametrize("block,d,lp", [(8, 4, 8), (8, 4, 16), (32, 16, 64), (16, 4, 8), (6, 3, 4),
                                         (5, 5, 7)])
@@ -150,3 +155,26 @@ def test_banded_scores_equal_the_reference(block: int, d: int, lp: int) -> None:
     probs = torch.rand(2, 5, 4, W.shape[0], dtype=torch.float64)
     got = cache_mod.group_scores(probs, 2, cols, vals, W.shape[1])
     torch.testing.assert_close(got, reference._scores_from_probs(probs, 2, W), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tie_break", ["lower block (the rule)", "higher block"])
+def test_exact_ties_break_as_in_training(monkeypatch: pytest.MonkeyPatch, tie_break: str) -> None:
+    """With q = 0 the compressed attention is uniform and whole selection blocks get exactly
+    equal scores: which of them is chosen is decided by the tie-break alone. Decoding
+    matches the forward with the rule's tie-break (towards the lower block) and not with
+    the opposite one (ties nudged towards the higher block in fp64, below any real gap)."""
+    model = peaked_model("nsa", **CONFIGS["l'=l"])
+    for block in model.blocks:
+        torch.nn.init.zeros_(block.attn.q_proj.weight)
+    if tie_break == "higher block":
+        rule = reference.select_blocks_at
+
+        def to_higher(scores, t, *args):
+            bump = 1e-12 * torch.arange(scores.shape[-1], dtype=torch.float64)
+            return rule(scores.double() + bump, t, *args)
+
+        monkeypatch.setattr(cache_mod, "select_blocks_at", to_higher)
+        with pytest.raises(AssertionError, match="relative error"):
+            _check(model, SEQ, [5])
+    else:
+        _check(model, SEQ, [1, 5, 13, 40])
