@@ -71,13 +71,14 @@ def test_dense_decoding_equals_forward() -> None:
 
 @pytest.mark.parametrize("kind", ["nsa", "dense"])
 def test_batch_of_different_lengths_equals_each_alone(kind: str) -> None:
-    """Right-padded prompts of lengths 3, 17 and 9, then 20 tokens each: every sequence's
-    logits are those of the forward over that sequence alone."""
+    """Right-padded prompts of lengths 3, 17 and 9 (padded to 20: past the longest too),
+    then 20 tokens each: every sequence's logits are those of the forward over that
+    sequence alone."""
     model = peaked_model(kind, **CONFIGS["l'=l"])
     lens, new = [3, 17, 9], 20
     torch.manual_seed(2)
     seqs = [torch.randint(0, VOCAB, (n + new,)) for n in lens]
-    padded = torch.zeros(len(lens), max(lens), dtype=torch.long)
+    padded = torch.zeros(len(lens), max(lens) + 3, dtype=torch.long)
     for b, n in enumerate(lens):
         padded[b, :n] = seqs[b][:n]
         padded[b, n:] = 7  # padding: any token
