@@ -19,9 +19,9 @@ from torch import nn
 from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
 from nsa.model.layers import upcast
-from nsa.model.rope import apply_rope, rope_angles
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops
+from nsa.ops.rope import apply_rope, rope_angles
 
 BRANCHES = ("compressed", "selected", "window")
 
