@@ -29,6 +29,8 @@ BRANCHES = ("compressed", "selected", "window")
 class NSAAttention(nn.Module):
     """Native Sparse Attention over ``x [B, T, dim]`` for any T (blocks may be partial)."""
 
+    gate_mean: torch.Tensor  # a buffer (register_buffer): the last forward's mean gate per branch
+
     def __init__(
         self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, cfg: AttentionConfig, rope_theta: float
     ) -> None:
