@@ -32,7 +32,7 @@ import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeGuard
 
 from nsa.contract import Alert, Beat, EvalMetric, HostSample, Metric, RunStatus, RunView, TrainMetric, on_gpu
 from nsa.contract.protocol import LogLines
@@ -131,7 +131,7 @@ class _Run:
     gone: dict[int, float] = field(default_factory=dict)  # rank -> when its process was seen gone
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
@@ -272,7 +272,8 @@ class AlertDetector:
         free = d.free_bytes
         if free >= self.t.disk_warn_bytes:
             return []
-        severity = "critical" if free < self.t.disk_critical_bytes else "warning"
+        critical = free < self.t.disk_critical_bytes
+        severity: Literal["critical", "warning"] = "critical" if critical else "warning"
         total = f" of {fmt_bytes(d.total_bytes)}" if d.total_bytes else ""
         return [Alert(kind="disk", severity=severity, host=self.host, run=None,
                       message=f"disk of the runs root nearly full: {fmt_bytes(free)} free{total} "

@@ -209,9 +209,9 @@ async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreacha
                   for h, d in dumps.items()}, "\n".join(texts) or "no files")
         elif cmd == "fallback":
             log = None if args.json else (lambda m: print(m, file=sys.stderr))
-            res = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
-            note = " (already done before: fallback started it)" if res.again else ""
-            emit(_builtins(res), res.run_id + note)
+            fres = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
+            note = " (already done before: fallback started it)" if fres.again else ""
+            emit(_builtins(fres), fres.run_id + note)
         elif cmd == "resume":
             log = None if args.json else (lambda m: print(m, file=sys.stderr))
             mres = await co.resume(clients, args.run, log=log)

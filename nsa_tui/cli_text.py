@@ -41,7 +41,7 @@ def alert_lines(st: AlertState) -> list[str]:
     """One alert for a terminal: when, run, id, state, what; then its message and evidence."""
     a = st.alert
     rank = f" rank {a.rank}" if a.rank is not None else ""
-    state = st.state
+    state: str = st.state
     if st.state == "resolved":
         state += f" {_when(st.resolved_at)}"
     if st.acked_at:
