@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each pattern is written so that its own source text does not match it.
 OUTSIDE = [
     (re.compile(r"\bLESSONS(?:\.md|\s+\d)"), "the team's lessons notes"),
     (re.compile(r"\b[Ll]essons?\s+\d"), "a numbered lesson"),
@@ -60,8 +59,9 @@ def outside_citations(text: str) -> list[tuple[int, str, str]]:
 
 
 def test_no_file_cites_anything_outside_the_repository() -> None:
+    here = Path(__file__).resolve()  # this file quotes citations as examples of what the check catches
     bad = [f"{path.relative_to(ROOT)}:{n}: {what}: {line[:120]}"
-           for path in tracked_text_files()
+           for path in tracked_text_files() if path.resolve() != here
            for n, what, line in outside_citations(path.read_text(encoding="utf-8"))]
     assert not bad, "cites what a clone does not contain:\n" + "\n".join(bad)
 
