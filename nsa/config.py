@@ -1,7 +1,7 @@
 """Strict, typed run configuration loaded from YAML.
 
 Why strict: an earlier code base silently ignored misspelt keys and silently loaded
-a toy default config (LESSONS 1-2). Here every key must be known, every value must
+a toy default config (docs/lessons.md#no-silent-default). Here every key must be known, every value must
 have the declared type, required values must be present, and there is no default
 config at all: ``load_config`` needs a path.
 """
@@ -71,7 +71,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     seq_len: int
-    batch_size: int  # per-rank micro-batch, never split across ranks (LESSONS 5)
+    batch_size: int  # per-rank micro-batch, never split across ranks
     steps: int  # optimizer steps
     lr: float
     min_lr: float

@@ -10,7 +10,7 @@ estimates the offset from events that carry both (``Event.received`` set by the 
 and the agent's ``ts``), taking the smallest difference seen lately (a backfilled old
 line only makes the difference larger, so it never wins).
 
-Rules (LESSONS 10-11): a rank whose step stops advancing past a phase-aware threshold
+Rules (docs/lessons.md#every-rank-beats): a rank whose step stops advancing past a phase-aware threshold
 (generous in boot/data/compile/checkpoint/eval; in train a multiple of the recent
 median step time, with a floor); a rank with no heartbeat at all; ranks drifting apart
 in step; processes gone without a final status (crash, with exit code and traceback);
@@ -486,7 +486,7 @@ class AlertDetector:
         return out
 
     def _config_alerts(self, run_id: str, run: _Run) -> list[Alert]:
-        """The config's name and the run's name (LESSONS 1: a toy model under a big name)."""
+        """The config's name and the run's name (a toy model can run under a big run name)."""
         if run.view is None:
             return []
         info = run.view.info

@@ -1,4 +1,4 @@
-"""Number formatting with units on everything (LESSONS 3) and N/A for the unknown.
+"""Number formatting with units on everything (a MiB labelled GB once hid a bug) and N/A for the unknown.
 
 The one place numbers become text, for the panel and the CLI alike.
 """

@@ -215,7 +215,7 @@ def test_config_name_mismatch() -> None:
     det2 = AlertDetector("h")
     det2.feed(status(config={"name": "nsa-125m"}, param_count=124_000_000, seq_len=2048))
     assert det2.check(T0) == []
-    det3 = AlertDetector("h")  # LESSONS 1: a toy config running under a big run name
+    det3 = AlertDetector("h")  # a toy config running under a big run name
     det3.feed(status(config={"name": "tiny-cpu"}, name="nsa-125m-main", param_count=970_000, seq_len=128))
     assert kinds(det3.check(T0)) == {("config_size", None)}
 

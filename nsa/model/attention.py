@@ -111,7 +111,7 @@ class DenseAttention(nn.Module):
     """Dense causal attention with GQA through ``F.scaled_dot_product_attention``.
 
     Always full T x T with ``is_causal=True`` (T_q == T_k, so PyTorch's top-left aligned
-    causal mask is the right one; LESSONS 17).
+    causal mask is the right one; with one query it would see key 0 only).
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rope_theta: float) -> None:

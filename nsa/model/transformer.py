@@ -75,7 +75,7 @@ class Transformer(nn.Module):
         x = self.tok_emb(tokens)
         for block in self.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)  # the block itself (LESSONS 9)
+                x = checkpoint(block, x, use_reentrant=False)  # the block itself, no closure
             else:
                 x = block(x)
         return self.lm_head(self.norm(x))

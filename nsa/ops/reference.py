@@ -120,7 +120,7 @@ def _over_chunks(
     With more than one chunk and autograd recording, each chunk runs under a
     non-reentrant checkpoint: its temporaries are recomputed in the backward one chunk
     at a time instead of being saved for all chunks. ``fn`` gets everything as
-    arguments (no closure over the loop variable: LESSONS 9)."""
+    arguments (no closure over the loop variable: recompute would see its last value)."""
     ckpt = torch.is_grad_enabled() and chunk < T
     outs = []
     for t0 in range(0, T, chunk):
@@ -163,7 +163,7 @@ def compressed_attention(
     """Causal attention over compressed tokens ``k_cmp, v_cmp [B, Nc, G, D]``.
 
     Query t sees compressed token i iff its block has ended: ``i*stride + block - 1 <= t``
-    (LESSONS 19). Returns (out [B,T,H,D], probs [B,T,H,Nc]); the probabilities feed the
+    (docs/lessons.md#causal-selection). Returns (out [B,T,H,D], probs [B,T,H,Nc]); the probabilities feed the
     block selection.
     """
     B, T, H, D = q.shape

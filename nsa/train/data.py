@@ -3,7 +3,7 @@
 Packing: a stream's documents, each followed by end-of-text, form one token sequence; a
 window is ``seq_len + 1`` consecutive tokens (inputs ``w[:-1]``, targets ``w[1:]``) and the
 next window starts at the last token of the previous one, so every token transition is
-trained once, nothing is truncated or dropped (LESSONS 6). A stream's position is
+trained once, nothing is truncated or dropped. A stream's position is
 ``(epoch, doc, offset)``: the next window starts at token ``offset`` of the ``doc``-th
 document of that stream's split; checkpoints store it, so resume neither replays nor skips.
 

@@ -2,7 +2,7 @@
 
 Always a process group, even for one process (a world of 1 through an in-memory store): one
 code path for collectives and checkpoints. Explicit timeouts: a peer that stops answering
-fails the collective after ``train.pg_timeout_s`` instead of hanging forever (LESSONS 10).
+fails the collective after ``train.pg_timeout_s`` instead of hanging forever.
 On CUDA the NCCL flight recorder is switched on and dumps into ``<run>/nccl/``.
 """
 

@@ -4,7 +4,7 @@ SIGUSR1 goes to ``faulthandler`` at C level, so a rank stuck inside a C call (a 
 collective) still dumps every thread's stack; a watcher thread gives each dump its own
 file. SIGTERM (and SIGINT) only set a flag: the training loop finishes its step, every rank
 agrees through the per-step all-reduce, a checkpoint is saved and the run exits 0. The two
-handlers are separate, so a stack dump never swallows a stop (LESSONS 12).
+handlers are separate, so a stack dump never swallows a stop.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class StopFlag:
 def stop_when_launcher_dies(launched: bool) -> None:
     """Under torchrun, ask Linux for SIGTERM when the launcher dies: torchrun puts each worker
     in a session of its own, so a SIGKILLed torchrun would otherwise leave its workers
-    running (LESSONS 12). SIGTERM means the usual clean stop: finish the step, save, exit."""
+    running. SIGTERM means the usual clean stop: finish the step, save, exit."""
     if not launched or not sys.platform.startswith("linux"):
         return
     launcher = os.getppid()  # may legitimately be 1: torchrun as a container's PID 1

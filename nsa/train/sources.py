@@ -209,7 +209,7 @@ class StreamingSource:
 
 
 def build_source(cfg: DataConfig) -> DocSource:
-    """The source ``data.source`` names; never a silent substitute (LESSONS 7)."""
+    """The source ``data.source`` names; never a silent substitute."""
     if cfg.source == "stdlib":
         return stdlib_source(cfg.val_every_n_docs, cfg.seed)
     if cfg.source == "synthetic":

@@ -180,7 +180,7 @@ class Trainer:
             # A streamed source has no global document index (split_dataset_by_node shards by
             # file or interleaves, and validation counts each stream's own documents), so
             # re-sharding would replay documents already trained on, skip others and move the
-            # validation split onto trained documents (LESSONS 7): refuse instead.
+            # validation split onto trained documents: refuse instead.
             raise ckpt.CheckpointError(
                 f"{path}: {old_streams} data stream(s) of data.source {cfg.data.source} cannot be re-sharded "
                 f"over {w} ranks without replaying documents or mixing validation into training: resume "

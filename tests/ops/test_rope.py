@@ -1,4 +1,4 @@
-"""RoPE (LESSONS 20): per head, identical for queries and keys, so scores depend only on
+"""RoPE (docs/lessons.md#rope-per-head): per head, identical for queries and keys, so scores depend only on
 the relative position. The model rotates q and every branch's keys with these two
 functions on ``[B, T, heads, D]`` tensors (compressed keys at their block's last token)."""
 

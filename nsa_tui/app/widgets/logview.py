@@ -35,7 +35,7 @@ CURRENT_STYLE = Style(color="black", bgcolor="bright_magenta", bold=True)
 
 def waiting_note(run: RunState, now: float) -> str:
     """The log pane's line while a run has written nothing yet: which phase it is in and for how
-    long (LESSONS 8: hours of "stuck" start-up with an empty log), instead of a blank pane."""
+    long (docs/lessons.md#visible-start-up), instead of a blank pane."""
     if run.log.total:
         return ""
     if run.alive:
