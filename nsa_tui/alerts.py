@@ -29,17 +29,29 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsa.contract import Alert, Beat, EvalMetric, HostSample, Metric, RunStatus, RunView, TrainMetric, on_gpu
+from nsa.contract import (
+    Alert,
+    Beat,
+    EvalMetric,
+    ExitInfo,
+    HostSample,
+    Metric,
+    RunStatus,
+    RunView,
+    TrainMetric,
+    on_gpu,
+)
 from nsa.contract.protocol import LogLines
 from nsa_tui.fmt import fmt_bytes
 from nsa_tui.rootcause import ENOSPC_RE, rank_traceback, root_cause, summary_block, traceback_tail
 
-__all__ = ["AlertDetector", "Thresholds", "expected_from_name", "traceback_tail"]
+__all__ = ["AlertDetector", "Thresholds", "exit_text", "expected_from_name", "traceback_tail"]
 GIB = 1 << 30
 
 
@@ -150,6 +162,24 @@ def expected_from_name(name: str) -> tuple[float | None, int | None]:
     if s:
         seq = int(s.group(1)) * (1024 if s.group(2) else 1)
     return params, seq
+
+
+# lines nsa-tui itself writes to train.log (nsa_tui/agent/supervise.py): its alerts and the exit code
+# it records in exit.json; quoting them in a crash message would quote an earlier alert
+OWN_LINE_RE = re.compile(r"^nsa-tui (?:watchdog: |supervise: command exited with )")
+
+
+def exit_text(exit_info: ExitInfo | None) -> str:
+    """How the run's launcher ended, for a person: never a bare None."""
+    if exit_info is not None and exit_info.signal:
+        try:
+            name = signal.Signals(exit_info.signal).name
+        except ValueError:
+            return f"killed by signal {exit_info.signal}"
+        return f"killed by signal {exit_info.signal} ({name})"
+    if exit_info is not None and exit_info.exit_code is not None:
+        return f"exit code {exit_info.exit_code}"
+    return "exit code unknown"
 
 
 class AlertDetector:
@@ -340,11 +370,8 @@ class AlertDetector:
     def _ended_alert(self, run_id: str, run: _Run, view: RunView, tail: list[str]) -> Alert:
         """A crashed or failed run: what failed first (the root cause), with its evidence."""
         step = view.info.step
-        code = view.exit.exit_code if view.exit is not None else None
-        if view.exit is not None and view.exit.signal:
-            code_text = f"signal {view.exit.signal}"
-        else:
-            code_text = f"code {code}"
+        how = exit_text(view.exit)
+        tail = [ln for ln in tail if not OWN_LINE_RE.match(ln)]  # facts of the run, not our own words
         beats = {k: r.beat for k, r in run.ranks.items() if r.beat is not None}
         cause = root_cause(beats, tail, run.gone)
         reason = (view.info.exit_reason or "").strip() if view.status == RunStatus.FAILED else ""
@@ -365,7 +392,7 @@ class AlertDetector:
             log_tail = traceback_tail(source)
         if view.status == RunStatus.FAILED:
             first = reason.splitlines()[0] if reason else "no reason given"
-            head = f"trainer failed{f' (exit {code_text})' if code is not None or view.exit else ''}"
+            head = f"trainer failed ({how})"
             if cause is not None and not first.startswith(cause.text.split(":")[0]):
                 message = f"{head}: {cause.text}; then: {first}"
             else:
@@ -373,7 +400,7 @@ class AlertDetector:
         else:
             last = next((ln for ln in reversed(log_tail) if ln.strip()), "no output")
             what = cause.text if cause is not None else last.strip()
-            message = f"run processes exited with {code_text} without a final status: {what}"
+            message = f"run processes ended ({how}) without a final status: {what}"
         if kind == "disk_full":
             message = f"no space left on device: {message}"
         return self._alert(kind, "critical", run_id, run, rank=cause.rank if cause else None, last_step=step,

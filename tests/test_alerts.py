@@ -143,6 +143,33 @@ def test_crash_carries_exit_code_and_traceback() -> None:
     assert not any(a.kind == "stall" for a in alerts)  # a dead run is not stalled
 
 
+def test_a_crash_message_is_built_from_facts_not_from_our_own_lines() -> None:
+    """The supervisor and the watchdog write to train.log too; a crash message quoting the last
+    line would quote an earlier alert (which quoted the one before). An unknown exit code is said
+    as unknown, a signal by its name."""
+    det = AlertDetector("h")
+    error = ("/usr/bin/python3: Error while finding module specification for 'torch.distributed.run' "
+             "(ModuleNotFoundError: No module named 'torch')")
+    tail = [error, "nsa-tui watchdog: on_failure policy not read (ConfigError: x); none applies",
+            "nsa-tui watchdog: alert 1-crash raised: [critical] crash: run processes exited with code None "
+            "without a final status: nsa-tui watchdog: on_failure policy not read",
+            "nsa-tui supervise: command exited with 1"]
+    ended = view("crashed", log_tail=tail)
+    det.feed_view(RUN, ended)
+    crash = next(a for a in det.check(T0) if a.kind == "crash")
+    assert "No module named 'torch'" in crash.message and "exit code unknown" in crash.message
+    assert "None" not in crash.message and "nsa-tui" not in crash.message
+    assert not any(ln.startswith("nsa-tui watchdog") for ln in crash.log_tail)
+    det.feed_view(RUN, msgspec_replace(ended, exit=ExitInfo(exit_code=1)))
+    assert "exit code 1" in next(a for a in det.check(T0) if a.kind == "crash").message
+    det.feed_view(RUN, msgspec_replace(ended, exit=ExitInfo(signal=9)))
+    crash = next(a for a in det.check(T0) if a.kind == "crash")
+    assert "killed by signal 9 (SIGKILL)" in crash.message and "None" not in crash.message
+    det.feed_view(RUN, msgspec_replace(view("failed", exit_reason="boom"), exit=None))
+    failed = next(a for a in det.check(T0) if a.kind == "crash")
+    assert failed.message.startswith("trainer failed") and "None" not in failed.message
+
+
 def test_finished_run_raises_nothing_later() -> None:
     det = AlertDetector("h", Thresholds(train_floor_s=5))
     t = healthy(det)

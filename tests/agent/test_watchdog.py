@@ -84,7 +84,7 @@ def settings(**alerts: float) -> Settings:
 
 
 def quiet(run_dir: Path, s: Settings, clock: Clock) -> Watchdog:
-    return Watchdog(run_dir, s, launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    return Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
 
 
 def beat(rank: int, step: int, ts: float, pid: int, phase: str = "train") -> str:
@@ -122,7 +122,7 @@ def test_garbage_in_every_stream_loses_no_good_line_and_alerting_goes_on(run_dir
     """One malformed line must never blind the watchdog: every good beat and metric line is taken,
     the bad ones are counted, and a rank that then stops still raises its alerts in time."""
     clock, logs = Clock(), []
-    wd = Watchdog(run_dir, settings(), launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=logs.append)
+    wd = Watchdog(run_dir, settings(), gpu=NoGpu(), clock=clock, log=logs.append)
     rng = random.Random(10)
     hb = [run_dir / "heartbeats" / f"rank-{r}.jsonl" for r in range(2)]
     for step in range(1, 31):
@@ -173,7 +173,7 @@ def test_rotation_is_followed_and_a_far_ahead_file_is_read_from_its_tail(tmp_pat
 def test_a_vanished_rank_is_a_crash_at_once_and_the_disk_is_watched(run_dir: Path, ranks) -> None:
     clock = Clock()
     s = settings(disk_warn_bytes=10**18, disk_critical_bytes=0)  # any real disk is "nearly full"
-    wd = Watchdog(run_dir, s, launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    wd = Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
     for step in range(1, 4):
         clock.t = T0 + step
         for r in range(2):
@@ -196,7 +196,7 @@ def test_notifications_run_the_command_and_a_failed_delivery_is_an_alert(run_dir
     clock = Clock()
     s = settings()
     s.notify = NotifySettings(command=[sys.executable, "-c", script], retries=2, backoff_s=0.05)
-    wd = Watchdog(run_dir, s, launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    wd = Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
     append(run_dir / "heartbeats" / "rank-0.jsonl", beat(0, 1, T0, ranks[0].pid))
     clock.t = T0 + 11
     [ev] = wd.poll()  # no heartbeat for 11 s
@@ -282,3 +282,22 @@ def test_a_watchdog_costs_little_per_look(run_dir: Path, ranks) -> None:
     per_look = (time.perf_counter() - t) / 20
     print(f"\nMEASURE watchdog look with nothing new: {per_look * 1000:.2f} ms")
     assert per_look < 0.2
+
+
+def test_a_run_that_fails_at_once_gets_one_crash_alert_from_facts(tmp_path: Path, monkeypatch) -> None:
+    """The real supervisor and its watchdog, a command that fails before writing anything of its own
+    (no traceback: what ``python -m`` says of a missing module): one crash alert, raised with the exit
+    code, whose text quotes the command's error, never a line the watchdog itself wrote."""
+    d = tmp_path / RID
+    d.mkdir()
+    write_json_atomic(d / "launch.json", LaunchInfo(run_id=RID, name="wd", created=time.time(), nproc=1))
+    monkeypatch.setenv("NSA_TUI_SETTINGS", str(tmp_path / "settings.yaml"))  # absent: the defaults
+    with open(d / "train.log", "wb") as log:
+        subprocess.run([sys.executable, "-m", "nsa_tui.agent.supervise", str(d), "--", sys.executable, "-m",
+                        "no_such_module_here.run"], stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                       check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    said = [(e.action, e.alert.kind, e.alert.message) for e in events(d)]
+    assert [(a, k) for a, k, _ in said] == [("raised", "crash")], said
+    message = said[0][2]
+    assert "No module named 'no_such_module_here'" in message and "exit code 1" in message, message
+    assert "None" not in message and "nsa-tui" not in message, message
