@@ -97,6 +97,23 @@ def test_train_stall_on_one_rank_after_threshold_only() -> None:
     assert a.key == det.check(t + 11)[0].key  # stable while it lasts
 
 
+def test_a_hang_where_every_rank_beats_is_said_at_most_quiet_s_late() -> None:
+    """Both ranks' timers beat on (a collective deadlock): nobody stopped beating, so nobody is the
+    culprit; while rank 1's beats lag rank 0's a little the stalls wait, never past quiet_s."""
+    det = AlertDetector("h", Thresholds(train_floor_s=10, train_factor=1, quiet_s=5, no_heartbeat_s=30))
+    t = healthy(det)
+    said: dict[float, set] = {}
+    for k in range(0, 18, 2):  # the timers: rank 1's at t+0.5, 2.5, ...; rank 0's half a second later
+        det.feed(beat(1, 20, t + k + 0.5))
+        said[k + 0.5] = kinds(det.check(t + k + 0.5))
+        det.feed(beat(0, 20, t + k + 1))
+        said[k + 1] = kinds(det.check(t + k + 1))
+    assert said[10.5] == set()  # past the threshold, rank 0 lags by 1.5 s: frozen or late? not known
+    assert said[11] == {("stall", 0), ("stall", 1)}  # in step again: said
+    assert said[14.5] == set() and said[16.5] == {("stall", 0), ("stall", 1)}  # threshold + quiet_s: said
+    assert not any("waiting for" in a.message for a in det.check(t + 16.5))
+
+
 def test_phase_aware_thresholds() -> None:
     det = AlertDetector("h", Thresholds(train_floor_s=5, phase_s={"checkpoint": 100, "boot": 50}))
     t = healthy(det)

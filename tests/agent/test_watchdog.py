@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -301,3 +302,43 @@ def test_a_run_that_fails_at_once_gets_one_crash_alert_from_facts(tmp_path: Path
     message = said[0][2]
     assert "No module named 'no_such_module_here'" in message and "exit code 1" in message, message
     assert "None" not in message and "nsa-tui" not in message, message
+
+
+@pytest.mark.parametrize("stall_floor_s, no_heartbeat_s", [(3.0, 6.0), (10.0, 10.0)])
+def test_a_frozen_rank_is_the_first_alert_and_notification_not_the_rank_waiting_for_it(
+        run_dir: Path, ranks, tmp_path: Path, stall_floor_s: float, no_heartbeat_s: float) -> None:
+    """``kill -STOP`` of rank 1 after step 20: its beats stop; rank 0 waits in the next collective,
+    its step frozen while its timer beats every 2 s. Whichever threshold is crossed first, the first
+    alert and the first notification name rank 1, and rank 0's stall names the rank it waits for."""
+    out = tmp_path / "notified.jsonl"
+    clock = Clock()
+    s = settings(stall_floor_s=stall_floor_s, no_heartbeat_s=no_heartbeat_s, resolve_after_s=10.0)
+    s.notify = NotifySettings(command=[sys.executable, "-c", f"import sys; open({str(out)!r}, 'a').write("
+                                                             "sys.stdin.read())"])
+    wd = Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    hb = [run_dir / "heartbeats" / f"rank-{r}.jsonl" for r in range(2)]
+    for step in range(1, 21):
+        clock.t = T0 + step
+        for r in range(2):
+            append(hb[r], beat(r, step, clock.t, ranks[r].pid))
+        append(run_dir / "metrics.jsonl", metric(step, clock.t))
+        assert wd.poll() == []
+    os.kill(ranks[1].pid, signal.SIGSTOP)
+    try:
+        timer = T0 + 21
+        while clock.t < T0 + 40:
+            clock.t += 0.5
+            if clock.t >= timer:
+                append(hb[0], beat(0, 20, timer, ranks[0].pid))  # rank 0's timer: alive, step frozen
+                timer += 2
+            wd.poll()
+    finally:
+        os.kill(ranks[1].pid, signal.SIGCONT)
+    raised = [e for e in events(run_dir) if e.action == "raised"]
+    assert [(e.alert.kind, e.alert.rank) for e in raised][:2] == [("no_heartbeat", 1), ("stall", 0)], raised
+    assert "rank 0 waits for it" in raised[0].alert.message, raised[0].alert.message
+    assert "waiting for rank 1" in raised[1].alert.message, raised[1].alert.message
+    assert wd.notifier is not None and wd.notifier.drain(30)
+    first = decode_lines(out.read_text().splitlines(), AlertEvent)[0]
+    assert (first.id, first.alert.kind, first.alert.rank) == (raised[0].id, "no_heartbeat", 1)
+    wd.close(5)
