@@ -381,3 +381,33 @@ def test_a_deleted_run_is_not_watched_again_while_still_selected() -> None:
     assert plan_watches(host, dense)[dense] == "full"
     reducer.run_removed(state, "local", dense)
     assert dense not in plan_watches(host, dense, marked=[dense]) and dense not in host.runs
+
+
+async def test_a_resize_keeps_the_log_following_and_a_scrollback_stays_a_scrollback() -> None:
+    """120x40 -> 80x24 and other sizes: a following log still follows, at its newest line, and goes
+    on following new lines; a log the user scrolled back stays where the user put it."""
+    from nsa_tui.app.widgets.logview import LogView
+
+    state = fd.fixed_state(with_alert=True)
+    run = state.selected_run()
+    run.log.append_many([f"line {i:05d}" for i in range(2000)])
+    app = app_for(state)
+    async with app.run_test(size=(120, 40)) as pilot:
+        log = app.screen.query_one(LogView)
+        await wait_for(pilot, lambda: log.follow and log.scroll_y == log.max_scroll_y > 0, 5, "the end")
+        for size in [(80, 24), (200, 60), (80, 24), (100, 30), (120, 40)]:
+            await pilot.resize_terminal(*size)
+            await wait_for(pilot, lambda: log.size.height > 0 and log.scroll_y == log.max_scroll_y, 5,
+                           f"the end at {size}")
+            assert log.follow, size
+        run.log.append_many([f"line {i:05d}" for i in range(2000, 2050)])  # new lines: followed
+        await wait_for(pilot, lambda: log.virtual_size.height == len(run.log.lines)
+                       and log.scroll_y == log.max_scroll_y, 5, "the new lines")
+        log.focus()
+        await pilot.press("pageup")  # the user scrolls back
+        await wait_for(pilot, lambda: not log.follow, 5, "scrollback")
+        kept = log.scroll_y
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: log.size.height == 13, 5, "the small layout")
+        await pilot.pause()
+        assert not log.follow and log.scroll_y == kept
