@@ -247,7 +247,8 @@ class AlertDetector:
             run.backfilling = True
 
     def feed_log(self, run_id: str, lines: list[str]) -> None:
-        self.run(run_id).log.extend(str(ln) for ln in lines)
+        """The run's output: an alert's log tail (nsa-tui's own lines, earlier alerts, left out)."""
+        self.run(run_id).log.extend(str(ln) for ln in lines if not OWN_LINE_RE.match(str(ln)))
 
     def feed_beat(self, run_id: str, b: Beat, received: float = 0.0) -> None:
         self._skew(received, b.ts)

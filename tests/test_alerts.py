@@ -182,6 +182,8 @@ def test_a_crash_message_is_built_from_facts_not_from_our_own_lines() -> None:
     det.feed_view(RUN, msgspec_replace(ended, exit=ExitInfo(signal=9)))
     crash = next(a for a in det.check(T0) if a.kind == "crash")
     assert "killed by signal 9 (SIGKILL)" in crash.message and "None" not in crash.message
+    det.feed_log(RUN, ["step 3 loss 2.0", "nsa-tui watchdog: alert 2-stall raised: [critical] stall: ..."])
+    assert list(det.runs[RUN].log) == ["step 3 loss 2.0"]  # every alert's log tail: the run's output only
     det.feed_view(RUN, msgspec_replace(view("failed", exit_reason="boom"), exit=None))
     failed = next(a for a in det.check(T0) if a.kind == "crash")
     assert failed.message.startswith("trainer failed") and "None" not in failed.message
