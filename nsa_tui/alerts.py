@@ -114,7 +114,7 @@ class RateBins:
 
 @dataclass
 class _Rank:
-    step: int | None = None
+    step: int = 0  # a rank exists once it beat: feed_beat creates it and sets its step
     phase: str | None = None
     phase_since: float = 0.0
     last_ts: float = 0.0
