@@ -33,7 +33,7 @@ import signal
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeGuard
 
 from nsa.contract import (
     Alert,
@@ -114,7 +114,7 @@ class RateBins:
 
 @dataclass
 class _Rank:
-    step: int | None = None
+    step: int = 0  # a rank exists once it beat: feed_beat creates it and sets its step
     phase: str | None = None
     phase_since: float = 0.0
     last_ts: float = 0.0
@@ -145,7 +145,7 @@ class _Run:
     gone: dict[int, float] = field(default_factory=dict)  # rank -> when its process was seen gone
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
@@ -310,7 +310,8 @@ class AlertDetector:
         free = d.free_bytes
         if free >= self.t.disk_warn_bytes:
             return []
-        severity = "critical" if free < self.t.disk_critical_bytes else "warning"
+        critical = free < self.t.disk_critical_bytes
+        severity: Literal["critical", "warning"] = "critical" if critical else "warning"
         total = f" of {fmt_bytes(d.total_bytes)}" if d.total_bytes else ""
         return [Alert(kind="disk", severity=severity, host=self.host, run=None,
                       message=f"disk of the runs root nearly full: {fmt_bytes(free)} free{total} "

@@ -19,15 +19,17 @@ from torch import nn
 from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
 from nsa.model.layers import upcast
-from nsa.model.rope import apply_rope, rope_angles
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops
+from nsa.ops.rope import apply_rope, rope_angles
 
 BRANCHES = ("compressed", "selected", "window")
 
 
 class NSAAttention(nn.Module):
     """Native Sparse Attention over ``x [B, T, dim]`` for any T (blocks may be partial)."""
+
+    gate_mean: torch.Tensor  # a buffer (register_buffer): the last forward's mean gate per branch
 
     def __init__(
         self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, cfg: AttentionConfig, rope_theta: float

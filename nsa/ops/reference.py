@@ -452,7 +452,9 @@ def compressed_attention_and_scores(
     # a chunk holds a few [B, H, C, Nc] tensors: C from the layout and a nominal Nc of
     # 1024 (not T), so memory per chunk grows with Nc = T/d and the total stays O(T * Nc)
     chunk = _chunk_len(T, B * H * 1024, q.device)
-    return _over_chunks(_compressed_chunk, T, chunk, q, k_cmp, v_cmp, W, block, stride, n_kv_heads, scale)
+    out, scores = _over_chunks(_compressed_chunk, T, chunk, q, k_cmp, v_cmp, W, block, stride, n_kv_heads,
+                               scale)
+    return out, scores
 
 
 def _compressed_chunk(

@@ -83,7 +83,9 @@ def other_run(run_dir: Path, run_id: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)  # unbuffered lines even into a file
+            reconfigure = getattr(stream, "reconfigure", None)  # TextIOWrapper's (not TextIO's)
+            if reconfigure is not None:
+                reconfigure(line_buffering=True)  # unbuffered lines even into a file
         except (AttributeError, ValueError):
             pass
     args = parse_args(argv)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -113,6 +113,7 @@ class Packer:
                 new_pos = (k, off - (filled - (self.window - 1)))
             if off == len(toks):
                 k, off = k + 1, 0
+        assert new_pos is not None  # set once the window was (almost) filled
         nk, noff = new_pos
         if noff == len(self._loaded[nk][2]):  # the last token opens the next document (loaded)
             nk, noff = nk + 1, 0
@@ -177,7 +178,8 @@ class PrefetchLoader:
             for s, packer in self.packers.items():
                 for _ in range(self.micro):
                     rows = [packer.next_window() for _ in range(self.batch_size)]
-                    tokens = torch.from_numpy(np.stack(rows))
+                    # training packers wrap around their split: a window is never None here
+                    tokens = torch.from_numpy(np.stack(cast("list[np.ndarray]", rows)))
                     if self.pin:
                         tokens = tokens.pin_memory()
                     events, self._events[:] = list(self._events), []

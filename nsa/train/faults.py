@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from nsa.config import DebugConfig
 
@@ -77,13 +77,13 @@ class StackDumper:
     def __init__(self, stacks_dir: Path, rank: int) -> None:
         self.dir, self.rank = stacks_dir, rank
         self.pending = stacks_dir / f".rank-{rank}.pending"
-        self._file = None
+        self._file: TextIO | None = None
         self._stop = threading.Event()
 
     def _arm(self) -> None:
         old = self._file
-        self._file = open(self.pending, "w", buffering=1)
-        faulthandler.register(signal.SIGUSR1, file=self._file, all_threads=True, chain=False)
+        self._file = new = open(self.pending, "w", buffering=1)
+        faulthandler.register(signal.SIGUSR1, file=new, all_threads=True, chain=False)
         if old is not None:
             old.close()
 
@@ -95,7 +95,7 @@ class StackDumper:
     def _watch(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                if os.fstat(self._file.fileno()).st_size == 0:
+                if self._file is None or os.fstat(self._file.fileno()).st_size == 0:
                     continue
                 time.sleep(0.1)  # the C handler writes in microseconds; let it finish
                 ms = int(time.time() * 1000)

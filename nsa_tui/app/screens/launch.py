@@ -149,7 +149,7 @@ class LaunchScreen(ModalScreen[str | None]):
                 yield Button("Launch (ctrl+s)", variant="primary", id="go")
                 yield Button("Cancel (esc)", id="cancel")
 
-    def _recent_options(self) -> list[tuple[str, int]]:
+    def _recent_options(self) -> list[tuple[Text, int]]:
         return [(Text(r.label()[:70]), i) for i, r in enumerate(self._recent)]  # text, never markup
 
     def _gpu_label(self, host: str) -> str:
@@ -333,6 +333,7 @@ class LaunchScreen(ModalScreen[str | None]):
                     self.query_one("#launch-about", Static).update(Text(str(exc), style="bold red"))
                     self.show_error(getattr(exc, "message", None) or str(exc))
                     return
+        assert self._submit is not None  # the form launches only when it has somewhere to submit
         try:
             run_id = await self._submit(host, opts)
         except Exception as exc:  # the host's validation message, shown where it belongs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nsa.model.rope import apply_rope, rope_angles
+from nsa.ops.rope import apply_rope, rope_angles
 
 
 def _rot(x: torch.Tensor, positions: list[float]) -> torch.Tensor:
