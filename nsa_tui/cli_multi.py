@@ -22,7 +22,7 @@ from typing import Any
 
 from nsa.contract import RunStatus
 from nsa_tui import coordinator as co
-from nsa_tui.cli_text import LineSplitter
+from nsa_tui.cli_text import LineSplitter, alert_lines
 from nsa_tui.client import AgentError, HostClient
 from nsa_tui.multihost import MergedRun, Part, group_views, merge
 
@@ -129,7 +129,6 @@ async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], h
     """Every host's recorded alerts (its watchdog's alerts.jsonl), each line prefixed with its
     host; ``-f`` follows all of them. A host that cannot be reached is said, and exits 5."""
     from nsa.contract.io import to_builtins
-    from nsa_tui.cli import alert_lines
 
     if args.follow:
         async def follow(host: str) -> None:
@@ -210,9 +209,9 @@ async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreacha
                   for h, d in dumps.items()}, "\n".join(texts) or "no files")
         elif cmd == "fallback":
             log = None if args.json else (lambda m: print(m, file=sys.stderr))
-            res = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
-            note = " (already done before: fallback started it)" if res.again else ""
-            emit(_builtins(res), res.run_id + note)
+            fres = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
+            note = " (already done before: fallback started it)" if fres.again else ""
+            emit(_builtins(fres), fres.run_id + note)
         elif cmd == "resume":
             log = None if args.json else (lambda m: print(m, file=sys.stderr))
             mres = await co.resume(clients, args.run, log=log)

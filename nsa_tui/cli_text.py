@@ -1,12 +1,14 @@
-"""What the CLI prints for people (``--json`` prints the records instead): the runs table and a
-run's status. Pure functions of the contract's records and a clock, so they are tested
+"""What the CLI prints for people (``--json`` prints the records instead): the runs table, a
+run's status, an alert. Pure functions of the contract's records and a clock, so they are tested
 without a host. The table fits 100 columns; nothing unknown is printed as ``None``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from nsa.contract import Alert, RunStatus, RunStatusReport, RunView
+from nsa.contract.protocol import AlertState
 from nsa_tui.fmt import fmt_count, fmt_duration
 from nsa_tui.runref import short_ids
 
@@ -29,6 +31,26 @@ class LineSplitter:
             lines.append(self.carry)
             self.carry = ""
         return lines
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def alert_lines(st: AlertState) -> list[str]:
+    """One alert for a terminal: when, run, id, state, what; then its message and evidence."""
+    a = st.alert
+    rank = f" rank {a.rank}" if a.rank is not None else ""
+    state: str = st.state
+    if st.state == "resolved":
+        state += f" {_when(st.resolved_at)}"
+    if st.acked_at:
+        state += f", acknowledged by {st.acked_by or '?'}"
+    out = [f"{_when(st.raised_at)}  {st.run}  {st.id}  [{a.severity.upper()}] {a.kind}{rank}  ({state})",
+           f"    {a.message}"]
+    if a.evidence:
+        out.append(f"    evidence: {', '.join(a.evidence)}")
+    return out
 
 
 def cut_middle(text: str, width: int) -> str:

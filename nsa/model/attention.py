@@ -20,9 +20,9 @@ from torch import nn
 from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
 from nsa.model.layers import upcast
-from nsa.model.rope import apply_rope, rope_angles
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops
+from nsa.ops.rope import apply_rope, rope_angles
 
 BRANCHES = ("compressed", "selected", "window")
 
@@ -39,6 +39,8 @@ def _per_sequence(fn: Callable[..., object], x: torch.Tensor, pos: torch.Tensor)
 
 class NSAAttention(nn.Module):
     """Native Sparse Attention over ``x [B, T, dim]`` for any T (blocks may be partial)."""
+
+    gate_mean: torch.Tensor  # a buffer (register_buffer): the last forward's mean gate per branch
 
     def __init__(
         self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, cfg: AttentionConfig, rope_theta: float
@@ -164,7 +166,7 @@ class DenseAttention(nn.Module):
     """Dense causal attention with GQA through ``F.scaled_dot_product_attention``.
 
     Always full T x T with ``is_causal=True`` (T_q == T_k, so PyTorch's top-left aligned
-    causal mask is the right one; LESSONS 17).
+    causal mask is the right one; with one query it would see key 0 only).
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rope_theta: float) -> None:

@@ -121,7 +121,7 @@ def _over_chunks(
     With more than one chunk and autograd recording, each chunk runs under a
     non-reentrant checkpoint: its temporaries are recomputed in the backward one chunk
     at a time instead of being saved for all chunks. ``fn`` gets everything as
-    arguments (no closure over the loop variable: LESSONS 9)."""
+    arguments (no closure over the loop variable: recompute would see its last value)."""
     ckpt = torch.is_grad_enabled() and chunk < T
     outs = []
     for t0 in range(0, T, chunk):
@@ -164,7 +164,7 @@ def compressed_attention(
     """Causal attention over compressed tokens ``k_cmp, v_cmp [B, Nc, G, D]``.
 
     Query t sees compressed token i iff its block has ended: ``i*stride + block - 1 <= t``
-    (LESSONS 19). Returns (out [B,T,H,D], probs [B,T,H,Nc]); the probabilities feed the
+    (docs/lessons.md#causal-selection). Returns (out [B,T,H,D], probs [B,T,H,Nc]); the probabilities feed the
     block selection.
     """
     B, T, H, D = q.shape
@@ -466,7 +466,9 @@ def compressed_attention_and_scores(
     # a chunk holds a few [B, H, C, Nc] tensors: C from the layout and a nominal Nc of
     # 1024 (not T), so memory per chunk grows with Nc = T/d and the total stays O(T * Nc)
     chunk = _chunk_len(T, B * H * 1024, q.device)
-    return _over_chunks(_compressed_chunk, T, chunk, q, k_cmp, v_cmp, W, block, stride, n_kv_heads, scale)
+    out, scores = _over_chunks(_compressed_chunk, T, chunk, q, k_cmp, v_cmp, W, block, stride, n_kv_heads,
+                               scale)
+    return out, scores
 
 
 def _compressed_chunk(

@@ -232,7 +232,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])
     # the glue the model runs through ``ops`` where it has a kernel for it (the reference: torch)
     import nsa.ops as dispatch
-    from nsa.model.rope import rope_angles
+    from nsa.ops.rope import rope_angles
 
     if hasattr(ops, "gated_combine"):
         gates = torch.rand(1, T, H, 3, generator=gen).to(dtype).float().to(device)

@@ -84,10 +84,10 @@ def describe(cfg: Any, shown: str, nproc: int | None, gpus: int, gpu_message: st
         notes.append(f"{fmt_count(params)} parameters on CPU: expect minutes per step")
     if d.source == "fineweb-edu":
         data = f"fineweb-edu from the Hugging Face Hub ({d.fineweb_name}, streamed)"
-        why = probe()
-        if why:
+        unreachable = probe()
+        if unreachable:
             problems.append(f"data.source fineweb-edu streams from the Hugging Face Hub, which this host "
-                            f"cannot reach ({why})")
+                            f"cannot reach ({unreachable})")
     elif d.source == "files":
         data = f"files: {', '.join(d.paths[:3])}{' ...' if len(d.paths) > 3 else ''}"
         for pat in d.paths:

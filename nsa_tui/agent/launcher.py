@@ -57,7 +57,7 @@ def new_run_id(name: str) -> str:
 
 
 def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
-    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2). Errors name
+    """Load and validate on the host; a bad config starts nothing (no default, no ignored key). Errors name
     ``shown_as``: the user's own path of an uploaded file, never its temporary copy."""
     try:
         from nsa.config import ConfigError, load_config

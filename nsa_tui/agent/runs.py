@@ -195,7 +195,7 @@ class RunStore:
         import json
 
         root = self.run_dir(run_id) / "checkpoints"
-        out = []
+        out: list[tuple[str, int, list[tuple[str, int]], list[str]]] = []
         try:
             entries = list(os.scandir(root))
         except OSError:

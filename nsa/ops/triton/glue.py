@@ -159,7 +159,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> t
 
 
 class Rope(torch.autograd.Function):
-    """RoPE (half-split layout, as ``nsa.model.rope.apply_rope``) in one pass: reads ``x
+    """RoPE (half-split layout, as ``nsa.ops.rope.apply_rope``) in one pass: reads ``x
     [B,T,heads,D]`` (any strides with unit last stride: the model's slices of its fused
     K/V projection need no copy) in its own dtype, rotates in fp32, writes a contiguous
     result in ``x``'s dtype. torch's version made ~10 fp32 passes over the tensor."""
