@@ -220,9 +220,10 @@ class DenseCache:
         if T > self.capacity:
             raise ValueError(f"prompt of {T} tokens exceeds the cache's capacity {self.capacity}")
         q, k, v = self.attn.project(x, torch.arange(T, device=x.device))
-        if self.k is None:
+        if self.k is None or self.v is None:
             self.allocate(k.dtype, k.device)
-        self.k[:, :T], self.v[:, :T] = k, v
+        kc, vc = self._kv()
+        kc[:, :T], vc[:, :T] = k, v
         return self.attn.attend(q, k, v, None)
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
@@ -236,21 +237,26 @@ class DenseCache:
         """Everything the cache holds (for memory accounting)."""
         return [t for t in (self.k, self.v) if t is not None]
 
+    def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None or self.v is None:
+            raise RuntimeError("the cache is empty: prefill first")
+        return self.k, self.v
+
     def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One new token per sequence at positions ``pos [B]``: attention over keys ``<= pos``."""
-        assert self.k is not None and self.v is not None, "prefill first"
+        kc, vc = self._kv()
         rows = torch.arange(x.shape[0], device=x.device)
         q, k, v = self.attn.project(x, pos[:, None])
-        self.k[rows, pos], self.v[rows, pos] = k[:, 0], v[:, 0]
+        kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
         mask = torch.arange(self.capacity, device=x.device)[None, :] <= pos[:, None]
-        return self.attn.attend(q, self.k, self.v, mask[:, None, None, :])
+        return self.attn.attend(q, kc, vc, mask[:, None, None, :])
 
 
 LayerCache = NSACache | DenseCache
 
 
-def make_cache(attn: torch.nn.Module, batch: int, capacity: int) -> LayerCache:
-    """The cache for one layer's attention module."""
+def make_cache(attn: object, batch: int, capacity: int) -> LayerCache:
+    """The cache for one layer's attention module (NSAAttention or DenseAttention)."""
     if isinstance(attn, NSAAttention):
         return NSACache(attn, batch, capacity)
     if isinstance(attn, DenseAttention):

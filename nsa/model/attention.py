@@ -203,7 +203,8 @@ class DenseAttention(nn.Module):
         v ``[B,T,G,D]`` (shared with the KV-cache decoder, nsa/infer/; ``pos [B, 1]``: one
         token per sequence at its own position)."""
         if pos.dim() == 2:
-            return _per_sequence(self.project, x, pos)
+            q, k, v = _per_sequence(self.project, x, pos)
+            return q, k, v
         B, T, _ = x.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
