@@ -157,7 +157,7 @@ class NSACache:
             slot = pos % t["k_" + name].shape[1]
             t["k_" + name][rows, slot], t["v_" + name][rows, slot] = k[:, 0], v[:, 0]
 
-        # Compressed token i = (pos - bl + 1) / d completes now when that is a whole number >= 0.
+        # Compressed token i = (pos - l + 1) / d (bl = l) completes now when that is a whole number >= 0.
         n_cmp = t["k_cmp"].shape[1]
         if n_cmp:
             order = torch.remainder(pos[:, None] - (bl - 1) + torch.arange(bl, device=x.device), bl)
@@ -171,7 +171,7 @@ class NSACache:
             t["v_cmp"][rows, i] = torch.where(done, new_v[:, 0], t["v_cmp"][rows, i])
 
         scale = D**-0.5
-        # Compressed branch (causal: token i visible iff i*d + bl - 1 <= pos) and its probabilities.
+        # Compressed branch (causal: token i visible iff i*d + l - 1 <= pos) and its probabilities.
         ends = torch.arange(n_cmp, device=x.device) * d + (bl - 1)
         visible = (ends[None, :] <= pos[:, None])[:, None, None, None, :]  # [B, 1, 1, 1, Nc]
         o_cmp, probs = _masked_attention(q, t["k_cmp"], t["v_cmp"], visible, scale)
