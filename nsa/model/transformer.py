@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -28,8 +29,11 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, swiglu_hidden(cfg.dim, cfg.ffn_hidden))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """``attend`` replaces ``self.attn`` (the KV-cache decoder passes its cached attention,
+        so the residual, norms and feed-forward stay this code)."""
+        x = x + (self.attn if attend is None else attend)(self.attn_norm(x))
         return x + self.ffn(self.ffn_norm(x))
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "compressed_attention_and_scores",
     "selection_scores",
     "select_blocks",
+    "select_blocks_at",
     "selected_attention",
     "window_attention",
 ]
@@ -234,16 +235,29 @@ def _select_chunk(
     num_local: int,
 ) -> torch.Tensor:
     """``select_blocks`` of the queries ``[t0, t1)``."""
+    t = torch.arange(t0, t1, device=scores.device)[None, :]
+    return select_blocks_at(scores[:, t0:t1], t, select_block, num_selected, num_initial, num_local)
+
+
+def select_blocks_at(
+    scores: torch.Tensor, t: torch.Tensor, select_block: int, num_selected: int, num_initial: int,
+    num_local: int,
+) -> torch.Tensor:
+    """The selection rule of ``select_blocks`` for queries at positions ``t [B | 1, C]``
+    with scores ``[B, C, G, Ns]`` -> ``idx [B, C, G, n]``: the one rule, used by the
+    training forward (``t`` = its query range) and by the KV-cache decoder (``t`` = each
+    sequence's position). ``Ns`` may exceed the blocks that exist yet: blocks that start
+    after the query are never chosen."""
     Ns = scores.shape[-1]
     dev = scores.device
-    t = torch.arange(t0, t1, device=dev)[:, None]
-    j = torch.arange(Ns, device=dev)[None, :]
+    t = t[..., None]  # [B | 1, C, 1]
+    j = torch.arange(Ns, device=dev)
     own = t // select_block
-    eligible = j <= own  # j*l' <= t
+    eligible = j <= own  # j*l' <= t; [B | 1, C, Ns]
     forced = eligible & ((j < num_initial) | (j > own - num_local))
     inf = torch.tensor(float("inf"), device=dev)
-    key = torch.where(eligible[:, None, :], scores[:, t0:t1].to(_acc_dtype(scores)), -inf)
-    key = torch.where(forced[:, None, :], inf, key)  # [B, C, G, Ns]
+    key = torch.where(eligible[:, :, None, :], scores.to(_acc_dtype(scores)), -inf)
+    key = torch.where(forced[:, :, None, :], inf, key)  # [B, C, G, Ns]
     k = min(num_selected, Ns)
     # stable descending sort: equal keys keep ascending block order
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :k]
