@@ -104,3 +104,29 @@ def test_a_write_never_follows_a_planted_part_file(tmp_path: Path, outside: Path
     err = with_agent(root, go)
     assert err.code == "not_a_file" and "symbolic link" in err.message, err.message
     assert outside.read_bytes() == SECRET and not (d / "__0_0.distcp").exists()
+
+
+def test_a_regular_shard_is_still_copied_between_hosts_in_chunks(tmp_path: Path) -> None:
+    """The refusal costs the real case nothing: a shard one host lacks comes from the other, whole."""
+    from nsa_tui import coordinator
+
+    roots = [tmp_path / "gpu1", tmp_path / "gpu2"]
+    for i, root in enumerate(roots):
+        d = checkpoint(root)
+        (d / "meta.json").write_text('{"step": 5, "files": [".metadata", "__0_0.distcp", "__1_0.distcp"]}')
+        (d / f"__{i}_0.distcp").write_bytes(bytes([i + 1]) * ((5 << 20) + 7))  # more than one chunk
+
+    async def go() -> int:
+        clients = {r.name: HostClient("local", runs_root=str(r)) for r in roots}
+        for c in clients.values():
+            await c.start()
+        try:
+            return await coordinator.gather(clients, RID, "step-5", ["gpu1"])
+        finally:
+            for c in clients.values():
+                await c.close()
+
+    assert asyncio.run(go()) == (5 << 20) + 7
+    got = roots[0] / RID / "checkpoints" / "step-5" / "__1_0.distcp"
+    assert got.read_bytes() == (roots[1] / RID / "checkpoints" / "step-5" / "__1_0.distcp").read_bytes()
+    assert not list(got.parent.glob(".*.part"))
