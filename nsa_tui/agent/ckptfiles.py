@@ -64,8 +64,12 @@ def _open_inside(store: RunStore, run_id: str, path: Path, flags: int) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OpError("not_a_file", f"{where} is a symbolic link ({os.readlink(path)}): checkpoint files "
-                          "are moved only as regular files (replace the link with the file itself)") from None
+            try:
+                target = f" to {os.readlink(path)}"
+            except OSError:  # replaced meanwhile
+                target = ""
+            raise OpError("not_a_file", f"{where} is a symbolic link{target}: checkpoint files are moved "
+                          "only as regular files (replace the link with the file itself)") from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
