@@ -137,6 +137,12 @@ def _fail(args: argparse.Namespace, code: int, kind: str, message: str) -> int:
     return code
 
 
+def said_yes(answer: str) -> bool:
+    """A yes to a (yes/no) question: ``y`` or ``yes`` in any case, as other command-line tools
+    take it; anything else (an empty line too) is a no."""
+    return answer.strip().lower() in ("y", "yes")
+
+
 async def _ask_host_key(host: str, fingerprint: str) -> bool:
     """Interactive yes/no for an unknown host key; never yes without a terminal (the refusal
     then says how to accept the key: nsa_tui/transport/ssh.py)."""
@@ -248,7 +254,7 @@ async def _delete(c: Any, args: argparse.Namespace) -> int:
         if args.json or not sys.stdin.isatty():
             return _fail(args, EXIT_USAGE, "not_confirmed", f"delete {what}? add --yes to delete")
         answer = await asyncio.to_thread(input, f"delete {what}? (yes/no) ")
-        if answer.strip().lower() != "yes":
+        if not said_yes(answer):
             print("nothing deleted", file=sys.stderr)
             return EXIT_FAILED
     res = await c.delete(args.run)

@@ -22,7 +22,7 @@ from typing import Any
 
 from nsa.contract import RunStatus
 from nsa_tui import coordinator as co
-from nsa_tui.cli_text import LineSplitter, alert_lines
+from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
 from nsa_tui.client import AgentError, HostClient
 from nsa_tui.multihost import MergedRun, Part, group_views, merge
 
@@ -37,6 +37,8 @@ def _text_of(merged: MergedRun, now: float, alerts: list[Any]) -> str:
     lines = [f"{merged.run_id}  {merged.name}  status={merged.status.value}  step={step}/{total}  "
              f"world={info.world_size if info else '?'}  global_batch={gb}  "
              f"hosts={','.join(merged.hosts)}  rank0={merged.primary}"]
+    if info is not None and info.attention_ops is not None:  # rank 0's: every rank runs the same ops
+        lines.append(f"  attention: {attention_text(info.attention_ops)}")
     if merged.problem:
         lines.append(f"  {merged.status.value}: {merged.problem}")
     for host, why in merged.lost.items():

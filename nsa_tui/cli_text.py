@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from nsa.contract import Alert, RunStatus, RunStatusReport, RunView
+from nsa.contract import Alert, AttentionOps, RunStatus, RunStatusReport, RunView
 from nsa.contract.protocol import AlertState
 from nsa_tui.fmt import fmt_count, fmt_duration
 from nsa_tui.runref import short_ids
@@ -87,6 +87,19 @@ def runs_table(runs: Sequence[RunView], now: float) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def attention_text(ops: AttentionOps) -> str:
+    """The attention ops a run trains on, as the panel's summary says it: a fallback to the
+    reference (far slower) names what was asked and why, so a script or a person at a terminal
+    sees it without opening the panel."""
+    if ops.fallback_reason:
+        return f"{ops.backend} (FALLBACK from {ops.requested}, far slower: {ops.fallback_reason})"
+    if ops.self_check is not None and ops.self_check.ok:
+        return f"{ops.backend} (self-check passed on {ops.self_check.device}, {ops.self_check.dtype})"
+    if ops.backend != "sdpa" and ops.requested != ops.backend:
+        return f"{ops.backend} (requested {ops.requested})"
+    return ops.backend
+
+
 def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew: float) -> str:
     """The run's identity and progress, one line per rank, the alerts that hold now. A run that
     is still booting says so (and how long its ranks have been in which phase) instead of
@@ -105,6 +118,8 @@ def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew:
         since = f" for {fmt_duration(now - skew - created)}" if created else ""
         parts.append(f"(booting{since}: " + ("no heartbeat yet)" if not rep.beats else "see the ranks)"))
     lines = ["  ".join(parts)]
+    if info.attention_ops is not None:  # chosen at boot (absent before that, and from older trainers)
+        lines.append(f"  attention: {attention_text(info.attention_ops)}")
     for b in rep.beats:
         phase_for = f" for {fmt_duration(max(0.0, now - skew - b.phase_since))}" if b.phase_since else ""
         lines.append(f"  rank {b.rank}: step {b.step} phase {b.phase.value}{phase_for}, "

@@ -130,3 +130,58 @@ def test_runs_hides_archived_runs_unless_all_and_delete_says_what_it_frees(tmp_p
     r = nsa_tui("delete", "local", ids[1], "--yes", *root)
     assert r.returncode == 0 and "freed 5 MiB" in r.stdout, r.stderr
     assert not (tmp_path / ids[1]).exists() and (tmp_path / ids[0]).is_dir()
+
+
+def _delete_on_a_terminal(tmp_path: Path, rid: str, answer: str) -> tuple[int, str]:
+    """``nsa-tui delete`` on a terminal (a pty for stdin, stdout and stderr), answering ``answer``
+    once its question is shown; (exit code, everything it wrote)."""
+    import os
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nsa_tui.cli", "delete", "local", rid,
+                             "--runs-root", str(tmp_path)], stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen, answered, deadline = b"", False, time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 1)[0]:
+                continue
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if not answered and b"(yes/no)" in seen:
+                os.write(master, answer.encode() + b"\n")
+                answered = True
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert answered, seen
+    return code, seen.decode(errors="replace")
+
+
+@pytest.mark.parametrize("answer", ["y", "Y", " yes ", "YES"])
+def test_delete_takes_y_or_yes_in_any_case(tmp_path: Path, answer: str) -> None:
+    rid = "20260101-000100-old-0002"
+    (tmp_path / rid).mkdir(mode=0o700)
+    (tmp_path / rid / "run.json").write_text(json.dumps({"run_id": rid, "status": "finished"}))
+    code, text = _delete_on_a_terminal(tmp_path, rid, answer)
+    assert code == 0 and f"deleted {rid}" in text, text
+    assert not (tmp_path / rid).exists()
+
+
+@pytest.mark.parametrize("answer", ["n", "", "yep"])
+def test_delete_keeps_the_run_on_any_other_answer(tmp_path: Path, answer: str) -> None:
+    rid = "20260101-000100-old-0002"
+    (tmp_path / rid).mkdir(mode=0o700)
+    (tmp_path / rid / "run.json").write_text(json.dumps({"run_id": rid, "status": "finished"}))
+    code, text = _delete_on_a_terminal(tmp_path, rid, answer)
+    assert code == cli.EXIT_FAILED and "nothing deleted" in text, text
+    assert (tmp_path / rid).is_dir()
