@@ -16,7 +16,7 @@ from triton.runtime.autotuner import Autotuner
 import nsa.ops as ops_pkg
 import nsa.ops.triton as triton_ops
 from nsa.ops import AttentionShape, choose_ops, get_ops, reference, self_check
-from nsa.ops.triton import band, glue, selected
+from nsa.ops.triton import band, glue, selected, topn
 
 # smoke-cpu's NSA layout: small enough for the interpreter (~10 s per check)
 SHAPE = AttentionShape(n_heads=2, n_kv_heads=1, head_dim=16, compress_block=16, compress_stride=8,
@@ -138,6 +138,19 @@ def test_a_glue_kernel_with_wrong_numbers_fails_the_check(monkeypatch: pytest.Mo
     _replace_kernel(monkeypatch, glue, kernel, _WritesNothing())
     report = self_check("cpu", torch.float32, SHAPE)
     assert report.failures == [failure]
+
+
+@pytest.mark.parametrize("kernel, failures", [
+    ("_select_kernel", ["select_blocks: idx not written"]),
+    ("_scores_topn", ["compressed_attention_and_scores: extra not written",  # the scores
+                      "compressed_attention_and_selection: idx not written"]),  # the fused choice
+])
+def test_a_selection_kernel_that_writes_nothing_fails_the_check(monkeypatch: pytest.MonkeyPatch, kernel: str,
+                                                                failures: list[str]) -> None:
+    """Block indices are poisoned too (int64 min): an unwritten choice is named as such."""
+    _replace_kernel(monkeypatch, topn, kernel, _WritesNothing())
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert report.failures == failures
 
 
 def test_a_wrong_block_choice_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
