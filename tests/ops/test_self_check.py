@@ -8,6 +8,8 @@ that fails like that: the only fake here, for what this machine cannot have.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from triton.compiler.errors import CompilationError
@@ -37,6 +39,17 @@ class _WritesNothing:
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: None
+
+
+class _OneProgramShort:
+    """Stands in for a launch of the real kernel on a grid one program short along its
+    first axis (a wrong grid): the last programs' rows are never written."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return self.kernel[(grid[0] - 1, *grid[1:])]
 
 
 def _replace_kernel(monkeypatch: pytest.MonkeyPatch, module, name: str, fake) -> None:
@@ -126,6 +139,20 @@ def test_a_kernel_that_writes_nothing_fails_on_memory_that_held_the_answer(
     assert answers  # the stand-in did hand out the answer
     assert report.failures == ["selected_attention: out not written, d0 is not finite, d1 is not finite, "
                                "d2 is not finite"]
+
+
+@_NAN_ARITHMETIC
+def test_a_kernel_that_writes_part_of_its_output_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report counts the unwritten elements: whole positions of [1, T, H, D]."""
+    _replace_kernel(monkeypatch, selected, "_sel_fwd", _OneProgramShort(selected._sel_fwd.fn))
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert len(report.failures) == 1
+    found = re.fullmatch(r"selected_attention: out not written at (\d+) of (\d+) elements, d0 is not finite, "
+                         r"d1 is not finite, d2 is not finite", report.failures[0])
+    assert found, report.failures[0]
+    unwritten, total = int(found[1]), int(found[2])
+    row = SHAPE.n_heads * SHAPE.head_dim
+    assert 0 < unwritten < total and unwritten % row == 0 and total % row == 0
 
 
 @pytest.mark.parametrize("kernel, failure", [
