@@ -3,7 +3,9 @@
 On CPU the Triton kernels run in the interpreter (TRITON_INTERPRET=1, fp32), with device
 "cpu" standing in for the GPU. A GPU-only failure (a kernel the compiler rejects, or one
 that computes wrong numbers there) is forced by replacing one kernel object with a stand-in
-that fails like that: the only fake here, for what this machine cannot have.
+that fails like that; an allocator that hands back memory holding the right answer, by
+an ``empty_like`` that does. The only fakes here, for what this machine cannot have on
+demand.
 """
 
 from __future__ import annotations
