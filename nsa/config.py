@@ -2,8 +2,11 @@
 
 Why strict: an earlier code base silently ignored misspelt keys and silently loaded
 a toy default config (docs/lessons.md#no-silent-default). Here every key must be known, every value must
-have the declared type, required values must be present, and there is no default
-config at all: ``load_config`` needs a path.
+have the declared type and lie within the bounds declared with it, required values must be
+present, and there is no default config at all: ``load_config`` needs a path.
+
+The schema is declarative: typed dataclass sections whose annotations carry each key's
+bounds (``msgspec.Meta``), and a ``relations`` method per section for rules between keys.
 """
 
 from __future__ import annotations
@@ -302,9 +305,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (),
 
 
 def build_section(cls: type[T], raw: Any, where: str | Origin, prefix: str = "") -> T:
-    """A dataclass ``cls`` from parsed YAML with this module's strictness (unknown keys and
-    wrong types are errors naming ``where``, the key and the expected type). Other files with
-    a schema (nsa-tui's settings.yaml) use it too; an ``Origin`` with the file's key lines
+    """A dataclass ``cls`` from parsed YAML with this module's strictness (unknown keys, wrong
+    types and values out of bounds are errors naming ``where``, the key and what was expected).
+    Other files with a schema (nsa-tui's settings.yaml) use it too; an ``Origin`` with the file's key lines
     (``Origin(path, key_lines(text))``) makes the errors name the line too."""
     return _build(cls, raw, prefix, where if isinstance(where, Origin) else Origin(where))
 
