@@ -2,8 +2,11 @@
 
 Why strict: an earlier code base silently ignored misspelt keys and silently loaded
 a toy default config (docs/lessons.md#no-silent-default). Here every key must be known, every value must
-have the declared type, required values must be present, and there is no default
-config at all: ``load_config`` needs a path.
+have the declared type and lie within the bounds declared with it, required values must be
+present, and there is no default config at all: ``load_config`` needs a path.
+
+The schema is declarative: typed dataclass sections whose annotations carry each key's
+bounds (``msgspec.Meta``), and a ``relations`` method per section for rules between keys.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union
 
+import msgspec
 import yaml
+from msgspec import Meta
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -30,6 +35,21 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------- schema
+#
+# A value's type and its own bounds live in its annotation (``msgspec.Meta``: gt, ge, lt,
+# multiple_of; ``description`` words the expectation when the bounds alone would not say
+# why); relations between values are each section's ``relations``. The loader reads both, so
+# a bound is stated once, next to the key, and every error names that key.
+
+PosInt = Annotated[int, Meta(gt=0)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+PosFloat = Annotated[float, Meta(gt=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+Seconds = Annotated[float, Meta(gt=0, description="a positive number of seconds")]
+Beta = Annotated[float, Meta(ge=0, lt=1)]
+
+Relation = tuple[bool, str, str]
+"""One relation between values: (holds, key relative to the section, what was expected)."""
 
 
 @dataclass
@@ -42,24 +62,37 @@ class AttentionConfig:
 
     kind: Literal["nsa", "dense"]
     backend: Literal["auto", "reference", "triton"] = "auto"
-    compress_block: int = 32  # l
-    compress_stride: int = 16  # d
+    compress_block: PosInt = 32  # l
+    compress_stride: PosInt = 16  # d
     compress_mode: Literal["mlp", "avgpool"] = "mlp"
-    select_block: int = 64  # l'
-    num_selected: int = 16  # n, includes the initial and local blocks
-    num_initial: int = 1
-    num_local: int = 2
-    window: int = 512  # w
+    select_block: PosInt = 64  # l'
+    num_selected: PosInt = 16  # n, includes the initial and local blocks
+    num_initial: NonNegInt = 1
+    num_local: Annotated[int, Meta(ge=1, description="at least 1 local block (the query's own)")] = 2
+    window: PosInt = 512  # w
+
+    def relations(self) -> list[Relation]:
+        """NSA's block sizes must tile each other; dense attention reads none of them."""
+        if self.kind != "nsa":
+            return []
+        stride, block = self.compress_stride, self.compress_block
+        return [
+            (block % stride == 0, "compress_block", f"a multiple of compress_stride ({stride})"),
+            (self.select_block % stride == 0, "select_block", f"a multiple of compress_stride ({stride})"),
+            (self.select_block >= block, "select_block", f"at least compress_block ({block})"),
+            (self.num_selected >= self.num_initial + self.num_local, "num_selected",
+             f"at least num_initial + num_local ({self.num_initial + self.num_local})"),
+        ]
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
+    vocab_size: PosInt
+    dim: PosInt
+    n_layers: PosInt
+    n_heads: PosInt
+    n_kv_heads: PosInt
+    head_dim: Annotated[PosInt, Meta(multiple_of=2, description="an even number (RoPE)")]
     attention: AttentionConfig
     ffn_hidden: int | None = None  # None: SwiGLU's 8/3 * dim rounded up to 64
     tie_embeddings: bool = True
@@ -67,39 +100,48 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
 
+    def relations(self) -> list[Relation]:
+        """Grouped-query attention shares each KV head among a whole number of query heads."""
+        return [(self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
+                 f"a divisor of model.n_heads ({self.n_heads})")]
+
 
 @dataclass
 class TrainConfig:
-    seq_len: int
-    batch_size: int  # per-rank micro-batch, never split across ranks
-    steps: int  # optimizer steps
-    lr: float
-    min_lr: float
-    warmup_steps: int
-    grad_accum: int = 1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
+    seq_len: PosInt
+    batch_size: PosInt  # per-rank micro-batch, never split across ranks
+    steps: PosInt  # optimizer steps
+    lr: PosFloat
+    min_lr: NonNegFloat
+    warmup_steps: NonNegInt
+    grad_accum: PosInt = 1
+    weight_decay: NonNegFloat = 0.1
+    beta1: Beta = 0.9
+    beta2: Beta = 0.95
+    grad_clip: Annotated[float, Meta(ge=0, description="a non-negative number (0 disables clipping)")] = 1.0
     dtype: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA
     device: Literal["auto", "cpu", "cuda"] = "auto"
     strategy: Literal["ddp", "fsdp"] = "ddp"
     activation_checkpointing: bool = False
     compile: bool = False
     seed: int = 1337
-    save_every: int = 200
-    keep_checkpoints: int = 3
-    eval_every: int = 100
-    eval_batches: int = 8
-    log_every: int = 1
+    save_every: PosInt = 200
+    keep_checkpoints: PosInt = 3
+    eval_every: PosInt = 100
+    eval_batches: NonNegInt = 8
+    log_every: PosInt = 1
     # Process-group timeouts by phase (docs/training.md): a peer that stops answering fails the
     # collective after this long. ``pg_timeout_start_s`` covers the rendezvous (torchrun's join
     # timeout), boot, checkpoint load, compile, the first step, every checkpoint save and the
     # first eval; ``pg_timeout_s`` every other collective (steady state).
-    pg_timeout_s: float = 300.0
-    pg_timeout_start_s: float = 1800.0
+    pg_timeout_s: Seconds = 300.0
+    pg_timeout_start_s: Seconds = 1800.0
     checkpoint_async: bool = True  # write checkpoints in a background thread (DCP async_save)
-    heartbeat_interval_s: float = 2.0
+    heartbeat_interval_s: PosFloat = 2.0
+
+    def relations(self) -> list[Relation]:
+        """The schedule decays from lr down to min_lr, never up."""
+        return [(self.min_lr <= self.lr, "min_lr", f"between 0 and train.lr ({self.lr})")]
 
 
 @dataclass
@@ -111,25 +153,30 @@ class DataConfig:
     paths: list[str] = field(default_factory=list)  # for source=files, globs allowed
     fineweb_name: str = "sample-10BT"
     text_field: str = "text"
-    val_every_n_docs: int = 100  # every n-th document goes to validation, never training
+    val_every_n_docs: PosInt = 100  # every n-th document goes to validation, never training
     shuffle_buffer: int = 0
     prefetch_batches: int = 4
     seed: int = 0
+
+    def relations(self) -> list[Relation]:
+        """source=files with no paths would train on nothing."""
+        return [(self.source != "files" or bool(self.paths), "paths",
+                 "at least one path or glob for source=files")]
 
 
 @dataclass
 class DebugConfig:
     """Fault injection for tests of the panel's alerts. Off by default."""
 
-    hang_at_step: int | None = None
-    hang_rank: int | None = None
-    crash_at_step: int | None = None
-    crash_rank: int | None = None
-    nan_at_step: int | None = None
-    nan_rank: int | None = None  # None: every rank
-    slow_data_s: float = 0.0
-    stop_at_step: int | None = None  # behave as if SIGTERM arrived during this step
-    die_in_save_at_step: int | None = None  # exit between writing checkpoint step N and committing it
+    hang_at_step: NonNegInt | None = None
+    hang_rank: NonNegInt | None = None
+    crash_at_step: NonNegInt | None = None
+    crash_rank: NonNegInt | None = None
+    nan_at_step: NonNegInt | None = None
+    nan_rank: NonNegInt | None = None  # None: every rank
+    slow_data_s: NonNegFloat = 0.0
+    stop_at_step: NonNegInt | None = None  # behave as if SIGTERM arrived during this step
+    die_in_save_at_step: NonNegInt | None = None  # exit between writing checkpoint step N and committing it
     record_rank_state: bool = False  # debug/rank-R.jsonl: data digests and a final parameter digest
 
 
@@ -145,9 +192,9 @@ class FailurePolicy:
     never ends on TERM, and its peers cannot checkpoint without it)."""
 
     action: Literal["none", "restart", "fallback", "stop"] = "none"
-    max_restarts: int = 3
-    backoff_s: float = 30.0
-    grace_s: float = 15.0
+    max_restarts: NonNegInt = 3
+    backoff_s: Annotated[float, Meta(ge=0, description="a non-negative number of seconds")] = 30.0
+    grace_s: Seconds = 15.0
 
 
 @dataclass
@@ -159,6 +206,13 @@ class Config:
     debug: DebugConfig = field(default_factory=DebugConfig)
     on_failure: FailurePolicy = field(default_factory=FailurePolicy)
     source_path: str = field(default="", metadata={"internal": True})
+
+    def relations(self) -> list[Relation]:
+        """The embedding must hold every id the tokenizer makes."""
+        if self.data.tokenizer == "byte":
+            return [(self.model.vocab_size >= 257, "model.vocab_size",
+                     "at least 257 for the byte tokenizer (256 bytes + end-of-text)")]
+        return [(self.model.vocab_size >= 50257, "model.vocab_size", "at least 50257 for the gpt2 tokenizer")]
 
 
 # --------------------------------------------------------------------------- loading
@@ -247,14 +301,13 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (),
         _apply_override(raw, item, origin)
     cfg = _build(Config, raw, "", origin)
     cfg.source_path = str(p.resolve())
-    validate(cfg, origin)
     return cfg
 
 
 def build_section(cls: type[T], raw: Any, where: str | Origin, prefix: str = "") -> T:
-    """A dataclass ``cls`` from parsed YAML with this module's strictness (unknown keys and
-    wrong types are errors naming ``where``, the key and the expected type). Other files with
-    a schema (nsa-tui's settings.yaml) use it too; an ``Origin`` with the file's key lines
+    """A dataclass ``cls`` from parsed YAML with this module's strictness (unknown keys, wrong
+    types and values out of bounds are errors naming ``where``, the key and what was expected).
+    Other files with a schema (nsa-tui's settings.yaml) use it too; an ``Origin`` with the file's key lines
     (``Origin(path, key_lines(text))``) makes the errors name the line too."""
     return _build(cls, raw, prefix, where if isinstance(where, Origin) else Origin(where))
 
@@ -265,7 +318,6 @@ def config_from_dict(raw: dict[str, Any], where: str = "<dict>") -> Config:
     source = raw.pop("source_path", "")
     cfg = _build(Config, raw, "", Origin(where))
     cfg.source_path = source or ""
-    validate(cfg, Origin(where))
     return cfg
 
 
@@ -337,6 +389,8 @@ def _kind(value: Any) -> str:
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if origin is Annotated:  # the bounds are worded where they fail (_bounds)
+        return _type_name(typing.get_args(tp)[0])
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
@@ -349,11 +403,17 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+class _Mismatch(ConfigError):
+    """A value of the wrong type: a union tries its next member; any other error is final."""
+
+
 def _build(cls: type[T], raw: Any, prefix: str, where: Origin) -> T:
+    """A section from a mapping: unknown keys, missing keys, types and bounds (the fields'
+    annotations), then the section's ``relations``; every error names the key and its place."""
     label = prefix or "<top level>"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where.at(prefix)}: {label}: expected a mapping (section), got {_kind(raw)}")
-    hints = typing.get_type_hints(cls)
+        raise _Mismatch(f"{where.at(prefix)}: {label}: expected a mapping (section), got {_kind(raw)}")
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
@@ -373,141 +433,80 @@ def _build(cls: type[T], raw: Any, prefix: str, where: Origin) -> T:
                 )
             continue
         kwargs[name] = _coerce(hints[name], raw[name], key, where)
-    return cls(**kwargs)
+    section = cls(**kwargs)
+    relations = getattr(section, "relations", None)
+    for holds, rel_key, expected in relations() if relations is not None else ():
+        if not holds:
+            key = f"{prefix}.{rel_key}" if prefix else rel_key
+            value = _lookup(section, rel_key)
+            raise ConfigError(f"{where.at(key)}: key {key!r}: expected {expected}, got {value!r}")
+    return section
+
+
+def _lookup(section: object, dotted: str) -> Any:
+    for part in dotted.split("."):
+        section = getattr(section, part)
+    return section
 
 
 def _coerce(tp: Any, value: Any, key: str, where: Origin) -> Any:
+    """``value`` as type ``tp``. Sections, unions and lists are walked here, so an error names
+    the innermost key; msgspec checks the leaves (strictly: no "1" for 1, no 1 for true) and
+    the bounds. A wrong type raises ``_Mismatch``, a value out of bounds a plain ConfigError."""
     origin = typing.get_origin(tp)
-    bad = ConfigError(f"{where.at(key)}: key {key!r}: expected {_type_name(tp)}, "
-                      f"got {value!r} ({_kind(value)})")
+    if origin is Annotated:
+        base, *extras = typing.get_args(tp)
+        out = _coerce(base, value, key, where)
+        for meta in extras:  # one by one, so that the error words the bound that failed
+            try:
+                msgspec.convert(out, Annotated[base, meta], strict=True)
+            except msgspec.ValidationError:
+                raise ConfigError(f"{where.at(key)}: key {key!r}: expected {_bounds(meta, base)}, "
+                                  f"got {out!r}") from None
+        return out
+    bad = _Mismatch(f"{where.at(key)}: key {key!r}: expected {_type_name(tp)}, "
+                    f"got {value!r} ({_kind(value)})")
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, key, where)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
+        if value is None and type(None) in typing.get_args(tp):
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        for arg in typing.get_args(tp):
             try:
                 return _coerce(arg, value, key, where)
-            except ConfigError:
+            except _Mismatch:
                 pass
-        raise bad
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
         raise bad
     if origin is list:
         if not isinstance(value, list):
             raise bad
         (item_tp,) = typing.get_args(tp)
         return [_coerce(item_tp, v, f"{key}[{i}]", where) for i, v in enumerate(value)]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if tp is float and isinstance(value, str):  # YAML reads "3e-4" (no dot) as a string
+        try:
             return float(value)
-        if isinstance(value, str):  # YAML reads "3e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad
-    raise ConfigError(f"{where.at(key)}: key {key!r}: unsupported type {tp!r}")  # schema bug
+        except ValueError:
+            raise bad from None
+    try:
+        return msgspec.convert(value, tp, strict=True)
+    except msgspec.ValidationError:
+        raise bad from None
 
 
-# --------------------------------------------------------------------------- semantics
-
-
-def _require(cond: bool, where: Origin, key: str, expected: str, value: Any) -> None:
-    if not cond:
-        raise ConfigError(f"{where.at(key)}: key {key!r}: expected {expected}, got {value!r}")
+def _bounds(meta: msgspec.Meta, base: Any) -> str:
+    """A field's bounds in words: its ``description``, else one of the forms the schema uses
+    (tests/test_config.py checks that every bound in the schema is one of them)."""
+    if meta.description:
+        return meta.description
+    if meta.ge == 0 and meta.lt is not None:
+        return f"a number in [0, {meta.lt:g})"
+    noun = "integer" if base is int else "number"
+    return f"a positive {noun}" if meta.gt == 0 else f"a non-negative {noun}"
 
 
 def validate(cfg: Config, where: Origin) -> None:
-    """Relations between values that types alone cannot express."""
-    m, a, t, d = cfg.model, cfg.model.attention, cfg.train, cfg.data
-    for key, value in [
-        ("model.vocab_size", m.vocab_size),
-        ("model.dim", m.dim),
-        ("model.n_layers", m.n_layers),
-        ("model.n_heads", m.n_heads),
-        ("model.n_kv_heads", m.n_kv_heads),
-        ("model.head_dim", m.head_dim),
-        ("train.seq_len", t.seq_len),
-        ("train.batch_size", t.batch_size),
-        ("train.grad_accum", t.grad_accum),
-        ("train.steps", t.steps),
-        ("train.save_every", t.save_every),
-        ("train.keep_checkpoints", t.keep_checkpoints),
-        ("train.eval_every", t.eval_every),
-        ("train.log_every", t.log_every),
-        ("data.val_every_n_docs", d.val_every_n_docs),
-    ]:
-        _require(value > 0, where, key, "a positive integer", value)
-    _require(m.n_heads % m.n_kv_heads == 0, where, "model.n_kv_heads",
-             f"a divisor of model.n_heads ({m.n_heads})", m.n_kv_heads)
-    _require(m.head_dim % 2 == 0, where, "model.head_dim", "an even number (RoPE)", m.head_dim)
-    _require(t.warmup_steps >= 0, where, "train.warmup_steps", "a non-negative integer", t.warmup_steps)
-    _require(t.lr > 0, where, "train.lr", "a positive number", t.lr)
-    _require(0 <= t.min_lr <= t.lr, where, "train.min_lr", f"between 0 and train.lr ({t.lr})", t.min_lr)
-    _require(t.eval_batches >= 0, where, "train.eval_batches", "a non-negative integer", t.eval_batches)
-    _require(t.grad_clip >= 0, where, "train.grad_clip", "a non-negative number (0 disables clipping)",
-             t.grad_clip)
-    _require(t.weight_decay >= 0, where, "train.weight_decay", "a non-negative number", t.weight_decay)
-    for key, beta in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
-        _require(0 <= beta < 1, where, key, "a number in [0, 1)", beta)
-    _require(t.pg_timeout_s > 0, where, "train.pg_timeout_s", "a positive number of seconds", t.pg_timeout_s)
-    _require(t.pg_timeout_start_s > 0, where, "train.pg_timeout_start_s", "a positive number of seconds",
-             t.pg_timeout_start_s)
-    _require(t.heartbeat_interval_s > 0, where, "train.heartbeat_interval_s", "a positive number",
-             t.heartbeat_interval_s)
-    if d.tokenizer == "byte":
-        _require(m.vocab_size >= 257, where, "model.vocab_size",
-                 "at least 257 for the byte tokenizer (256 bytes + end-of-text)", m.vocab_size)
-    else:
-        _require(m.vocab_size >= 50257, where, "model.vocab_size",
-                 "at least 50257 for the gpt2 tokenizer", m.vocab_size)
-    if d.source == "files":
-        _require(bool(d.paths), where, "data.paths", "at least one path or glob for source=files",
-                 d.paths)
-    if a.kind == "nsa":
-        _require(a.compress_block > 0 and a.compress_stride > 0, where, "model.attention.compress_stride",
-                 "positive compress_block and compress_stride", a.compress_stride)
-        _require(a.compress_block % a.compress_stride == 0, where, "model.attention.compress_block",
-                 f"a multiple of compress_stride ({a.compress_stride})", a.compress_block)
-        _require(a.select_block % a.compress_stride == 0, where, "model.attention.select_block",
-                 f"a multiple of compress_stride ({a.compress_stride})", a.select_block)
-        _require(a.select_block >= a.compress_block, where, "model.attention.select_block",
-                 f"at least compress_block ({a.compress_block})", a.select_block)
-        _require(a.num_initial >= 0 and a.num_local >= 1, where, "model.attention.num_local",
-                 "at least 1 local block (the query's own)", a.num_local)
-        _require(a.num_selected >= a.num_initial + a.num_local, where, "model.attention.num_selected",
-                 f"at least num_initial + num_local ({a.num_initial + a.num_local})", a.num_selected)
-        _require(a.window > 0, where, "model.attention.window", "a positive integer", a.window)
-    dbg = cfg.debug
-    for key, setting in [("debug.hang_at_step", dbg.hang_at_step), ("debug.crash_at_step", dbg.crash_at_step),
-                       ("debug.nan_at_step", dbg.nan_at_step), ("debug.stop_at_step", dbg.stop_at_step),
-                       ("debug.die_in_save_at_step", dbg.die_in_save_at_step),
-                       ("debug.hang_rank", dbg.hang_rank), ("debug.crash_rank", dbg.crash_rank),
-                       ("debug.nan_rank", dbg.nan_rank)]:
-        if setting is not None:
-            _require(setting >= 0, where, key, "a non-negative integer", setting)
-    _require(dbg.slow_data_s >= 0, where, "debug.slow_data_s", "a non-negative number", dbg.slow_data_s)
-    pol = cfg.on_failure
-    _require(pol.max_restarts >= 0, where, "on_failure.max_restarts", "a non-negative integer",
-             pol.max_restarts)
-    _require(pol.backoff_s >= 0, where, "on_failure.backoff_s", "a non-negative number of seconds",
-             pol.backoff_s)
-    _require(pol.grace_s > 0, where, "on_failure.grace_s", "a positive number of seconds", pol.grace_s)
+    """Check an already-built config again: every bound and relation, as loading does (a
+    config changed in code, e.g. by ``dataclasses.replace``, gets the loader's errors)."""
+    raw = to_dict(cfg)
+    raw.pop("source_path", None)
+    _build(Config, raw, "", where)

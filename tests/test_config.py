@@ -3,13 +3,17 @@ key and the file; every shipped config loads and builds."""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 import yaml
 
-from nsa.config import ConfigError, load_config
+from nsa.config import Config, ConfigError, Origin, known_keys, load_config, validate
+from nsa.config import to_dict as config_to_dict
 from nsa.model import build_model
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -140,3 +144,107 @@ def test_an_override_error_says_it_came_from_set(tmp_path: Path) -> None:
     bad = _write(tmp_path, lambda r: r["model"].update(n_kv_heads=3))
     line = bad.read_text().splitlines().index("  n_kv_heads: 3") + 1
     assert _error(bad, ["train.steps=5"]).startswith(f"{bad}:{line}: key 'model.n_kv_heads'")
+
+
+# ----------------------------------------------------------------- the declarative schema
+
+
+def _bounded_keys() -> list[tuple[str, type, list[msgspec.Meta]]]:
+    """Every key whose annotation carries bounds: (dotted key, base type, its Metas)."""
+    out = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("internal"):
+                continue
+            key, tp = f"{prefix}{f.name}", hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, key + ".")
+                continue
+            for arg in (tp, *typing.get_args(tp)):  # the type itself, or a member of its union
+                if typing.get_origin(arg) is typing.Annotated:
+                    base, *metas = typing.get_args(arg)
+                    out.append((key, base, [m for m in metas if isinstance(m, msgspec.Meta)]))
+
+    walk(Config, "")
+    return out
+
+
+BOUNDED = _bounded_keys()
+
+
+def _outside(meta: msgspec.Meta, base: type) -> object:
+    """A value of type ``base`` that breaks ``meta`` (and only the bound ``meta`` states)."""
+    if meta.multiple_of is not None:
+        return base(meta.multiple_of * 8 + 1)
+    if meta.gt is not None:
+        return base(meta.gt)
+    if meta.lt is not None:
+        return base(meta.lt)
+    assert meta.ge is not None
+    return base(meta.ge - 1)
+
+
+def test_every_bound_is_worded() -> None:
+    """An error says the bound in words: each Meta has a description or one of the forms that
+    nsa.config words itself (positive, non-negative, [0, hi))."""
+    assert len(BOUNDED) > 30
+    for key, _base, metas in BOUNDED:
+        assert metas, key
+        for meta in metas:
+            assert meta.description or meta.gt == 0 or (meta.ge == 0 and meta.le is None), (key, meta)
+            assert not (meta.description and meta.description[0].isupper()), key
+
+
+@pytest.mark.parametrize("key,base,metas", BOUNDED, ids=[k for k, _, _ in BOUNDED])
+def test_every_declared_bound_is_enforced_by_name(key: str, base: type, metas: list[msgspec.Meta]) -> None:
+    """A bound stated in the annotation is checked on load, blamed on its key and the --set item,
+    and msgspec, reading the same annotation, rejects the value too."""
+    path = CONFIGS / "tiny-cpu.yaml"
+    for meta in metas:
+        value = _outside(meta, base)
+        item = f"{key}={value}"
+        msg = _error(path, [item])
+        assert msg.startswith(f"--set {item} (over {path}): key {key!r}: expected "), msg
+        raw = config_to_dict(load_config(path))
+        raw.pop("source_path")
+        section, _, leaf = key.rpartition(".")
+        node = raw
+        for part in section.split("."):
+            node = node[part]
+        node[leaf] = value
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(raw, Config, strict=True)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_msgspec_reads_the_same_schema(path: Path) -> None:
+    """The loader and msgspec agree: a loaded config converts back through msgspec unchanged."""
+    cfg = load_config(path)
+    raw = config_to_dict(cfg)
+    raw.pop("source_path")
+    again = msgspec.convert(raw, Config, strict=True)
+    again.source_path = cfg.source_path
+    assert again == cfg
+
+
+def test_validate_checks_a_config_changed_in_code() -> None:
+    """A config built in code (dataclasses.replace) gets the loader's errors from validate()."""
+    cfg = load_config(CONFIGS / "tiny-cpu.yaml")
+    validate(cfg, Origin("mine"))
+    bad = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, beta1=1.0))
+    with pytest.raises(ConfigError, match=r"^mine: key 'train.beta1': expected a number in \[0, 1\), got 1"):
+        validate(bad, Origin("mine"))
+    bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_kv_heads=3))
+    with pytest.raises(ConfigError, match=r"^mine: key 'model.n_kv_heads': expected a divisor of model"):
+        validate(bad, Origin("mine"))
+
+
+def test_known_keys_name_the_type_not_the_annotation() -> None:
+    """Bounds do not leak into the --set field's completions: they read as before."""
+    keys = known_keys()
+    assert keys["train.steps"] == "int, required"
+    assert keys["model.attention.window"] == "int, default 512"
+    assert keys["debug.hang_at_step"] == "int or null, default None"
+    assert keys["train.beta1"] == "float, default 0.9"
