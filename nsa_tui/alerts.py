@@ -198,6 +198,13 @@ class AlertDetector:
         self.gpus = list(sample.gpus or [])
         self.disk = sample.disk
 
+    def feed_clock(self, received: float, ts: float) -> None:
+        """A reading of the host's clock (``ts``, e.g. a status report's) taken when this clock
+        read ``received``. Beats read from files carry when they were written, not when they
+        were read, so they must not be fed with a ``received`` time: that would make every
+        beat look fresh."""
+        self._skew(received, ts)
+
     def feed_rank_gone(self, run_id: str, rank: int, ts: float) -> None:
         """The process of ``rank`` (the pid of its beats) no longer exists (the watchdog looks)."""
         self.run(run_id).gone.setdefault(rank, ts)
