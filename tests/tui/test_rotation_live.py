@@ -17,7 +17,7 @@ from tests.tui.helpers import wait_for
 from tests.tui.test_panel_live import SIZE, launch_through_dialog
 
 ROTATE = 8192  # a generation every 2-3 s: three beats per step, 4 steps a second
-STALE_S = 10.0  # the panel's newest beat of a rank may trail the file's newest by this much
+STALE_S = 15.0  # the panel's newest beat of a rank may trail the file's newest by this much
 ROTATIONS = 3  # per rank, before the reconnect and again after it
 
 
@@ -90,7 +90,9 @@ class Watcher:
         for rank in range(self.ranks):
             _, newest = _first_and_last(self.run_dir / "heartbeats" / f"rank-{rank}.jsonl")
             shown = run.beats.get(rank)
-            if newest is None or shown is None or shown.step < newest["step"] or shown.ts < newest["ts"] - 1.0:
+            if newest is None or shown is None or shown.step < newest["step"]:
+                return False
+            if shown.ts < newest["ts"] - 1.0:
                 return False
         return True
 
@@ -107,14 +109,17 @@ async def test_rotating_heartbeats_keep_the_panel_fresh_and_a_reconnect_heals(
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
         run_id = await launch_through_dialog(app, pilot, config, nproc="2")
-        run = app.state.selected_run()
         run_dir = runs_root / run_id
-        await wait_for(pilot, lambda: len(run.beats) == 2 and all(b.phase.value == "train" and b.step > 0
-                                                                   for b in run.beats.values()),
-                       120, "both ranks training")
-        w = Watcher(app, run_dir, run_id, 2)
-        await wait_for(pilot, lambda: w.rotated(ROTATIONS), 120, f"{ROTATIONS} rotations of every rank's file")
-        await wait_for(pilot, w.caught_up, STALE_S, "the panel to show every rank's newest beat")
+
+        def training(rank: int) -> bool:
+            beat = _first_and_last(run_dir / "heartbeats" / f"rank-{rank}.jsonl")[1]
+            return beat is not None and beat["phase"] == "train" and beat["step"] > 0
+
+        await wait_for(pilot, lambda: training(0) and training(1), 120, "both ranks training")
+        w = Watcher(app, run_dir, run_id, 2)  # from now on every look checks the panel against the files
+        await wait_for(pilot, w.caught_up, 2 * STALE_S, "the panel to show every rank's newest beat")
+        await wait_for(pilot, lambda: w.rotated(ROTATIONS), 120, "rotations of every rank's file")
+        await wait_for(pilot, w.caught_up, 2 * STALE_S, "the panel to show every rank's newest beat")
         # the connection drops (the agent dies, as in a crash); the client reconnects on its own
         # and every watch resumes from the positions the panel saw
         client = app.services["local"].client
@@ -125,7 +130,7 @@ async def test_rotating_heartbeats_keep_the_panel_fresh_and_a_reconnect_heals(
         await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 60, "the reconnect")
         await wait_for(pilot, lambda: all(w.rotated(0) and w.rotations[r] >= before[r] + ROTATIONS
                                           for r in range(2)), 120, f"{ROTATIONS} more rotations")
-        await wait_for(pilot, w.caught_up, STALE_S, "the panel to show every rank's newest beat again")
+        await wait_for(pilot, w.caught_up, 2 * STALE_S, "the panel to show every rank's newest beat again")
         w.no_alerts()
         print(f"\nMEASURE rotation at {ROTATE} B: rotations per rank {w.rotations}; the panel trailed "
               f"the files by at most {w.worst:.1f} s")
