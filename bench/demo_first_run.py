@@ -7,10 +7,10 @@ a fresh launch history, waits for the demo offer, answers `y`, and measures from
 to the first heartbeat, the first step and step ``--steps`` as the panel sees them (its
 state, fed by the agent's events). Then it stops the run (nothing is left running) and
 prints one JSON line with the times, the machine (CPUs usable, load average before, during
-and after), the run's threads per rank (run.json ``cpu_threads``, absent before issue 12),
+and after), the run's threads per rank (run.json ``cpu_threads``, absent on older runs),
 torch's version and the median step time.
 
-Goal (issue 12): step 100 within 180 s of pressing `y` on 2 cores. Run from a checkout: the
+Goal: step 100 within 180 s of pressing `y` on 2 cores. Run from a checkout: the
 demo is its configs/tiny-cpu.yaml.
 """
 
@@ -91,7 +91,7 @@ async def measure(steps: int, timeout: float, size: tuple[int, int]) -> dict:
             raw = Path(run.view.dir) / "run.json" if run.view is not None else None
             if raw is not None and raw.exists():
                 rec = json.loads(raw.read_text())
-                out["cpu_threads"] = rec.get("cpu_threads")  # absent on runs before issue 12
+                out["cpu_threads"] = rec.get("cpu_threads")  # absent on older runs
                 out["config"] = rec.get("config_path")
             out["param_count"] = info.param_count if info else None
             svc = app.services.get("local")

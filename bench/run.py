@@ -1,4 +1,4 @@
-"""NSA vs dense attention on one CUDA GPU: every case issue 6 and issue 9 list, in one command.
+"""NSA vs dense attention on one CUDA GPU: every case of docs/kernels.md, in one command.
 
     python -m bench.run [--quick] [--out-dir bench/results] [--no-train] [--no-reference]
                         [--no-check] [--no-breakdown] [--seqs 2048 8192 ...]

@@ -12,7 +12,7 @@ metrics-summary.json folded by the trainer's own MetricsFolder), then measures:
 - ``first view``: the real panel (NsaApp, headless) from start until the run is shown in
   full (its watch has synced), median of 3, and the bytes the agent sent for it.
 
-Goal (issue 11): status < 0.5 s at every size, the first view of a 1M-step run < 2 s and
+Goal: status < 0.5 s at every size, the first view of a 1M-step run < 2 s and
 < 5 MB, and 1M-step / 2k-step time ratios < 2. Prints a Markdown table.
 """
 

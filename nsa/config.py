@@ -1,7 +1,7 @@
 """Strict, typed run configuration loaded from YAML.
 
 Why strict: an earlier code base silently ignored misspelt keys and silently loaded
-a toy default config (LESSONS 1-2). Here every key must be known, every value must
+a toy default config (docs/lessons.md#no-silent-default). Here every key must be known, every value must
 have the declared type, required values must be present, and there is no default
 config at all: ``load_config`` needs a path.
 """
@@ -15,9 +15,14 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
 import yaml
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")  # a section: a dataclass
 
 
 class ConfigError(ValueError):
@@ -66,7 +71,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     seq_len: int
-    batch_size: int  # per-rank micro-batch, never split across ranks (LESSONS 5)
+    batch_size: int  # per-rank micro-batch, never split across ranks
     steps: int  # optimizer steps
     lr: float
     min_lr: float
@@ -246,7 +251,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (),
     return cfg
 
 
-def build_section(cls: type, raw: Any, where: str | Origin, prefix: str = "") -> Any:
+def build_section(cls: type[T], raw: Any, where: str | Origin, prefix: str = "") -> T:
     """A dataclass ``cls`` from parsed YAML with this module's strictness (unknown keys and
     wrong types are errors naming ``where``, the key and the expected type). Other files with
     a schema (nsa-tui's settings.yaml) use it too; an ``Origin`` with the file's key lines
@@ -276,7 +281,7 @@ def known_keys() -> dict[str, str]:
                 continue
             key = f"{prefix}.{f.name}" if prefix else f.name
             tp = hints[f.name]
-            if dataclasses.is_dataclass(tp):
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
                 walk(tp, key)
                 continue
             if f.default is not dataclasses.MISSING:
@@ -344,7 +349,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _build(cls: type, raw: Any, prefix: str, where: Origin) -> Any:
+def _build(cls: type[T], raw: Any, prefix: str, where: Origin) -> T:
     label = prefix or "<top level>"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where.at(prefix)}: {label}: expected a mapping (section), got {_kind(raw)}")
@@ -375,7 +380,7 @@ def _coerce(tp: Any, value: Any, key: str, where: Origin) -> Any:
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{where.at(key)}: key {key!r}: expected {_type_name(tp)}, "
                       f"got {value!r} ({_kind(value)})")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, key, where)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -492,13 +497,13 @@ def validate(cfg: Config, where: Origin) -> None:
                  f"at least num_initial + num_local ({a.num_initial + a.num_local})", a.num_selected)
         _require(a.window > 0, where, "model.attention.window", "a positive integer", a.window)
     dbg = cfg.debug
-    for key, value in [("debug.hang_at_step", dbg.hang_at_step), ("debug.crash_at_step", dbg.crash_at_step),
+    for key, setting in [("debug.hang_at_step", dbg.hang_at_step), ("debug.crash_at_step", dbg.crash_at_step),
                        ("debug.nan_at_step", dbg.nan_at_step), ("debug.stop_at_step", dbg.stop_at_step),
                        ("debug.die_in_save_at_step", dbg.die_in_save_at_step),
                        ("debug.hang_rank", dbg.hang_rank), ("debug.crash_rank", dbg.crash_rank),
                        ("debug.nan_rank", dbg.nan_rank)]:
-        if value is not None:
-            _require(value >= 0, where, key, "a non-negative integer", value)
+        if setting is not None:
+            _require(setting >= 0, where, key, "a non-negative integer", setting)
     _require(dbg.slow_data_s >= 0, where, "debug.slow_data_s", "a non-negative number", dbg.slow_data_s)
     pol = cfg.on_failure
     _require(pol.max_restarts >= 0, where, "on_failure.max_restarts", "a non-negative integer",

@@ -18,6 +18,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,8 +26,11 @@ from torch import nn
 from nsa.config import ConfigError, ModelConfig, load_config
 from nsa.ops.reference import num_compressed
 
+if TYPE_CHECKING:
+    from nsa.model import Transformer
 
-def _meta_model(model_cfg: ModelConfig) -> nn.Module:
+
+def _meta_model(model_cfg: ModelConfig) -> Transformer:
     from nsa.model import build_model
 
     with torch.device("meta"):  # exact shapes, no memory, no init cost

@@ -10,7 +10,7 @@ estimates the offset from events that carry both (``Event.received`` set by the 
 and the agent's ``ts``), taking the smallest difference seen lately (a backfilled old
 line only makes the difference larger, so it never wins).
 
-Rules (LESSONS 10-11): a rank whose step stops advancing past a phase-aware threshold
+Rules (docs/lessons.md#every-rank-beats): a rank whose step stops advancing past a phase-aware threshold
 (generous in boot/data/compile/checkpoint/eval; in train a multiple of the recent
 median step time, with a floor); a rank with no heartbeat at all; ranks drifting apart
 in step; processes gone without a final status (crash, with exit code and traceback);
@@ -29,17 +29,29 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeGuard
 
-from nsa.contract import Alert, Beat, EvalMetric, HostSample, Metric, RunStatus, RunView, TrainMetric, on_gpu
+from nsa.contract import (
+    Alert,
+    Beat,
+    EvalMetric,
+    ExitInfo,
+    HostSample,
+    Metric,
+    RunStatus,
+    RunView,
+    TrainMetric,
+    on_gpu,
+)
 from nsa.contract.protocol import LogLines
 from nsa_tui.fmt import fmt_bytes
 from nsa_tui.rootcause import ENOSPC_RE, rank_traceback, root_cause, summary_block, traceback_tail
 
-__all__ = ["AlertDetector", "Thresholds", "expected_from_name", "traceback_tail"]
+__all__ = ["AlertDetector", "Thresholds", "exit_text", "expected_from_name", "traceback_tail"]
 GIB = 1 << 30
 
 
@@ -53,6 +65,7 @@ class Thresholds:
     train_factor: float = 10.0  # x median recent step time
     train_floor_s: float = 60.0
     no_heartbeat_s: float = 30.0  # heartbeats come at least every 5 s in every phase
+    quiet_s: float = 5.0  # a stuck rank whose beats lag the others' by this has stopped beating
     drift_steps: int = 2
     throughput_drop: float = 0.3  # the last window's median below this share of the earlier median
     throughput_window_s: float = 60.0  # at least; 5 x the median step time when steps are slower
@@ -65,6 +78,7 @@ class Thresholds:
 
 
 THROUGHPUT_WINDOW_MAX_S = 1200.0
+BEAT_JITTER_S = 1.0  # ranks' beats lagging each other by less are in step (clock and timer jitter)
 
 
 class RateBins:
@@ -100,7 +114,7 @@ class RateBins:
 
 @dataclass
 class _Rank:
-    step: int | None = None
+    step: int = 0  # a rank exists once it beat: feed_beat creates it and sets its step
     phase: str | None = None
     phase_since: float = 0.0
     last_ts: float = 0.0
@@ -134,13 +148,18 @@ class _Run:
     gone: dict[int, float] = field(default_factory=dict)  # rank -> when its process was seen gone
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 _NAN_RE = re.compile(r"non-finite|\bnan\b", re.I)
 _SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([mb])(?![a-z])", re.I)
 _SEQ_RE = re.compile(r"(?:seq|ctx)[-_]?(\d+)(k?)(?![a-z0-9])", re.I)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """"rank 1" or "ranks 0, 2"."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def expected_from_name(name: str) -> tuple[float | None, int | None]:
@@ -153,6 +172,24 @@ def expected_from_name(name: str) -> tuple[float | None, int | None]:
     if s:
         seq = int(s.group(1)) * (1024 if s.group(2) else 1)
     return params, seq
+
+
+# lines nsa-tui itself writes to train.log (nsa_tui/agent/supervise.py): its alerts and the exit code
+# it records in exit.json; quoting them in a crash message would quote an earlier alert
+OWN_LINE_RE = re.compile(r"^nsa-tui (?:watchdog: |supervise: command exited with )")
+
+
+def exit_text(exit_info: ExitInfo | None) -> str:
+    """How the run's launcher ended, for a person: never a bare None."""
+    if exit_info is not None and exit_info.signal:
+        try:
+            name = signal.Signals(exit_info.signal).name
+        except ValueError:
+            return f"killed by signal {exit_info.signal}"
+        return f"killed by signal {exit_info.signal} ({name})"
+    if exit_info is not None and exit_info.exit_code is not None:
+        return f"exit code {exit_info.exit_code}"
+    return "exit code unknown"
 
 
 class AlertDetector:
@@ -220,7 +257,8 @@ class AlertDetector:
             run.backfilling = True
 
     def feed_log(self, run_id: str, lines: list[str]) -> None:
-        self.run(run_id).log.extend(str(ln) for ln in lines)
+        """The run's output: an alert's log tail (nsa-tui's own lines, earlier alerts, left out)."""
+        self.run(run_id).log.extend(str(ln) for ln in lines if not OWN_LINE_RE.match(str(ln)))
 
     def feed_beat(self, run_id: str, b: Beat, received: float = 0.0) -> None:
         self._skew(received, b.ts)
@@ -282,7 +320,8 @@ class AlertDetector:
         free = d.free_bytes
         if free >= self.t.disk_warn_bytes:
             return []
-        severity = "critical" if free < self.t.disk_critical_bytes else "warning"
+        critical = free < self.t.disk_critical_bytes
+        severity: Literal["critical", "warning"] = "critical" if critical else "warning"
         total = f" of {fmt_bytes(d.total_bytes)}" if d.total_bytes else ""
         return [Alert(kind="disk", severity=severity, host=self.host, run=None,
                       message=f"disk of the runs root nearly full: {fmt_bytes(free)} free{total} "
@@ -350,11 +389,8 @@ class AlertDetector:
     def _ended_alert(self, run_id: str, run: _Run, view: RunView, tail: list[str]) -> Alert:
         """A crashed or failed run: what failed first (the root cause), with its evidence."""
         step = view.info.step
-        code = view.exit.exit_code if view.exit is not None else None
-        if view.exit is not None and view.exit.signal:
-            code_text = f"signal {view.exit.signal}"
-        else:
-            code_text = f"code {code}"
+        how = exit_text(view.exit)
+        tail = [ln for ln in tail if not OWN_LINE_RE.match(ln)]  # facts of the run, not our own words
         beats = {k: r.beat for k, r in run.ranks.items() if r.beat is not None}
         cause = root_cause(beats, tail, run.gone)
         reason = (view.info.exit_reason or "").strip() if view.status == RunStatus.FAILED else ""
@@ -375,7 +411,7 @@ class AlertDetector:
             log_tail = traceback_tail(source)
         if view.status == RunStatus.FAILED:
             first = reason.splitlines()[0] if reason else "no reason given"
-            head = f"trainer failed{f' (exit {code_text})' if code is not None or view.exit else ''}"
+            head = f"trainer failed ({how})"
             if cause is not None and not first.startswith(cause.text.split(":")[0]):
                 message = f"{head}: {cause.text}; then: {first}"
             else:
@@ -383,7 +419,7 @@ class AlertDetector:
         else:
             last = next((ln for ln in reversed(log_tail) if ln.strip()), "no output")
             what = cause.text if cause is not None else last.strip()
-            message = f"run processes exited with {code_text} without a final status: {what}"
+            message = f"run processes ended ({how}) without a final status: {what}"
         if kind == "disk_full":
             message = f"no space left on device: {message}"
         return self._alert(kind, "critical", run_id, run, rank=cause.rank if cause else None, last_step=step,
@@ -448,33 +484,66 @@ class AlertDetector:
                             suggested_actions=["dump"])]
 
     def _stall_alerts(self, run_id: str, run: _Run, now: float) -> list[Alert]:
-        out = []
-        for rank, r in sorted(run.ranks.items()):
-            age = now - r.last_ts
-            common = dict(rank=rank, gpu=r.gpu, phase=r.phase, last_step=r.step, heartbeat_age_s=age)
-            if rank in run.gone:
-                continue  # a crash, said by _gone_alerts
-            if age > self.t.no_heartbeat_s:
-                out.append(self._alert(
-                    "no_heartbeat", "critical", run_id, run, **common,
-                    message=f"rank {rank}: no heartbeat for {age:.0f} s (process gone or frozen)",
-                    suggested_actions=["dump", "kill", "fallback"]))
-                continue
+        """Ranks that stopped beating (``no_heartbeat``) and ranks whose step stopped (``stall``).
+
+        A hang of a multi-rank run is one event seen from every rank: the rank that froze stops
+        beating, the others beat on while they wait for it in a collective. The culprit comes first
+        and is named as such: a rank silent past ``no_heartbeat_s``, or, once the run is stuck, a
+        rank whose beats lag the others' by more than ``quiet_s`` (heartbeats come at least every
+        5 s). The waiting ranks' stalls follow, naming the rank they wait for; while a rank's beats
+        lag too little to tell, they wait (at most ``quiet_s`` past their threshold)."""
+        live = {k: r for k, r in sorted(run.ranks.items()) if k not in run.gone}  # gone: a crash
+        stuck: dict[int, tuple[float, float]] = {}  # rank -> (seconds without a step, its threshold)
+        for rank, r in live.items():
             if r.phase in ("done", "failed"):
                 continue
             if r.phase == "train":
-                since = max(r.advanced_at, r.phase_since)
-                limit = self.train_threshold(run_id)
+                since, limit = max(r.advanced_at, r.phase_since), self.train_threshold(run_id)
             else:
-                since = r.phase_since
-                limit = self.t.phase_s.get(r.phase or "", self.t.first_step_s)
-            stuck = now - since
-            if stuck > limit:
-                out.append(self._alert(
-                    "stall", "critical", run_id, run, **common,
-                    message=f"rank {rank}: step {r.step} has not advanced for {stuck:.0f} s in phase "
-                            f"{r.phase} (threshold {limit:.0f} s); last heartbeat {max(0.0, age):.1f} s ago",
-                    suggested_actions=["dump", "kill", "fallback"]))
+                since, limit = r.phase_since, self.t.phase_s.get(r.phase or "", self.t.first_step_s)
+            stuck[rank] = (now - since, limit)
+        hung = {k for k, (s, lim) in stuck.items() if s > lim}
+        for k in list(hung):  # ranks in lockstep hang together: one at its step, not advanced lately
+            hung |= {j for j, (s, lim) in stuck.items() if live[j].step <= live[k].step and s > lim / 2}
+        ages = {k: now - r.last_ts for k, r in live.items()}
+        freshest = min(ages.values(), default=0.0)
+        lag = {k: ages[k] - freshest for k in live}  # behind the rank that beat last
+        quiet_s = min(self.t.quiet_s, self.t.no_heartbeat_s)
+
+        def quiet(k: int) -> bool:
+            """Stopped beating while another rank of this stuck run beats on."""
+            return k in hung and lag[k] > quiet_s
+
+        culprits = sorted((k for k in live if ages[k] > self.t.no_heartbeat_s or quiet(k)),
+                          key=lambda k: -ages[k])
+        waiting = [k for k in sorted(hung) if k not in culprits and live[k].phase not in ("done", "failed")]
+        unsure = [k for k in waiting if BEAT_JITTER_S < lag[k] <= quiet_s]
+        if unsure and all(stuck[k][0] <= stuck[k][1] + quiet_s for k in waiting):
+            # a rank's beats lag, too little yet to tell frozen from late: the stalls wait (at most
+            # quiet_s), so the first alert of a frozen rank names it, not the ranks waiting for it
+            waiting = []
+        out = []
+        for rank in culprits:
+            r, age = live[rank], ages[rank]
+            others = [k for k in waiting if k != rank]
+            context = (f"; {_ranks(others)} {'waits' if len(others) == 1 else 'wait'} for it at step "
+                       f"{live[others[0]].step}" if others else "")
+            out.append(self._alert(
+                "no_heartbeat", "critical", run_id, run, rank=rank, gpu=r.gpu, phase=r.phase,
+                last_step=r.step, heartbeat_age_s=age,
+                message=f"rank {rank}: no heartbeat for {age:.0f} s (process gone or frozen){context}",
+                suggested_actions=["dump", "kill", "fallback"]))
+        for rank in waiting:
+            r, age = live[rank], ages[rank]
+            gone_quiet = f"; waiting for {_ranks(culprits)} (no heartbeat)" if culprits else ""
+            stuck_s, limit = stuck[rank]
+            out.append(self._alert(
+                "stall", "critical", run_id, run, rank=rank, gpu=r.gpu, phase=r.phase, last_step=r.step,
+                heartbeat_age_s=age,
+                message=f"rank {rank}: step {r.step} has not advanced for {stuck_s:.0f} s in phase "
+                        f"{r.phase} (threshold {limit:.0f} s); last heartbeat {max(0.0, age):.1f} s ago"
+                        f"{gone_quiet}",
+                suggested_actions=["dump", "kill", "fallback"]))
         return out
 
     def _nccl_alerts(self, run_id: str, run: _Run, stalled: list[Alert]) -> list[Alert]:
@@ -497,7 +566,7 @@ class AlertDetector:
         return out
 
     def _config_alerts(self, run_id: str, run: _Run) -> list[Alert]:
-        """The config's name and the run's name (LESSONS 1: a toy model under a big name)."""
+        """The config's name and the run's name (a toy model can run under a big run name)."""
         if run.view is None:
             return []
         info = run.view.info

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsa_tui.cli_text import LineSplitter, runs_table
+from nsa_tui.cli_text import LineSplitter, alert_lines, runs_table
 from nsa_tui.runref import RunRefError, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_CONFIG, EXIT_NO_RUN, EXIT_UNREACHABLE, EXIT_UNHEALTHY = range(7)
@@ -137,6 +137,12 @@ def _fail(args: argparse.Namespace, code: int, kind: str, message: str) -> int:
     return code
 
 
+def said_yes(answer: str) -> bool:
+    """A yes to a (yes/no) question: ``y`` or ``yes`` in any case, as other command-line tools
+    take it; anything else (an empty line too) is a no."""
+    return answer.strip().lower() in ("y", "yes")
+
+
 async def _ask_host_key(host: str, fingerprint: str) -> bool:
     """Interactive yes/no for an unknown host key; never yes without a terminal (the refusal
     then says how to accept the key: nsa_tui/transport/ssh.py)."""
@@ -175,26 +181,6 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
     bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
     return EXIT_UNHEALTHY if bad else EXIT_OK
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-def alert_lines(st: Any) -> list[str]:
-    """One alert for a terminal: when, run, id, state, what; then its message and evidence."""
-    a = st.alert
-    rank = f" rank {a.rank}" if a.rank is not None else ""
-    state = st.state
-    if st.state == "resolved":
-        state += f" {_when(st.resolved_at)}"
-    if st.acked_at:
-        state += f", acknowledged by {st.acked_by or '?'}"
-    out = [f"{_when(st.raised_at)}  {st.run}  {st.id}  [{a.severity.upper()}] {a.kind}{rank}  ({state})",
-           f"    {a.message}"]
-    if a.evidence:
-        out.append(f"    evidence: {', '.join(a.evidence)}")
-    return out
 
 
 async def _alerts(c: Any, args: argparse.Namespace) -> int:
@@ -274,7 +260,7 @@ async def _delete(c: Any, args: argparse.Namespace) -> int:
         if args.json or not sys.stdin.isatty():
             return _fail(args, EXIT_USAGE, "not_confirmed", f"delete {what}? add --yes to delete")
         answer = await asyncio.to_thread(input, f"delete {what}? (yes/no) ")
-        if answer.strip().lower() != "yes":
+        if not said_yes(answer):
             print("nothing deleted", file=sys.stderr)
             return EXIT_FAILED
     res = await c.delete(args.run)

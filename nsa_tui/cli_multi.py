@@ -22,14 +22,18 @@ from typing import Any
 
 from nsa.contract import RunStatus, StreamPos
 from nsa_tui import coordinator as co
-from nsa_tui.cli_text import LineSplitter
+from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
 from nsa_tui.client import AgentError, HostClient
 from nsa_tui.multihost import MergedRun, Part, group_views, merge
 
 ONE_HOST = ("ack", "archive", "delete", "export")  # commands on one host's part (its alert ids, files)
 
 
-def _text_of(merged: MergedRun, now: float, alerts: list[Any], ages: dict[tuple[str, int], float]) -> str:
+def _text_of(merged: MergedRun, now: float, alerts: list[Any],
+             ages: dict[tuple[str, int], float] | None = None) -> str:
+    """The merged run for people; ``ages``: (host, rank) -> heartbeat age on that host's clock
+    (from its status report; without it, on this clock)."""
+    ages = ages or {}
     info = merged.info
     step = max([info.step if info else 0, *(b.step for _, b in merged.ranks)])
     total = info.total_steps if info and info.total_steps is not None else "?"
@@ -37,6 +41,8 @@ def _text_of(merged: MergedRun, now: float, alerts: list[Any], ages: dict[tuple[
     lines = [f"{merged.run_id}  {merged.name}  status={merged.status.value}  step={step}/{total}  "
              f"world={info.world_size if info else '?'}  global_batch={gb}  "
              f"hosts={','.join(merged.hosts)}  rank0={merged.primary}"]
+    if info is not None and info.attention_ops is not None:  # rank 0's: every rank runs the same ops
+        lines.append(f"  attention: {attention_text(info.attention_ops)}")
     if merged.problem:
         lines.append(f"  {merged.status.value}: {merged.problem}")
     for host, why in merged.lost.items():
@@ -44,7 +50,7 @@ def _text_of(merged: MergedRun, now: float, alerts: list[Any], ages: dict[tuple[
         lines.append(f"  host {host}: LOST (unreachable: {first}); its ranks are not known to have failed")
     for host, b in merged.ranks:
         lines.append(f"  rank {b.rank} on {host}: step {b.step} phase {b.phase.value} "
-                     f"heartbeat {ages[(host, b.rank)]:.1f} s ago")
+                     f"heartbeat {ages.get((host, b.rank), max(0.0, now - b.ts)):.1f} s ago")
     for a in alerts:
         lines.append(f"  [{a.severity.upper()}] {a.host} {a.kind}: {a.message}")
     return "\n".join(lines)
@@ -133,7 +139,6 @@ async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], h
     """Every host's recorded alerts (its watchdog's alerts.jsonl), each line prefixed with its
     host; ``-f`` follows all of them. A host that cannot be reached is said, and exits 5."""
     from nsa.contract.io import to_builtins
-    from nsa_tui.cli import alert_lines
 
     if args.follow:
         async def follow(host: str) -> None:
@@ -214,9 +219,9 @@ async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreacha
                   for h, d in dumps.items()}, "\n".join(texts) or "no files")
         elif cmd == "fallback":
             log = None if args.json else (lambda m: print(m, file=sys.stderr))
-            res = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
-            note = " (already done before: fallback started it)" if res.again else ""
-            emit(_builtins(res), res.run_id + note)
+            fres = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
+            note = " (already done before: fallback started it)" if fres.again else ""
+            emit(_builtins(fres), fres.run_id + note)
         elif cmd == "resume":
             log = None if args.json else (lambda m: print(m, file=sys.stderr))
             mres = await co.resume(clients, args.run, log=log)

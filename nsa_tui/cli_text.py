@@ -1,12 +1,14 @@
-"""What the CLI prints for people (``--json`` prints the records instead): the runs table and a
-run's status. Pure functions of the contract's records and a clock, so they are tested
+"""What the CLI prints for people (``--json`` prints the records instead): the runs table, a
+run's status, an alert. Pure functions of the contract's records and a clock, so they are tested
 without a host. The table fits 100 columns; nothing unknown is printed as ``None``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
-from nsa.contract import Alert, RunStatus, RunStatusReport, RunView
+from nsa.contract import Alert, AttentionOps, RunStatus, RunStatusReport, RunView
+from nsa.contract.protocol import AlertState
 from nsa_tui.fmt import fmt_count, fmt_duration
 from nsa_tui.runref import short_ids
 
@@ -29,6 +31,26 @@ class LineSplitter:
             lines.append(self.carry)
             self.carry = ""
         return lines
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def alert_lines(st: AlertState) -> list[str]:
+    """One alert for a terminal: when, run, id, state, what; then its message and evidence."""
+    a = st.alert
+    rank = f" rank {a.rank}" if a.rank is not None else ""
+    state: str = st.state
+    if st.state == "resolved":
+        state += f" {_when(st.resolved_at)}"
+    if st.acked_at:
+        state += f", acknowledged by {st.acked_by or '?'}"
+    out = [f"{_when(st.raised_at)}  {st.run}  {st.id}  [{a.severity.upper()}] {a.kind}{rank}  ({state})",
+           f"    {a.message}"]
+    if a.evidence:
+        out.append(f"    evidence: {', '.join(a.evidence)}")
+    return out
 
 
 def cut_middle(text: str, width: int) -> str:
@@ -65,6 +87,19 @@ def runs_table(runs: Sequence[RunView], now: float) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def attention_text(ops: AttentionOps) -> str:
+    """The attention ops a run trains on, as the panel's summary says it: a fallback to the
+    reference (far slower) names what was asked and why, so a script or a person at a terminal
+    sees it without opening the panel."""
+    if ops.fallback_reason:
+        return f"{ops.backend} (FALLBACK from {ops.requested}, far slower: {ops.fallback_reason})"
+    if ops.self_check is not None and ops.self_check.ok:
+        return f"{ops.backend} (self-check passed on {ops.self_check.device}, {ops.self_check.dtype})"
+    if ops.backend != "sdpa" and ops.requested != ops.backend:
+        return f"{ops.backend} (requested {ops.requested})"
+    return ops.backend
+
+
 def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew: float) -> str:
     """The run's identity and progress, one line per rank, the alerts that hold now. A run that
     is still booting says so (and how long its ranks have been in which phase) instead of
@@ -83,6 +118,8 @@ def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew:
         since = f" for {fmt_duration(now - skew - created)}" if created else ""
         parts.append(f"(booting{since}: " + ("no heartbeat yet)" if not rep.beats else "see the ranks)"))
     lines = ["  ".join(parts)]
+    if info.attention_ops is not None:  # chosen at boot (absent before that, and from older trainers)
+        lines.append(f"  attention: {attention_text(info.attention_ops)}")
     for b in rep.beats:
         phase_for = f" for {fmt_duration(max(0.0, now - skew - b.phase_since))}" if b.phase_since else ""
         age = rep.heartbeat_age_s.get(b.rank, max(0.0, now - skew - b.ts))

@@ -124,6 +124,7 @@ async def launch(clients: dict[str, HostClient], config: str, *, nproc: int | No
             raise MultiHostError(host, f"preflight failed: {p}", "unreachable")
     first = check_preflight(hosts, pre, force)  # type: ignore[arg-type]
     addrs = [rdzv_host if i == 0 and rdzv_host else _addr(clients[h]) for i, h in enumerate(hosts)]
+    assert first.port is not None  # check_preflight refuses a first host without a free port
     endpoint = _endpoint(addrs[0], first.port)
     run_id = new_run_id(name or first.config_name or "run")
     out = MultiLaunch(run_id=run_id, rdzv_endpoint=endpoint)
@@ -262,8 +263,8 @@ async def fallback(clients: dict[str, HostClient], run_id: str, *, nproc: int | 
     world = nproc or 1
     g, b = (info.global_batch, info.batch_size) if info is not None else (None, None)
     if g and b and g % (b * world):
-        raise MultiHostError(target, f"global batch {info.global_batch} is not a multiple of batch_size "
-                             f"{info.batch_size} x {world} rank(s): it cannot be kept", "bad_request")
+        raise MultiHostError(target, f"global batch {g} is not a multiple of batch_size "
+                             f"{b} x {world} rank(s): it cannot be kept", "bad_request")
     killed = await kill(clients, run_id, grace_s)
     for h, r in killed.items():
         if isinstance(r, Exception) and not (isinstance(r, AgentError) and r.code == "no_such_run"):

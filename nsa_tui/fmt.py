@@ -1,4 +1,4 @@
-"""Number formatting with units on everything (LESSONS 3) and N/A for the unknown.
+"""Number formatting with units on everything (a MiB labelled GB once hid a bug) and N/A for the unknown.
 
 The one place numbers become text, for the panel and the CLI alike.
 """
@@ -6,14 +6,14 @@ The one place numbers become text, for the panel and the CLI alike.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 NA = "N/A"
 GIB = 1024**3
 MIB = 1024**2
 
 
-def is_num(x: Any) -> bool:
+def is_num(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
 
 

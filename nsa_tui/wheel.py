@@ -98,6 +98,7 @@ def build_wheel() -> Wheel:
                            f"{nsa_tui.__version__}: reinstall it (scripts/setup.sh)")
     files: dict[str, bytes] = {}
     for name, module in PACKAGES.items():
+        assert module.__file__ is not None  # regular packages (an __init__.py), not namespace ones
         files.update(_package_files(name, Path(module.__file__).resolve().parent))
 
     digest = hashlib.sha256()

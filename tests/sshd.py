@@ -4,7 +4,7 @@ Fixture ``sshd`` yields an ``SshServer``: a fresh ``/usr/sbin/sshd -D`` on a fre
 port with temporary host and client keys, a ``known_hosts`` that trusts it, and an
 ``ssh_config`` with the alias ``nsa-test`` (HostName, Port, User, IdentityFile,
 UserKnownHostsFile), so code under test can connect exactly as a user would. Tests
-are skipped where the server binary is missing. Recipe: ../shared/notes/ENVIRONMENT.md.
+are skipped where the server binary is missing (scripts/test.sh installs it).
 
 Fixture ``sshd_nodes`` yields two such servers as two hosts of one machine: each its own
 port, its own ``HOME`` for its sessions (so its own ``~/nsa-runs``: a runs root of its

@@ -97,6 +97,23 @@ def test_train_stall_on_one_rank_after_threshold_only() -> None:
     assert a.key == det.check(t + 11)[0].key  # stable while it lasts
 
 
+def test_a_hang_where_every_rank_beats_is_said_at_most_quiet_s_late() -> None:
+    """Both ranks' timers beat on (a collective deadlock): nobody stopped beating, so nobody is the
+    culprit; while rank 1's beats lag rank 0's a little the stalls wait, never past quiet_s."""
+    det = AlertDetector("h", Thresholds(train_floor_s=10, train_factor=1, quiet_s=5, no_heartbeat_s=30))
+    t = healthy(det)
+    said: dict[float, set] = {}
+    for k in range(0, 18, 2):  # the timers: rank 1's at t+0.5, 2.5, ...; rank 0's half a second later
+        det.feed(beat(1, 20, t + k + 0.5))
+        said[k + 0.5] = kinds(det.check(t + k + 0.5))
+        det.feed(beat(0, 20, t + k + 1))
+        said[k + 1] = kinds(det.check(t + k + 1))
+    assert said[10.5] == set()  # past the threshold, rank 0 lags by 1.5 s: frozen or late? not known
+    assert said[11] == {("stall", 0), ("stall", 1)}  # in step again: said
+    assert said[14.5] == set() and said[16.5] == {("stall", 0), ("stall", 1)}  # threshold + quiet_s: said
+    assert not any("waiting for" in a.message for a in det.check(t + 16.5))
+
+
 def test_phase_aware_thresholds() -> None:
     det = AlertDetector("h", Thresholds(train_floor_s=5, phase_s={"checkpoint": 100, "boot": 50}))
     t = healthy(det)
@@ -141,6 +158,35 @@ def test_crash_carries_exit_code_and_traceback() -> None:
     assert crash[0].log_tail[0].startswith("Traceback") and "injected crash" in crash[0].log_tail[-1]
     assert "code 1" in crash[0].message and "injected crash" in crash[0].message
     assert not any(a.kind == "stall" for a in alerts)  # a dead run is not stalled
+
+
+def test_a_crash_message_is_built_from_facts_not_from_our_own_lines() -> None:
+    """The supervisor and the watchdog write to train.log too; a crash message quoting the last
+    line would quote an earlier alert (which quoted the one before). An unknown exit code is said
+    as unknown, a signal by its name."""
+    det = AlertDetector("h")
+    error = ("/usr/bin/python3: Error while finding module specification for 'torch.distributed.run' "
+             "(ModuleNotFoundError: No module named 'torch')")
+    tail = [error, "nsa-tui watchdog: on_failure policy not read (ConfigError: x); none applies",
+            "nsa-tui watchdog: alert 1-crash raised: [critical] crash: run processes exited with code None "
+            "without a final status: nsa-tui watchdog: on_failure policy not read",
+            "nsa-tui supervise: command exited with 1"]
+    ended = view("crashed", log_tail=tail)
+    det.feed_view(RUN, ended)
+    crash = next(a for a in det.check(T0) if a.kind == "crash")
+    assert "No module named 'torch'" in crash.message and "exit code unknown" in crash.message
+    assert "None" not in crash.message and "nsa-tui" not in crash.message
+    assert not any(ln.startswith("nsa-tui watchdog") for ln in crash.log_tail)
+    det.feed_view(RUN, msgspec_replace(ended, exit=ExitInfo(exit_code=1)))
+    assert "exit code 1" in next(a for a in det.check(T0) if a.kind == "crash").message
+    det.feed_view(RUN, msgspec_replace(ended, exit=ExitInfo(signal=9)))
+    crash = next(a for a in det.check(T0) if a.kind == "crash")
+    assert "killed by signal 9 (SIGKILL)" in crash.message and "None" not in crash.message
+    det.feed_log(RUN, ["step 3 loss 2.0", "nsa-tui watchdog: alert 2-stall raised: [critical] stall: ..."])
+    assert list(det.runs[RUN].log) == ["step 3 loss 2.0"]  # every alert's log tail: the run's output only
+    det.feed_view(RUN, msgspec_replace(view("failed", exit_reason="boom"), exit=None))
+    failed = next(a for a in det.check(T0) if a.kind == "crash")
+    assert failed.message.startswith("trainer failed") and "None" not in failed.message
 
 
 def test_finished_run_raises_nothing_later() -> None:
@@ -215,7 +261,7 @@ def test_config_name_mismatch() -> None:
     det2 = AlertDetector("h")
     det2.feed(status(config={"name": "nsa-125m"}, param_count=124_000_000, seq_len=2048))
     assert det2.check(T0) == []
-    det3 = AlertDetector("h")  # LESSONS 1: a toy config running under a big run name
+    det3 = AlertDetector("h")  # a toy config running under a big run name
     det3.feed(status(config={"name": "tiny-cpu"}, name="nsa-125m-main", param_count=970_000, seq_len=128))
     assert kinds(det3.check(T0)) == {("config_size", None)}
 

@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, RunStatusReport, RunView
+from nsa.contract import (
+    AttentionOps,
+    Beat,
+    LaunchInfo,
+    Phase,
+    RunInfo,
+    RunStatus,
+    RunStatusReport,
+    RunView,
+    SelfCheck,
+)
 from nsa.contract import write_json_atomic as write_json
 from nsa_tui import cli
 from nsa_tui.cli_text import LineSplitter, runs_table, status_text
@@ -139,3 +149,48 @@ def test_a_closed_stdout_ends_quietly(tmp_path: Path, args: list[str], json_out:
         os.close(write_end)
     assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
     assert r.returncode == cli.EXIT_PIPE and r.stderr == ""
+
+
+REASON = ("Triton self-check failed on cuda (bfloat16): selected_attention: out differs from the "
+          "reference by 0.92 (tolerance 0.02)")
+
+
+@pytest.mark.parametrize("ops, shown", [
+    (AttentionOps(requested="auto", backend="reference", fallback_reason=REASON,
+                  self_check=SelfCheck(ok=False, device="cuda", dtype="bfloat16",
+                                       ops=["selected_attention"], failures=["selected_attention: out ..."])),
+     f"attention: reference (FALLBACK from auto, far slower: {REASON})"),
+    (AttentionOps(requested="auto", backend="triton",
+                  self_check=SelfCheck(ok=True, device="cuda", dtype="bfloat16")),
+     "attention: triton (self-check passed on cuda, bfloat16)"),
+    (AttentionOps(requested="auto", backend="reference"), "attention: reference (requested auto)"),
+], ids=["fallback", "triton", "reference-off-cuda"])
+def test_status_names_the_attention_ops_and_why_a_run_fell_back(tmp_path: Path, ops: AttentionOps,
+                                                                 shown: str) -> None:
+    """What the panel's summary shows (the ops the run trains on, a fallback's reason), ``status``
+    says too: in its text and in its JSON (the run's ``attention_ops``, as run.json has it)."""
+    rid = "20261122-080000-demo-0b48"
+    finished_run(tmp_path, rid, "demo")
+    info = RunInfo(run_id=rid, name="demo", status=RunStatus.FINISHED, step=5, total_steps=5,
+                   started_at=time.time() - 60, attention_ops=ops)
+    write_json(tmp_path / rid / "run.json", info)
+    r = nsa_tui("status", "local", rid, "--runs-root", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert f"  {shown}\n" in r.stdout + "\n", r.stdout
+    r = nsa_tui("status", "local", rid, "--runs-root", str(tmp_path), "--json")
+    got = json.loads(r.stdout)["run"]["info"]["attention_ops"]
+    assert got["backend"] == ops.backend and got["requested"] == ops.requested
+    assert got["fallback_reason"] == ops.fallback_reason
+
+
+def test_status_of_a_run_over_several_hosts_names_its_attention_ops() -> None:
+    """Over several hosts the text is rank 0's host's view of run.json: its ops (all ranks run the same)."""
+    from nsa_tui.cli_multi import _text_of
+    from nsa_tui.multihost import MergedRun
+
+    ops = AttentionOps(requested="auto", backend="reference", fallback_reason=REASON)
+    info = RunInfo(run_id="20261122-080000-demo-0b48", name="demo", world_size=4, attention_ops=ops)
+    merged = MergedRun(run_id=info.run_id, name="demo", status=RunStatus.RUNNING, hosts=["gpu1", "gpu2"],
+                       primary="gpu1", info=info, ranks=[], lost={})
+    text = _text_of(merged, NOW, [])
+    assert f"\n  attention: reference (FALLBACK from auto, far slower: {REASON})" in text

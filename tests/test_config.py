@@ -1,4 +1,4 @@
-"""Strict configs (LESSONS 1-2): every kind of mistake is a ConfigError that names the
+"""Strict configs (docs/lessons.md#strict-config): every kind of mistake is a ConfigError that names the
 key and the file; every shipped config loads and builds."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_unknown_key(tmp_path: Path) -> None:
     path = _write(tmp_path, lambda r: r["model"]["attention"].update(windw=64))
     msg = _error(path)
     assert "model.attention.windw" in msg and str(path) in msg and "known keys" in msg
-    path = _write(tmp_path, lambda r: r["train"].update(max_grad_norm=1.0))  # LESSONS 2
+    path = _write(tmp_path, lambda r: r["train"].update(max_grad_norm=1.0))  # a key another code base used
     assert "train.max_grad_norm" in _error(path)
 
 

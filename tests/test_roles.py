@@ -7,6 +7,7 @@ import blocker, as on a laptop where ``pip install nsa-tui`` brought only the co
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,95 @@ def test_core_dependencies_leave_the_training_side_to_the_host_extra() -> None:
     assert host == {"torch", "numpy", "triton", "datasets", "tiktoken", "psutil", "nvidia-ml-py"}
     assert "torch>=2.5" in project["optional-dependencies"]["host"]  # a range: a GPU host keeps its torch
     assert project["optional-dependencies"]["train"] == ["nsa-tui[host]"]
+
+
+def _host_only(entry: str) -> bool:
+    """A site-packages entry of the host extra's packages (and their own parts), or of an installed
+    nsa-tui (the venv below gets this checkout instead)."""
+    base = entry.split("-")[0].split(".")[0].lower()
+    return base in {"torch", "torchgen", "functorch", "triton", "numpy", "datasets", "tiktoken", "psutil",
+                    "pynvml", "nvidia_ml_py", "nvidia", "nsa_tui"} or entry.startswith("__editable__")
+
+
+@pytest.fixture(scope="module")
+def watch_only_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The python of a virtual environment that has the core install and not the host extra, as
+    ``pip install nsa-tui`` leaves a laptop: every package of this interpreter's site-packages
+    linked in except torch, numpy, triton, datasets, tiktoken, psutil and nvidia-ml-py (their
+    metadata too), and this checkout as the installed nsa-tui (a .pth, as ``pip install -e``)."""
+    import sysconfig
+
+    venv = tmp_path_factory.mktemp("watch-only") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    ours = Path(sysconfig.get_paths()["purelib"])
+    for entry in sorted(os.listdir(ours)):
+        if not _host_only(entry):
+            os.symlink(ours / entry, Path(purelib) / entry)
+    (Path(purelib) / "nsa_tui_checkout.pth").write_text(str(REPO) + "\n")
+    probe = ("import importlib.util as u, nsa_tui, nsa, textual; "
+             "print(nsa_tui.__file__, [m for m in ('torch', 'numpy', 'psutil') if u.find_spec(m)])")
+    check = subprocess.run([str(python), "-c", probe],
+                           capture_output=True, text=True, timeout=120, env=_clean_env())
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.split()[0].startswith(str(REPO)) and check.stdout.strip().endswith("[]"), check.stdout
+    return str(python)
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without PYTHONPATH (it would hand the venv this interpreter's packages)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def test_a_host_without_the_training_side_refuses_a_launch_naming_the_fix(watch_only_python: str,
+                                                                          tmp_path: Path) -> None:
+    """A watch-only install (no torch) can watch, never train: ``launch`` is refused before anything is
+    created, saying what to install, instead of starting a run that dies at once on ``import torch``.
+    ``--force`` (which overrides a missing GPU or Hub) cannot start it either."""
+    root = tmp_path / "runs"
+    for extra in ([], ["--force"]):
+        r = subprocess.run([watch_only_python, "-m", "nsa_tui.cli", "launch", "local", "--config",
+                            str(REPO / "configs" / "tiny-cpu.yaml"), "--runs-root", str(root), *extra],
+                           capture_output=True, text=True, timeout=120, env=_clean_env(), cwd=tmp_path)
+        assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)  # EXIT_BAD_CONFIG: cannot run here
+        assert "no module torch" in r.stderr and "pip install 'nsa-tui[host]'" in r.stderr
+        assert "nsa-tui setup HOST" in r.stderr
+        assert not [p for p in root.iterdir() if not p.name.startswith(".")], list(root.iterdir())
+    r = subprocess.run([watch_only_python, "-m", "nsa_tui.cli", "launch", "local", "--config",
+                        str(REPO / "configs" / "tiny-cpu.yaml"), "--runs-root", str(root), "--json"],
+                       capture_output=True, text=True, timeout=120, env=_clean_env(), cwd=tmp_path)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 3 and err["code"] == "cannot_run" and "nsa-tui[host]" in err["message"]
+
+
+DESCRIBE = r"""
+import asyncio, json, sys
+from nsa_tui.client import HostClient
+
+async def main():
+    c = HostClient("local", runs_root=sys.argv[1])
+    await c.start()
+    try:
+        summary = await c.describe(sys.argv[2])
+        pre = await c.preflight(config_path=sys.argv[2])
+    finally:
+        await c.close()
+    print(json.dumps({"problems": summary.problems, "preflight": pre.config_error}))
+
+asyncio.run(main())
+"""
+
+
+def test_describe_and_preflight_say_the_training_side_is_missing(watch_only_python: str,
+                                                                 tmp_path: Path) -> None:
+    """What the launch dialog and a launch over several hosts ask first says it too."""
+    r = subprocess.run([watch_only_python, "-c", DESCRIBE, str(tmp_path / "runs"),
+                        str(REPO / "configs" / "tiny-cpu.yaml")],
+                       capture_output=True, text=True, timeout=120, env=_clean_env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    problems = " | ".join(res["problems"])
+    assert "torch" in problems and "pip install 'nsa-tui[host]'" in problems, problems
+    assert res["preflight"] and "torch" in res["preflight"], res

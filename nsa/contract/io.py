@@ -19,11 +19,13 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
 T = TypeVar("T")
+# The readers below take a record class (and give its instances) or any other type msgspec
+# reads, such as the union ``Metric`` (and give ``Any``): their overloads say so to mypy.
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -83,7 +85,11 @@ def _decoder(typ: Any) -> msgspec.json.Decoder[Any]:
     return dec
 
 
-def decode(data: bytes | str, typ: type[T] | Any, where: str = "") -> T:
+@overload
+def decode(data: bytes | str, typ: type[T], where: str = "") -> T: ...
+@overload
+def decode(data: bytes | str, typ: Any, where: str = "") -> Any: ...
+def decode(data: bytes | str, typ: Any, where: str = "") -> Any:
     """Validate JSON ``data`` as ``typ``; raises ContractError naming ``where`` and the field."""
     try:
         return _decoder(typ).decode(data)
@@ -107,7 +113,11 @@ def _legacy(data: bytes | str, typ: Any) -> Any:
         return None
 
 
-def convert(obj: Any, typ: type[T] | Any, where: str = "") -> T:
+@overload
+def convert(obj: Any, typ: type[T], where: str = "") -> T: ...
+@overload
+def convert(obj: Any, typ: Any, where: str = "") -> Any: ...
+def convert(obj: Any, typ: Any, where: str = "") -> Any:
     """Validate already-parsed Python data (e.g. a YAML or a request's args) as ``typ``."""
     try:
         return msgspec.convert(obj, typ, strict=False)
@@ -124,10 +134,16 @@ class LineStats:
     last_error: str = ""
 
 
-def decode_lines(lines: Iterable[str | bytes], typ: type[T] | Any, stats: LineStats | None = None,
-                 where: str = "") -> list[T]:
+@overload
+def decode_lines(lines: Iterable[str | bytes], typ: type[T], stats: LineStats | None = None,
+                 where: str = "") -> list[T]: ...
+@overload
+def decode_lines(lines: Iterable[str | bytes], typ: Any, stats: LineStats | None = None,
+                 where: str = "") -> list[Any]: ...
+def decode_lines(lines: Iterable[str | bytes], typ: Any, stats: LineStats | None = None,
+                 where: str = "") -> list[Any]:
     """The valid records among ``lines``; a bad line is skipped and counted in ``stats``."""
-    out: list[T] = []
+    out: list[Any] = []
     dec = _decoder(typ)
     for line in lines:
         try:
@@ -192,7 +208,11 @@ def write_json_in_place(path: Path, obj: Any) -> None:
         os.close(fd)
 
 
-def read_json(path: Path, typ: type[T] | Any) -> T | None:
+@overload
+def read_json(path: Path, typ: type[T]) -> T | None: ...
+@overload
+def read_json(path: Path, typ: Any) -> Any: ...
+def read_json(path: Path, typ: Any) -> Any:
     """A record from a JSON file, or None when absent, half-written or not of ``typ``."""
     try:
         data = path.read_bytes()
@@ -326,7 +346,11 @@ def tail_with_offset(path: str | Path, max_lines: int, max_bytes: int) -> tuple[
     return out[-max_lines:] if max_lines > 0 else [], start + end
 
 
-def last_record(path: str | Path, typ: type[T] | Any, max_bytes: int = 65536) -> T | None:
+@overload
+def last_record(path: str | Path, typ: type[T], max_bytes: int = 65536) -> T | None: ...
+@overload
+def last_record(path: str | Path, typ: Any, max_bytes: int = 65536) -> Any: ...
+def last_record(path: str | Path, typ: Any, max_bytes: int = 65536) -> Any:
     """The newest valid record of a JSONL file (a heartbeat file's last beat): O(1) in the
     file's length. Malformed or cut lines at the end are skipped."""
     lines = tail_lines(path, 64, max_bytes)

@@ -63,7 +63,7 @@ TRAINER_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED, R
 
 
 class Phase(str, Enum):
-    """What a rank is doing, from its heartbeats (LESSONS 8: every phase is visible)."""
+    """What a rank is doing, from its heartbeats (every phase visible: a slow start-up is no hang)."""
 
     BOOT = "boot"  # imports, process group, model build, checkpoint load
     DATA = "data"  # opening the data source, or a step waiting for the loader

@@ -11,6 +11,7 @@ lives in ``nsa.ops`` (reference or Triton, same API); parameters live here.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,15 +20,27 @@ from torch import nn
 from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
 from nsa.model.layers import upcast
-from nsa.model.rope import apply_rope, rope_angles
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops
+from nsa.ops.rope import apply_rope, rope_angles
 
 BRANCHES = ("compressed", "selected", "window")
 
 
+def _per_sequence(fn: Callable[..., object], x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``fn(x, pos)`` for ``x [B, 1, ...]`` with one position per sequence ``pos [B, 1]``: the
+    B tokens are handed to ``fn`` as one sequence ``[1, B, ...]`` at positions ``pos[:, 0]``
+    (every per-token map, RoPE included, then sees each token at its own position)."""
+    if x.shape[1] != 1:
+        raise ValueError(f"per-sequence positions need one token per sequence, got {x.shape[1]}")
+    out = fn(x.transpose(0, 1), pos[:, 0])
+    return tuple(t.transpose(0, 1) for t in (out if isinstance(out, tuple) else (out,)))
+
+
 class NSAAttention(nn.Module):
     """Native Sparse Attention over ``x [B, T, dim]`` for any T (blocks may be partial)."""
+
+    gate_mean: torch.Tensor  # a buffer (register_buffer): the last forward's mean gate per branch
 
     def __init__(
         self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, cfg: AttentionConfig, rope_theta: float
@@ -59,28 +72,64 @@ class NSAAttention(nn.Module):
             get_ops(cfg.backend, "cuda")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device)
+        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self.project(x, pos)
+        # Compressed branch: phi over raw keys/values, then RoPE at each block's last
+        # token (the first position allowed to see it), so scores stay relative.
+        k_cmp, v_cmp = self.compress(k_raw, v_raw)
+        return self.attend(x, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
+
+    # The pieces of forward, also called one token at a time by the KV-cache decoder
+    # (nsa/infer/), so that decoding and training share every projection, RoPE, phi and gate.
+
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """RoPE on ``x [B, T, heads, D]`` at positions ``pos [T]`` (or ``[B, 1]``: one token per
+        sequence, each at its own position), in the compute dtype (the kernels: one pass,
+        fp32 maths inside)."""
+        if pos.dim() == 2:
+            return _per_sequence(self.rotate, x, pos)[0]
+        cos, sin = rope_angles(pos, self.head_dim, self.rope_theta, upcast(x).dtype)
+        return ops_rope(get_ops(self.cfg.backend, x.device.type), x, cos, sin)
+
+    def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``x [B, T, dim]`` at positions ``pos [T]`` -> ``(q, k_raw, v_raw, k_slc, v_slc,
+        k_win, v_win)``: q ``[B,T,H,D]`` and the selected/window keys rotated, the
+        compressed branch's keys/values raw (phi sees un-rotated keys), all ``[B,T,G,D]``.
+        ``pos [B, 1]``: one token per sequence at its own position (decoding)."""
+        if pos.dim() == 2:
+            return _per_sequence(self.project, x, pos)
         B, T, _ = x.shape
-        H, G, D, c = self.n_heads, self.n_kv_heads, self.head_dim, self.cfg
-        ops = get_ops(c.backend, x.device.type)
+        H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 6, G, D)
-        pos = torch.arange(T, device=x.device)
         adt = upcast(x).dtype  # fp32, or fp64 in tests
         cos, sin = rope_angles(pos, D, self.rope_theta, adt)
-        # RoPE in the compute dtype (the kernels: one pass, fp32 maths inside); q is rotated
-        # once and shared by the three branches
+        ops = get_ops(self.cfg.backend, x.device.type)
+        # q is rotated once and shared by the three branches
         q = ops_rope(ops, q, cos, sin)
         k_slc = ops_rope(ops, kv[:, :, 2], cos, sin)
         k_win = ops_rope(ops, kv[:, :, 4], cos, sin)
         v_slc, v_win = kv[:, :, 3].contiguous(), kv[:, :, 5].contiguous()
+        return q, kv[:, :, 0], kv[:, :, 1], k_slc, v_slc, k_win, v_win
 
-        # Compressed branch: phi over raw keys/values, then RoPE at each block's last
-        # token (the first position allowed to see it), so scores stay relative.
-        k_cmp = self.compress_k(kv[:, :, 0])
-        v_cmp = self.compress_v(kv[:, :, 1]).contiguous()
-        cpos = torch.arange(k_cmp.shape[1], device=x.device) * c.compress_stride + (c.compress_block - 1)
-        ccos, csin = rope_angles(cpos, D, self.rope_theta, adt)
-        k_cmp = ops_rope(ops, k_cmp, ccos, csin)
+    def compress(self, k_raw: torch.Tensor, v_raw: torch.Tensor, ends: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """phi over the raw compressed-branch keys and values ``[B,T,G,D]`` -> ``[B,Nc,G,D]``
+        each, the keys rotated at their block's last token ``ends`` (default: the blocks of a
+        sequence that starts at position 0, ``i*d + l - 1``)."""
+        k_cmp, v_cmp = self.compress_k(k_raw), self.compress_v(v_raw).contiguous()
+        if ends is None:
+            c = self.cfg
+            ends = torch.arange(k_cmp.shape[1], device=k_raw.device) * c.compress_stride
+            ends = ends + (c.compress_block - 1)
+        return self.rotate(k_cmp, ends), v_cmp
+
+    def attend(self, x: torch.Tensor, q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor,
+               k_slc: torch.Tensor, v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor
+               ) -> torch.Tensor:
+        """The three branches over a whole sequence (positions 0..T-1), gated and projected."""
+        c, G = self.cfg, self.n_kv_heads
+        ops = get_ops(c.backend, x.device.type)
         # Its probabilities rank the selection blocks (Eqs. 8-10; no gradient through
         # the ranking): the top-n blocks per (query, KV group). The kernels pick them
         # inside the scores pass, without [T, Nc] probabilities or [T, Ns] scores.
@@ -93,7 +142,15 @@ class NSAAttention(nn.Module):
         o_slc = ops.selected_attention(q, k_slc, v_slc, idx, c.select_block)
 
         o_win = ops.window_attention(q, k_win, v_win, c.window)
+        return self.mix(x, o_cmp, o_slc, o_win)
 
+    def mix(self, x: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor
+            ) -> torch.Tensor:
+        """Eq. 5: per-head sigmoid gates from ``x`` weigh the branch outputs ``[B,T,H,D]``,
+        then the output projection."""
+        B, T, _ = x.shape
+        H, D = self.n_heads, self.head_dim
+        adt = upcast(x).dtype
         if self.gate_override is None:
             g = torch.sigmoid(upcast(self.gate(x))).view(B, T, H, 3)
         else:  # fills, not torch.tensor(..., device=): no host-to-device copy per call
@@ -101,7 +158,7 @@ class NSAAttention(nn.Module):
         with torch.no_grad():
             self.gate_mean.copy_(g.detach().mean(dim=(0, 1, 2)))
         # the gated sum in the branches' dtype (the kernels: one fused pass, fp32 inside)
-        o = gated_combine(ops, g, o_cmp, o_slc, o_win)
+        o = gated_combine(get_ops(self.cfg.backend, x.device.type), g, o_cmp, o_slc, o_win)
         return self.o_proj(o.reshape(B, T, H * D))
 
 
@@ -109,7 +166,7 @@ class DenseAttention(nn.Module):
     """Dense causal attention with GQA through ``F.scaled_dot_product_attention``.
 
     Always full T x T with ``is_causal=True`` (T_q == T_k, so PyTorch's top-left aligned
-    causal mask is the right one; LESSONS 17).
+    causal mask is the right one; with one query it would see key 0 only).
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rope_theta: float) -> None:
@@ -121,16 +178,36 @@ class DenseAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
+        q, k, v = self.project(x, torch.arange(x.shape[1], device=x.device))
+        return self.attend(q, k, v, None)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+               ) -> torch.Tensor:
+        """Attention of ``q [B,Tq,H,D]`` over ``k, v [B,Tk,G,D]`` then the output projection:
+        causal (Tq == Tk) when ``mask`` is None, else under the bool ``mask [B, 1, Tq, Tk]``
+        (the KV-cache decoder's visible keys)."""
+        B, T = q.shape[:2]
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
-        q = self.q_proj(x).view(B, T, H, D)
-        kv = self.kv_proj(x).view(B, T, 2, G, D)
-        cos, sin = rope_angles(torch.arange(T, device=x.device), D, self.rope_theta, upcast(x).dtype)
-        q = apply_rope(q, cos, sin).transpose(1, 2)
-        k = apply_rope(kv[:, :, 0], cos, sin).transpose(1, 2)
-        v = kv[:, :, 1].transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if mask is not None:  # decoding: GQA in SDPA, no copy of the whole cache per head
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=G != H)
+            return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
         if G != H:  # repeat K/V per query head: keeps the fused (flash) kernels usable
             k = k.repeat_interleave(H // G, dim=1)
             v = v.repeat_interleave(H // G, dim=1)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
+
+    def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x [B, T, dim]`` at positions ``pos [T]`` -> rotated q ``[B,T,H,D]``, rotated k and
+        v ``[B,T,G,D]`` (shared with the KV-cache decoder, nsa/infer/; ``pos [B, 1]``: one
+        token per sequence at its own position)."""
+        if pos.dim() == 2:
+            q, k, v = _per_sequence(self.project, x, pos)
+            return q, k, v
+        B, T, _ = x.shape
+        H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, D)
+        kv = self.kv_proj(x).view(B, T, 2, G, D)
+        cos, sin = rope_angles(pos, D, self.rope_theta, upcast(x).dtype)
+        return apply_rope(q, cos, sin), apply_rope(kv[:, :, 0], cos, sin), kv[:, :, 1]

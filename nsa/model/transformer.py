@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         if cfg.attention.kind == "nsa":
-            self.attn: nn.Module = NSAAttention(
+            self.attn: NSAAttention | DenseAttention = NSAAttention(
                 cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention, cfg.rope_theta
             )
         else:
@@ -28,8 +29,11 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, swiglu_hidden(cfg.dim, cfg.ffn_hidden))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """``attend`` replaces ``self.attn`` (the KV-cache decoder passes its cached attention,
+        so the residual, norms and feed-forward stay this code)."""
+        x = x + (self.attn if attend is None else attend)(self.attn_norm(x))
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -63,6 +67,7 @@ class Transformer(nn.Module):
                 nn.init.ones_(m.weight)
         resid_std = std / math.sqrt(2 * self.cfg.n_layers)
         for blk in self.blocks:
+            assert isinstance(blk, Block)  # for the type checker: a ModuleList yields nn.Module
             nn.init.normal_(blk.attn.o_proj.weight, 0.0, resid_std)
             nn.init.normal_(blk.ffn.down.weight, 0.0, resid_std)
             if isinstance(blk.attn, NSAAttention):
@@ -74,7 +79,7 @@ class Transformer(nn.Module):
         x = self.tok_emb(tokens)
         for block in self.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)  # the block itself (LESSONS 9)
+                x = checkpoint(block, x, use_reentrant=False)  # the block itself, no closure
             else:
                 x = block(x)
         return self.lm_head(self.norm(x))

@@ -69,11 +69,11 @@ def gated_combine(ops: ModuleType, g: torch.Tensor, o_cmp: torch.Tensor, o_slc: 
 
 def apply_rope(ops: ModuleType, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE on ``x [B,T,heads,D]`` in ``x``'s dtype: one kernel where ``ops`` has it (Triton),
-    else ``nsa.model.rope.apply_rope`` (fp32 maths in torch, fp64 stays fp64)."""
+    else ``nsa.ops.rope.apply_rope`` (fp32 maths in torch, fp64 stays fp64)."""
     fused = getattr(ops, "apply_rope", None)
     if fused is not None and x.dtype != torch.float64:
         return fused(x, cos, sin)
-    from nsa.model.rope import apply_rope as torch_rope
+    from nsa.ops.rope import apply_rope as torch_rope
 
     return torch_rope(x, cos, sin)
 

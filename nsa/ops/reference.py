@@ -34,6 +34,7 @@ __all__ = [
     "compressed_attention_and_scores",
     "selection_scores",
     "select_blocks",
+    "select_blocks_at",
     "selected_attention",
     "window_attention",
 ]
@@ -120,7 +121,7 @@ def _over_chunks(
     With more than one chunk and autograd recording, each chunk runs under a
     non-reentrant checkpoint: its temporaries are recomputed in the backward one chunk
     at a time instead of being saved for all chunks. ``fn`` gets everything as
-    arguments (no closure over the loop variable: LESSONS 9)."""
+    arguments (no closure over the loop variable: recompute would see its last value)."""
     ckpt = torch.is_grad_enabled() and chunk < T
     outs = []
     for t0 in range(0, T, chunk):
@@ -163,7 +164,7 @@ def compressed_attention(
     """Causal attention over compressed tokens ``k_cmp, v_cmp [B, Nc, G, D]``.
 
     Query t sees compressed token i iff its block has ended: ``i*stride + block - 1 <= t``
-    (LESSONS 19). Returns (out [B,T,H,D], probs [B,T,H,Nc]); the probabilities feed the
+    (docs/lessons.md#causal-selection). Returns (out [B,T,H,D], probs [B,T,H,Nc]); the probabilities feed the
     block selection.
     """
     B, T, H, D = q.shape
@@ -234,16 +235,29 @@ def _select_chunk(
     num_local: int,
 ) -> torch.Tensor:
     """``select_blocks`` of the queries ``[t0, t1)``."""
+    t = torch.arange(t0, t1, device=scores.device)[None, :]
+    return select_blocks_at(scores[:, t0:t1], t, select_block, num_selected, num_initial, num_local)
+
+
+def select_blocks_at(
+    scores: torch.Tensor, t: torch.Tensor, select_block: int, num_selected: int, num_initial: int,
+    num_local: int,
+) -> torch.Tensor:
+    """The selection rule of ``select_blocks`` for queries at positions ``t [B | 1, C]``
+    with scores ``[B, C, G, Ns]`` -> ``idx [B, C, G, n]``: the one rule, used by the
+    training forward (``t`` = its query range) and by the KV-cache decoder (``t`` = each
+    sequence's position). ``Ns`` may exceed the blocks that exist yet: blocks that start
+    after the query are never chosen."""
     Ns = scores.shape[-1]
     dev = scores.device
-    t = torch.arange(t0, t1, device=dev)[:, None]
-    j = torch.arange(Ns, device=dev)[None, :]
+    t = t[..., None]  # [B | 1, C, 1]
+    j = torch.arange(Ns, device=dev)
     own = t // select_block
-    eligible = j <= own  # j*l' <= t
+    eligible = j <= own  # j*l' <= t; [B | 1, C, Ns]
     forced = eligible & ((j < num_initial) | (j > own - num_local))
     inf = torch.tensor(float("inf"), device=dev)
-    key = torch.where(eligible[:, None, :], scores[:, t0:t1].to(_acc_dtype(scores)), -inf)
-    key = torch.where(forced[:, None, :], inf, key)  # [B, C, G, Ns]
+    key = torch.where(eligible[:, :, None, :], scores.to(_acc_dtype(scores)), -inf)
+    key = torch.where(forced[:, :, None, :], inf, key)  # [B, C, G, Ns]
     k = min(num_selected, Ns)
     # stable descending sort: equal keys keep ascending block order
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :k]
@@ -452,7 +466,9 @@ def compressed_attention_and_scores(
     # a chunk holds a few [B, H, C, Nc] tensors: C from the layout and a nominal Nc of
     # 1024 (not T), so memory per chunk grows with Nc = T/d and the total stays O(T * Nc)
     chunk = _chunk_len(T, B * H * 1024, q.device)
-    return _over_chunks(_compressed_chunk, T, chunk, q, k_cmp, v_cmp, W, block, stride, n_kv_heads, scale)
+    out, scores = _over_chunks(_compressed_chunk, T, chunk, q, k_cmp, v_cmp, W, block, stride, n_kv_heads,
+                               scale)
+    return out, scores
 
 
 def _compressed_chunk(

@@ -9,6 +9,9 @@ there) would otherwise fail at the first training step, or worse, train silently
 The check uses the model's head layout and NSA settings (so the kernels compile with the
 same tile sizes as in training), a short sequence, the training compute dtype, and a
 private random generator (the global RNG, which seeds the model's weights, is untouched).
+The kernels run with their output buffers poisoned (``nsa.ops.poison``): what a kernel
+leaves unwritten cannot hold the right answer by chance (memory the reference's result
+was freed from), and the report names it ("out not written").
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import torch
 
-from nsa.ops import reference
+from nsa.ops import poison, reference
 
 # Relative error (Frobenius) allowed against the fp32 reference on the same inputs.
 # 16-bit kernels round their inputs of every dot and P/dS to 8 (bf16) or 11 (fp16) bits;
@@ -80,6 +83,16 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def _unwritten(name: str, val: torch.Tensor) -> str | None:
+    """``name not written`` (at how many elements, when not all) where ``val`` still holds
+    the poison its buffer was filled with, else None."""
+    n = poison.unwritten(val)
+    if n == 0:
+        return None
+    total = val.numel()
+    return f"{name} not written" if n == total else f"{name} not written at {n} of {total} elements"
+
+
 def _compare(report: CheckReport, op: str, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
              tol: float) -> None:
     bad = []
@@ -88,6 +101,8 @@ def _compare(report: CheckReport, op: str, got: dict[str, torch.Tensor], want: d
         if val is None or val.shape != ref.shape:
             got_shape = None if val is None else tuple(val.shape)
             bad.append(f"{name} has shape {got_shape}, expected {tuple(ref.shape)}")
+        elif problem := _unwritten(name, val):
+            bad.append(problem)
         elif not torch.isfinite(val).all():
             bad.append(f"{name} is not finite")
         else:
@@ -185,9 +200,10 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
         if ref_extra is not None:
             want["extra"] = ref_extra
         try:
-            got_all = fn(ops, mine)
-            got_out, got_extra = got_all if isinstance(got_all, tuple) else (got_all, None)
-            got_out.backward(dout.to(got_out.dtype))
+            with poison.poisoned():
+                got_all = fn(ops, mine)
+                got_out, got_extra = got_all if isinstance(got_all, tuple) else (got_all, None)
+                got_out.backward(dout.to(got_out.dtype))
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # kernel errors surface here, inside the try
             got = {"out": got_out, **{f"d{i}": x.grad for i, x in enumerate(mine)}}
@@ -203,9 +219,12 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     idx = reference.select_blocks(scores.detach(), s.select_block, s.num_selected, s.num_initial, s.num_local)
     report.checked.append("select_blocks")
     try:
-        mine_idx = ops.select_blocks(scores.detach(), s.select_block, s.num_selected, s.num_initial,
-                                     s.num_local)
-        if not torch.equal(mine_idx.cpu(), idx.cpu()):
+        with poison.poisoned():
+            mine_idx = ops.select_blocks(scores.detach(), s.select_block, s.num_selected, s.num_initial,
+                                         s.num_local)
+        if problem := _unwritten("idx", mine_idx):
+            report.failures.append(f"select_blocks: {problem}")
+        elif not torch.equal(mine_idx.cpu(), idx.cpu()):
             report.failures.append("select_blocks: not the reference's block choice on the same scores")
     except Exception as exc:  # noqa: BLE001
         report.failures.append(f"select_blocks: {_one_line(exc)}")
@@ -223,8 +242,8 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
 
         run("compressed_attention_and_selection", fused, [q, kc, vc])
         if "idx" in chosen:
-            problem = selection_mismatch(chosen["idx"], scores, s.select_block, s.num_selected, s.num_initial,
-                                         s.num_local, tol)
+            problem = _unwritten("idx", chosen["idx"]) or selection_mismatch(
+                chosen["idx"], scores, s.select_block, s.num_selected, s.num_initial, s.num_local, tol)
             if problem is not None:
                 report.failures.append(f"compressed_attention_and_selection: {problem}")
     run("selected_attention", lambda m, x: m.selected_attention(x[0], x[1], x[2], idx, s.select_block),
@@ -232,7 +251,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])
     # the glue the model runs through ``ops`` where it has a kernel for it (the reference: torch)
     import nsa.ops as dispatch
-    from nsa.model.rope import rope_angles
+    from nsa.ops.rope import rope_angles
 
     if hasattr(ops, "gated_combine"):
         gates = torch.rand(1, T, H, 3, generator=gen).to(dtype).float().to(device)

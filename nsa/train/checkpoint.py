@@ -49,16 +49,15 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from nsa.contract import write_json_atomic
 
+# re-exported: the trainer and callers catch it as checkpoint.CheckpointError
+from nsa.train.checkpoint_error import CheckpointError as CheckpointError
+
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-step-"
 META = "meta.json"
 DCP_METADATA = ".metadata"
 # the model keys that do not change the weights (which kernels compute them)
 MODEL_KEYS_FREE = ("attention.backend",)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, or does not fit this run."""
 
 
 # -- RNG: tensors, so a shard holds nothing but tensors --------------------------------------

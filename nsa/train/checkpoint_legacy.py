@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from nsa.contract import write_json_atomic
+from nsa.train.checkpoint_error import CheckpointError
 
 
 def save_single_file(final: Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
@@ -44,8 +45,6 @@ def load_single_file(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
     try:
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     except Exception as exc:
-        from nsa.train.checkpoint import CheckpointError
-
         raise CheckpointError(f"{path}/state.pt: cannot load it with weights_only=True: {exc}") from exc
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                    options=StateDictOptions(full_state_dict=True))

@@ -1,6 +1,6 @@
 """``nsa-train --config PATH --run-dir DIR [--set section.key=value ...] [--resume auto|PATH]``.
 
-No config, no run: there is no default config (LESSONS 1). Output is line-buffered even
+No config, no run: there is no default config (docs/lessons.md). Output is line-buffered even
 into a file, and the boot banner says what is being trained, on what, with which batch.
 """
 
@@ -70,7 +70,7 @@ def versions() -> dict[str, str | None]:
 
 def other_run(run_dir: Path, run_id: str) -> str | None:
     """The id and status of a different run that already wrote ``run_dir/run.json``, if any
-    (one directory, one run: LESSONS 4). Ranks of this run see their own id and go on."""
+    (one directory, one run). Ranks of this run see their own id and go on."""
     from nsa.contract import read_json
 
     data = read_json(run_dir / "run.json", dict[str, Any])  # any version's run.json names its run
@@ -83,7 +83,9 @@ def other_run(run_dir: Path, run_id: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)  # unbuffered lines even into a file (LESSONS 8)
+            reconfigure = getattr(stream, "reconfigure", None)  # TextIOWrapper's (not TextIO's)
+            if reconfigure is not None:
+                reconfigure(line_buffering=True)  # unbuffered lines even into a file
         except (AttributeError, ValueError):
             pass
     args = parse_args(argv)

@@ -3,7 +3,7 @@
 Packing: a stream's documents, each followed by end-of-text, form one token sequence; a
 window is ``seq_len + 1`` consecutive tokens (inputs ``w[:-1]``, targets ``w[1:]``) and the
 next window starts at the last token of the previous one, so every token transition is
-trained once, nothing is truncated or dropped (LESSONS 6). A stream's position is
+trained once, nothing is truncated or dropped. A stream's position is
 ``(epoch, doc, offset)``: the next window starts at token ``offset`` of the ``doc``-th
 document of that stream's split; checkpoints store it, so resume neither replays nor skips.
 
@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -113,6 +113,7 @@ class Packer:
                 new_pos = (k, off - (filled - (self.window - 1)))
             if off == len(toks):
                 k, off = k + 1, 0
+        assert new_pos is not None  # set once the window was (almost) filled
         nk, noff = new_pos
         if noff == len(self._loaded[nk][2]):  # the last token opens the next document (loaded)
             nk, noff = nk + 1, 0
@@ -177,7 +178,8 @@ class PrefetchLoader:
             for s, packer in self.packers.items():
                 for _ in range(self.micro):
                     rows = [packer.next_window() for _ in range(self.batch_size)]
-                    tokens = torch.from_numpy(np.stack(rows))
+                    # training packers wrap around their split: a window is never None here
+                    tokens = torch.from_numpy(np.stack(cast("list[np.ndarray]", rows)))
                     if self.pin:
                         tokens = tokens.pin_memory()
                     events, self._events[:] = list(self._events), []

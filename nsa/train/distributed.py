@@ -2,7 +2,7 @@
 
 Always a process group, even for one process (a world of 1 through an in-memory store): one
 code path for collectives and checkpoints. Explicit timeouts: a peer that stops answering
-fails the collective after ``train.pg_timeout_s`` instead of hanging forever (LESSONS 10).
+fails the collective after ``train.pg_timeout_s`` instead of hanging forever.
 On CUDA the NCCL flight recorder is switched on and dumps into ``<run>/nccl/``.
 """
 
@@ -157,7 +157,7 @@ def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) ->
         kwargs: dict[str, Any] = {}
         if bf16:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.blocks:
+        for block in model.get_submodule("blocks").children():
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         return model
@@ -166,7 +166,8 @@ def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) ->
     # The model's only buffers are per-rank gate statistics: broadcasting them from rank 0
     # before every forward would cost a collective per micro-batch for nothing.
     kwargs = {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
-    return DDP(model, **kwargs, **no_buffer_sync_kwargs())
+    kwargs.update(no_buffer_sync_kwargs())
+    return DDP(model, **kwargs)
 
 
 def no_buffer_sync_kwargs() -> dict[str, bool]:
@@ -184,7 +185,8 @@ def no_buffer_sync_kwargs() -> dict[str, bool]:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") and hasattr(model, "no_sync") else model
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) and hasattr(model, "no_sync") else model
 
 
 def all_gather_objects(obj: Any) -> list[Any]:

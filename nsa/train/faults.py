@@ -4,7 +4,7 @@ SIGUSR1 goes to ``faulthandler`` at C level, so a rank stuck inside a C call (a 
 collective) still dumps every thread's stack; a watcher thread gives each dump its own
 file. SIGTERM (and SIGINT) only set a flag: the training loop finishes its step, every rank
 agrees through the per-step all-reduce, a checkpoint is saved and the run exits 0. The two
-handlers are separate, so a stack dump never swallows a stop (LESSONS 12).
+handlers are separate, so a stack dump never swallows a stop.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from nsa.config import DebugConfig
 
@@ -55,7 +55,7 @@ class StopFlag:
 def stop_when_launcher_dies(launched: bool) -> None:
     """Under torchrun, ask Linux for SIGTERM when the launcher dies: torchrun puts each worker
     in a session of its own, so a SIGKILLed torchrun would otherwise leave its workers
-    running (LESSONS 12). SIGTERM means the usual clean stop: finish the step, save, exit."""
+    running. SIGTERM means the usual clean stop: finish the step, save, exit."""
     if not launched or not sys.platform.startswith("linux"):
         return
     launcher = os.getppid()  # may legitimately be 1: torchrun as a container's PID 1
@@ -77,13 +77,13 @@ class StackDumper:
     def __init__(self, stacks_dir: Path, rank: int) -> None:
         self.dir, self.rank = stacks_dir, rank
         self.pending = stacks_dir / f".rank-{rank}.pending"
-        self._file = None
+        self._file: TextIO | None = None
         self._stop = threading.Event()
 
     def _arm(self) -> None:
         old = self._file
-        self._file = open(self.pending, "w", buffering=1)
-        faulthandler.register(signal.SIGUSR1, file=self._file, all_threads=True, chain=False)
+        self._file = new = open(self.pending, "w", buffering=1)
+        faulthandler.register(signal.SIGUSR1, file=new, all_threads=True, chain=False)
         if old is not None:
             old.close()
 
@@ -95,7 +95,7 @@ class StackDumper:
     def _watch(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                if os.fstat(self._file.fileno()).st_size == 0:
+                if self._file is None or os.fstat(self._file.fileno()).st_size == 0:
                     continue
                 time.sleep(0.1)  # the C handler writes in microseconds; let it finish
                 ms = int(time.time() * 1000)

@@ -1,6 +1,6 @@
 """Learning-rate schedule: linear warmup, then cosine down to an explicit ``min_lr``.
 
-Counted in optimizer steps, never micro-batches (LESSONS 14): ``lr_at(s)`` is the rate
+Counted in optimizer steps, never micro-batches: ``lr_at(s)`` is the rate
 used by optimizer step ``s`` (0-based), whatever the gradient accumulation.
 """
 

@@ -21,7 +21,7 @@ import os
 import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class IndexedSource:
 def stdlib_files() -> list[Path]:
     """The standard library's own ``.py`` files (no site-packages), sorted for determinism."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
+    out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         skip = ("site-packages", "dist-packages", "__pycache__")
         dirnames[:] = sorted(d for d in dirnames if d not in skip)
@@ -169,7 +169,7 @@ class StreamingSource:
         self.shuffle_buffer, self.seed = shuffle_buffer, seed
         self.description = description or builder
 
-    def open(self, stream: int, n_streams: int, epoch: int):  # -> datasets.IterableDataset
+    def open(self, stream: int, n_streams: int, epoch: int) -> Any:  # a datasets.IterableDataset
         """The stream's shard: every rank of a lineage reads a disjoint part."""
         import datasets
         from datasets.distributed import split_dataset_by_node
@@ -209,7 +209,7 @@ class StreamingSource:
 
 
 def build_source(cfg: DataConfig) -> DocSource:
-    """The source ``data.source`` names; never a silent substitute (LESSONS 7)."""
+    """The source ``data.source`` names; never a silent substitute."""
     if cfg.source == "stdlib":
         return stdlib_source(cfg.val_every_n_docs, cfg.seed)
     if cfg.source == "synthetic":

@@ -3,10 +3,10 @@
 The records are the contract's (nsa/contract; docs/run-directory.md). Every JSON file is
 written atomically, every JSONL line with one write. The heartbeat thread beats in every
 phase, so a rank that is alive but stuck (its ``step`` frozen while timer beats continue)
-is told apart from a rank that is gone (LESSONS 8, 10). Heartbeat files rotate at
-``NSA_ROTATE_BYTES`` (default 32 MiB; nsa.contract.appended.rotate_bytes), the previous file
-kept as ``rank-R.jsonl.1``, so a week-long run's beats cost a bounded amount of disk and
-reading the latest is O(1).
+is told apart from a rank that is gone. Heartbeat files rotate at ``NSA_ROTATE_BYTES``
+(default 32 MiB; nsa.contract.appended.rotate_bytes), the previous file kept as
+``rank-R.jsonl.1``, so a week-long run's beats cost a bounded amount of disk and reading the
+latest is O(1).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def _cgroup_paths(proc_self: Path) -> tuple[str | None, dict[str, str]]:
 
 def _mounts(proc_self: Path) -> list[tuple[str, str, str, set[str]]]:
     """(fs type, mount point, root within the hierarchy, super options) of cgroup mounts."""
-    out = []
+    out: list[tuple[str, str, str, set[str]]] = []
     try:
         text = (proc_self / "mountinfo").read_text()
     except OSError:
@@ -111,10 +111,10 @@ def cgroup_quota_cpus(proc_self: Path = Path("/proc/self")) -> float | None:
                         quotas.append(int(quota) / int(period))
         elif fstype == "cgroup" and "cpu" in opts and "cpu" in v1_paths:
             for d in _ancestors(_under(point, root, v1_paths["cpu"]), point):
-                quota, period = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
-                if quota and period and quota.lstrip("-").isdigit() and period.isdigit():
-                    if int(quota) > 0 and int(period) > 0:
-                        quotas.append(int(quota) / int(period))
+                quota_us, period_us = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+                if quota_us and period_us and quota_us.lstrip("-").isdigit() and period_us.isdigit():
+                    if int(quota_us) > 0 and int(period_us) > 0:
+                        quotas.append(int(quota_us) / int(period_us))
     return min(quotas) if quotas else None
 
 

@@ -1,7 +1,7 @@
 """Tokenizers: raw bytes (default) and GPT-2 BPE through tiktoken, offline when given files.
 
 Why ``encode_ordinary``: documents are plain text; special-token strings inside a document
-are text, not control tokens, so no tokenizer ever warns or refuses (LESSONS 6).
+are text, not control tokens, so no tokenizer ever warns or refuses.
 """
 
 from __future__ import annotations

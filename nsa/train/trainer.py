@@ -7,7 +7,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,10 @@ from nsa.train.schedule import lr_at
 from nsa.train.sources import build_source
 from nsa.train.telemetry import Heartbeat, MetricsLog, RunRecord
 from nsa.train.tokenizer import build_tokenizer
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
 # Sources read through ``datasets`` streaming: no global document index (see _load_checkpoint).
 STREAMED_SOURCES = ("files", "fineweb-edu")
@@ -109,7 +113,7 @@ class Trainer:
                                       before_commit=self.faults.maybe_die_in_save)
         self.grad_accum, self.n_streams, self.micro_per_stream = t.grad_accum, info.world_size, t.grad_accum
         positions: dict[int, StreamPos] = {}
-        self.resume_note = None
+        self.resume_note: str | None = None
         if self.resume_path is not None:
             positions = self._load_checkpoint(self.resume_path)
         self.global_batch = t.batch_size * info.world_size * self.grad_accum
@@ -176,7 +180,7 @@ class Trainer:
             # A streamed source has no global document index (split_dataset_by_node shards by
             # file or interleaves, and validation counts each stream's own documents), so
             # re-sharding would replay documents already trained on, skip others and move the
-            # validation split onto trained documents (LESSONS 7): refuse instead.
+            # validation split onto trained documents: refuse instead.
             raise ckpt.CheckpointError(
                 f"{path}: {old_streams} data stream(s) of data.source {cfg.data.source} cannot be re-sharded "
                 f"over {w} ranks without replaying documents or mixing validation into training: resume "
@@ -240,9 +244,9 @@ class Trainer:
     def _sync_ctx(self, last: bool) -> contextlib.AbstractContextManager:
         """Gradient all-reduce only on the last micro-batch of an optimizer step."""
         if self.cfg.train.strategy == "fsdp":
-            self.model.set_requires_gradient_sync(last)
+            cast("FSDPModule", self.model).set_requires_gradient_sync(last)
             return contextlib.nullcontext()
-        return contextlib.nullcontext() if last else self.model.no_sync()
+        return contextlib.nullcontext() if last else cast("DDP", self.model).no_sync()
 
     def _next_batch(self):
         if not self.loader.ready():
@@ -412,6 +416,7 @@ class Trainer:
         return "finished"
 
     def _log_metrics(self, loss: float, grad_norm: torch.Tensor | None, step_time: float) -> None:
+        assert self.metrics is not None  # called on the main rank only, which logs metrics
         shares = self.raw.gate_shares() if hasattr(self.raw, "gate_shares") else None
         gates = None
         if shares is not None:

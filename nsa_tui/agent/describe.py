@@ -11,8 +11,10 @@ the config (nsa/size.py).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +60,40 @@ def hub_unreachable(env: dict[str, str] | os._Environ[str] = os.environ,
     return why
 
 
+TRAINER_MODULES = ("torch", "numpy", "psutil")  # imported by every run (the host extra)
+
+
+def missing_modules(names: list[str]) -> list[str]:
+    """Which of ``names`` this interpreter (the one the agent starts runs with) cannot import.
+    Located, not imported: importing torch takes seconds."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a broken install: as good as none
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def training_side_missing(cfg: Any) -> str | None:
+    """Why this host cannot train ``cfg`` at all (None when it can): the modules the trainer needs
+    for it are not installed here (a watch-only install, ``pip install nsa-tui``). Said before
+    anything starts, with the fix, instead of a run that dies at once on ``import torch``."""
+    need = list(TRAINER_MODULES)
+    if cfg.data.source in ("fineweb-edu", "files"):
+        need.append("datasets")
+    if cfg.data.tokenizer == "gpt2":
+        need.append("tiktoken")
+    missing = missing_modules(need)
+    if not missing:
+        return None
+    return (f"the training side is not installed for {sys.executable} (no module {', '.join(missing)}: a "
+            "watch-only install); install it there with pip install 'nsa-tui[host]', or from another "
+            "machine with nsa-tui setup HOST")
+
+
 def describe(cfg: Any, shown: str, nproc: int | None, gpus: int, gpu_message: str,
              probe: Callable[[], str | None] = hub_unreachable) -> ConfigSummary:
     """``cfg`` (a validated nsa.config.Config) on a host with ``gpus`` GPUs, started with
@@ -68,6 +104,9 @@ def describe(cfg: Any, shown: str, nproc: int | None, gpus: int, gpu_message: st
     n = nproc or max(1, gpus)
     problems: list[str] = []
     notes: list[str] = []
+    missing = training_side_missing(cfg)
+    if missing:
+        problems.append(missing)
     cuda_only = [why for cond, why in ((t.device == "cuda", "train.device is cuda"),
                                        (t.dtype == "bf16", "train.dtype bf16 runs on CUDA only")) if cond]
     needs = "CUDA" if cuda_only else ("CPU" if t.device == "cpu" else "CPU or CUDA")
@@ -84,10 +123,10 @@ def describe(cfg: Any, shown: str, nproc: int | None, gpus: int, gpu_message: st
         notes.append(f"{fmt_count(params)} parameters on CPU: expect minutes per step")
     if d.source == "fineweb-edu":
         data = f"fineweb-edu from the Hugging Face Hub ({d.fineweb_name}, streamed)"
-        why = probe()
-        if why:
+        unreachable = probe()
+        if unreachable:
             problems.append(f"data.source fineweb-edu streams from the Hugging Face Hub, which this host "
-                            f"cannot reach ({why})")
+                            f"cannot reach ({unreachable})")
     elif d.source == "files":
         data = f"files: {', '.join(d.paths[:3])}{' ...' if len(d.paths) > 3 else ''}"
         for pat in d.paths:

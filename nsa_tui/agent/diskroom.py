@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from nsa_tui.agent.errors import OpError
+
 # A launch needs at least this much free space (beyond the checkpoint a resume starts from).
 MIN_FREE_BYTES = 1 << 20
 
@@ -36,16 +38,12 @@ def need_room(root: Path, need: int, what: str) -> None:
     except OSError:
         return
     if free < need:
-        from nsa_tui.agent.launcher import OpError
-
         raise OpError("no_space", f"no space left on the disk of {root}: {free / 2**20:.1f} MiB free, {what} "
                                   f"needs {need / 2**20:.1f} MiB; free space first (nothing was created)")
 
 
 def no_space(exc: OSError, root: Path) -> Exception:
     """``exc`` as the launcher's ``no_space`` error when it is ENOSPC (else ``exc`` itself)."""
-    from nsa_tui.agent.launcher import OpError
-
     if exc.errno != errno.ENOSPC:
         return exc
     return OpError("no_space", f"no space left on the disk of {root} ({exc.strerror}); free space first "

@@ -97,7 +97,7 @@ def _missing_ranks(run_dir: Path, signalled: list[int], files: dict[str, str],
 
 
 def _new_files(stacks: Path, since: float) -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     try:
         entries = list(os.scandir(stacks))
     except OSError:

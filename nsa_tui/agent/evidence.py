@@ -103,12 +103,12 @@ def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 
     seen: dict[int, str] = {}  # each rank's state as found, before anything is done to it
     for rank, b in sorted(beats.items()):
         proc = run_process(b.pid, run_id, str(run_dir))
-        if proc is None:
+        if proc is None or b.pid is None:
             continue
         live[rank] = b
         seen[rank] = f"state {_proc_state(b.pid)} (kernel wait: {_wchan(b.pid)})"
         try:
-            os.kill(b.pid, signal.SIGUSR1)  # type: ignore[arg-type]
+            os.kill(b.pid, signal.SIGUSR1)
         except (ProcessLookupError, PermissionError):
             pass
     nccl: dict[int, str] = {}

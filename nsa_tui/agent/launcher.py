@@ -57,7 +57,7 @@ def new_run_id(name: str) -> str:
 
 
 def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
-    """Load and validate on the host; a bad config starts nothing (LESSONS 1-2). Errors name
+    """Load and validate on the host; a bad config starts nothing (no default, no ignored key). Errors name
     ``shown_as``: the user's own path of an uploaded file, never its temporary copy."""
     try:
         from nsa.config import ConfigError, load_config
@@ -207,10 +207,11 @@ class Launcher:
         nodes: NodeLayout | None = None,
     ) -> LaunchResult:
         """Validate, refuse what cannot run here (``check``; relaunches of a run that ran here
-        skip it), create the run directory (0700), copy the config, start detached. On a full
-        disk nothing is left behind: no run directory, no temporary file. Several hosts: the
-        client gives every host the same ``run_id`` and its ``nodes``."""
-        from nsa_tui.agent.describe import describe
+        skip it; a host without the training side refuses even then), create the run directory
+        (0700), copy the config, start detached. On a full disk nothing is left behind: no run
+        directory, no temporary file. Several hosts: the client gives every host the same
+        ``run_id`` and its ``nodes``."""
+        from nsa_tui.agent.describe import describe, training_side_missing
 
         overrides = [str(o) for o in (overrides or [])]
         _check_nproc(nproc)
@@ -222,6 +223,9 @@ class Launcher:
                   f"the checkpoint {resume_from}" if resume_from else "a new run")
         with self._config_file(config_path, config_text) as (path, shown):
             cfg = validate_config(path, overrides, shown_as=shown)
+            missing = training_side_missing(cfg)
+            if missing:  # no force overrides it: such a run could only die at once
+                raise OpError("cannot_run", f"{shown} cannot run on this host: {missing}")
             if check:
                 summary = describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
                 if summary.problems:

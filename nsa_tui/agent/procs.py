@@ -1,6 +1,6 @@
 """Which processes belong to a run, from /proc.
 
-Liveness survives PID reuse and reboots (LESSONS 12): a process belongs to a run only
+Liveness survives PID reuse and reboots, so a stop finds all of a run: a process belongs to a run only
 while it carries ``NSA_RUN_ID=<run id>`` in its environment (every process of a run
 inherits it from the agent's launch). ``RANK`` in that environment marks a rank (torchrun
 sets it for its workers, never for itself or the supervisor). ``NSA_RUN_DIR`` says which

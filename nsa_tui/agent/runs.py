@@ -195,7 +195,7 @@ class RunStore:
         import json
 
         root = self.run_dir(run_id) / "checkpoints"
-        out = []
+        out: list[tuple[str, int, list[tuple[str, int]], list[str]]] = []
         try:
             entries = list(os.scandir(root))
         except OSError:
@@ -209,7 +209,8 @@ class RunStore:
                 needs = [str(f) for f in json.loads(meta_path.read_text()).get("files", [])]
             except (OSError, ValueError, AttributeError):
                 continue
-            here = [(f.name, f.stat().st_size) for f in os.scandir(e.path) if f.is_file()]
+            here = [(f.name, f.stat(follow_symlinks=False).st_size) for f in os.scandir(e.path)
+                    if f.is_file(follow_symlinks=False)]  # a link is never read (agent/ckptfiles.py)
             out.append((e.name, int(m.group(1)), sorted(here), needs))
         return sorted(out, key=lambda c: c[1])
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 try:
     import psutil
 except ImportError:  # the panel-only install: readings are N/A, hello names the problem
-    psutil = None
+    psutil = None  # type: ignore[assignment]  # an optional import: None when absent
 
 from nsa.contract import GpuReading, HostSample
 from nsa.contract.records import GpuRank, Usage
@@ -105,7 +105,8 @@ class HostSampler:
     def __init__(self, runs_root: str, gpu_source: GpuSource | None = None) -> None:
         self.runs_root = runs_root
         self.gpu = gpu_source if gpu_source is not None else NvmlSource()
-        self.problems: list[str] = [self.gpu.message] if getattr(self.gpu, "missing", False) else []
+        missing = getattr(self.gpu, "missing", False)  # NvmlSource without NVML says why in ``message``
+        self.problems: list[str] = [getattr(self.gpu, "message", "")] if missing else []
         if psutil is None:
             self.problems.append("psutil not installed: CPU and RAM are N/A (pip install 'nsa-tui[host]')")
         else:

@@ -111,7 +111,7 @@ class Agent:
         self.subs: dict[Any, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.gone = False
-        self.ops: dict[str, tuple[type[Args], Callable[[Any, Any], Awaitable[Any]]]] = {
+        self.ops: dict[str, tuple[type[Args | WatchArgs], Callable[[Any, Any], Awaitable[Any]]]] = {
             "ping": (NoArgs, self.op_ping), "runs": (NoArgs, self.op_runs), "run": (RunArgs, self.op_run),
             "status": (RunArgs, self.op_status), "launch": (LaunchArgs, self.op_launch),
             "kill": (KillArgs, self.op_kill), "fallback": (FallbackArgs, self.op_fallback),

@@ -66,7 +66,7 @@ def _start_watchdog(run_dir: Path, proc: subprocess.Popen[bytes]) -> Any:
 
     policy = _policy(run_dir)
     runner = PolicyRunner(run_dir, policy, proc, announce) if policy is not None else None
-    wd = Watchdog(run_dir, settings, launcher_alive=lambda: proc.poll() is None, log=log,
+    wd = Watchdog(run_dir, settings, log=log,
                   settings_problem=problem, policy=runner)
     wd.start()
     return wd

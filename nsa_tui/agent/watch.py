@@ -112,6 +112,7 @@ def metrics_view(run_dir: Path, points: int, recent: int, cache: SummaryCache
     if last is None:  # no summary, or a stale one: the cache reads the file once
         folder = cache.folder(path)
         last = []
+    assert folder is not None  # a summary (last) comes only with a folder
     end = folder.upto_offset
     if len(last) < recent:
         tail, _ = tail_with_offset(path, recent, recent * METRIC_LINE_BYTES)

@@ -89,19 +89,17 @@ class FileTail:
 
 
 class Watchdog:
-    """One run's watchdog (see the module docstring). ``launcher_alive``: whether torchrun is
-    still running (the supervisor knows: it is its child)."""
+    """One run's watchdog (see the module docstring). The run is alive until :meth:`finish` says
+    how torchrun ended (the supervisor knows: it is its child)."""
 
-    def __init__(self, run_dir: Path, settings: Settings, *, launcher_alive: Callable[[], bool],
-                 host: str | None = None, gpu: Any = None, log: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.time, settings_problem: str = "",
-                 policy: Any = None) -> None:
+    def __init__(self, run_dir: Path, settings: Settings, *, host: str | None = None, gpu: Any = None,
+                 log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
+                 settings_problem: str = "", policy: Any = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_id = self.run_dir.name
         self.s = settings
         self.clock = clock
         self.log = log or (lambda msg: print(msg, flush=True))
-        self.launcher_alive = launcher_alive
         self.host = host or socket.gethostname()
         self.det = AlertDetector(self.host, settings.alerts.thresholds())
         self.ledger = AlertLedger(self.run_dir / ALERTS_FILE, self.run_id,
@@ -249,9 +247,11 @@ class Watchdog:
         scan): what the rules expect, as the agent would derive it."""
         info: RunInfo | None = self._json("run.json", RunInfo)
         launch: LaunchInfo | None = self._json("launch.json", LaunchInfo)
-        launcher = self.exit is None and self.launcher_alive()
+        # until finish() brings torchrun's exit, the run has not ended here, even once torchrun is
+        # gone: the supervisor reaps it and calls finish() at once, and an end said before that
+        # would lack its exit code (and be said twice)
         pids = self.live_rank_pids() if self.exit is not None else []
-        alive = launcher or bool(pids)
+        alive = self.exit is None or bool(pids)
         stop = (self.run_dir / "stop.json").exists()
         status = derive_status(info, launch, alive, True, stop, self.exit)
         if info is None:

@@ -391,6 +391,11 @@ class NsaApp(ViewActions, App[str | None]):
         try:
             await svc.actions.ack(run_id, alert_id)
         except Exception as exc:
+            if getattr(exc, "code", "") == "no_such_run":  # deleted before the panel heard of it
+                reducer.run_removed(self.state, host, run_id)
+                self.notify(f"{run_id} no longer exists on {host}: its alerts are dismissed", title="alerts",
+                            markup=False)
+                return
             self.notify(str(exc) or type(exc).__name__, title="acknowledge failed", severity="error",
                         timeout=15, markup=False)
             return

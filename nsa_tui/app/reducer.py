@@ -59,6 +59,7 @@ def runs_list(state: PanelState, dest: str, runs: RunsList) -> None:
     for rid in gone:
         del host.runs[rid]
     _forget_view(state, {(dest, r) for r in gone})
+    _forget_alerts(state, dest, set(gone))
     for v in runs.runs:
         run_view(state, dest, v)
     host.runs_loaded = True
@@ -69,6 +70,21 @@ def run_removed(state: PanelState, dest: str, run_id: str) -> None:
     if state.selected == (dest, run_id):
         state.selected = None
     _forget_view(state, {(dest, run_id)})
+    _forget_alerts(state, dest, {run_id})
+
+
+def _forget_alerts(state: PanelState, dest: str, gone: set[str]) -> None:
+    """A deleted run's alerts leave the panel: nothing is left to look at or to acknowledge
+    (its alerts.jsonl went with it)."""
+    if not gone:
+        return
+    host = state.host(dest)
+    for key in [k for k in host.recorded if k[0] in gone]:
+        del host.recorded[key]
+    dropped = {a.key for a in state.alerts if a.host == dest and a.run in gone}
+    state.alerts[:] = [a for a in state.alerts if not (a.host == dest and a.run in gone)]
+    state.acked -= dropped
+    state.announced -= dropped
 
 
 def _forget_view(state: PanelState, gone: set[tuple[str, str]]) -> None:

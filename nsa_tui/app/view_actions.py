@@ -8,7 +8,8 @@ remembered (viewprefs.py).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 
@@ -20,12 +21,28 @@ from nsa_tui.app.state import PanelState
 from nsa_tui.app.viewprefs import load_prefs, save_prefs
 from nsa_tui.fmt import fmt_bytes
 
+if TYPE_CHECKING:
+    from textual.notifications import SeverityLevel
+
+    from nsa_tui.app.screens.main import MainScreen
+    from nsa_tui.app.services.host import HostService
+
 
 class ViewActions:
     """Actions for NsaApp (``self`` is the app: state, services, notify, main_screen, select)."""
 
     state: PanelState
     services: dict[str, Any]
+    # NsaApp's and textual's App's, declared for the type checker
+    push_screen: Callable[..., Any]
+    main_screen: Callable[[], MainScreen | None]
+    select: Callable[[str, str], None]
+    _selected_or_warn: Callable[[str], Any]
+    _connected: Callable[[str], HostService | None]
+
+    if TYPE_CHECKING:
+        def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+                   timeout: float | None = None, markup: bool = True) -> None: ...
 
     def load_view_prefs(self) -> None:
         prefs = load_prefs()

@@ -167,14 +167,14 @@ class SshTransport(Transport):
             host=self.host, port=self.port or (), config=self.config, known_hosts=self.known_hosts)
         lookup = options.host_key_alias or options.host
         port = options.port
-        files = options.known_hosts
-        if files == ():
-            files = [str(Path("~/.ssh/known_hosts").expanduser())]
-        if isinstance(files, str):
-            files = [files]
-        if not isinstance(files, list) or not files:
+        known = options.known_hosts
+        if known == ():
+            known = [str(Path("~/.ssh/known_hosts").expanduser())]
+        if isinstance(known, str):
+            known = [known]
+        if not isinstance(known, list) or not known:
             raise HostKeyError(f"{self.dest}: host key not verifiable: {exc}")
-        files = [os.path.expanduser(f) for f in files]
+        files: list[str] = [os.path.expanduser(f) for f in known]
         try:
             key = await asyncssh.get_server_host_key(options.host, port, config=self.config)
         except (OSError, asyncssh.Error) as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -84,7 +85,7 @@ def settings(**alerts: float) -> Settings:
 
 
 def quiet(run_dir: Path, s: Settings, clock: Clock) -> Watchdog:
-    return Watchdog(run_dir, s, launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    return Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
 
 
 def beat(rank: int, step: int, ts: float, pid: int, phase: str = "train") -> str:
@@ -122,7 +123,7 @@ def test_garbage_in_every_stream_loses_no_good_line_and_alerting_goes_on(run_dir
     """One malformed line must never blind the watchdog: every good beat and metric line is taken,
     the bad ones are counted, and a rank that then stops still raises its alerts in time."""
     clock, logs = Clock(), []
-    wd = Watchdog(run_dir, settings(), launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=logs.append)
+    wd = Watchdog(run_dir, settings(), gpu=NoGpu(), clock=clock, log=logs.append)
     rng = random.Random(10)
     hb = [run_dir / "heartbeats" / f"rank-{r}.jsonl" for r in range(2)]
     for step in range(1, 31):
@@ -173,7 +174,7 @@ def test_rotation_is_followed_and_a_far_ahead_file_is_read_from_its_tail(tmp_pat
 def test_a_vanished_rank_is_a_crash_at_once_and_the_disk_is_watched(run_dir: Path, ranks) -> None:
     clock = Clock()
     s = settings(disk_warn_bytes=10**18, disk_critical_bytes=0)  # any real disk is "nearly full"
-    wd = Watchdog(run_dir, s, launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    wd = Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
     for step in range(1, 4):
         clock.t = T0 + step
         for r in range(2):
@@ -196,7 +197,7 @@ def test_notifications_run_the_command_and_a_failed_delivery_is_an_alert(run_dir
     clock = Clock()
     s = settings()
     s.notify = NotifySettings(command=[sys.executable, "-c", script], retries=2, backoff_s=0.05)
-    wd = Watchdog(run_dir, s, launcher_alive=lambda: True, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    wd = Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
     append(run_dir / "heartbeats" / "rank-0.jsonl", beat(0, 1, T0, ranks[0].pid))
     clock.t = T0 + 11
     [ev] = wd.poll()  # no heartbeat for 11 s
@@ -282,3 +283,62 @@ def test_a_watchdog_costs_little_per_look(run_dir: Path, ranks) -> None:
     per_look = (time.perf_counter() - t) / 20
     print(f"\nMEASURE watchdog look with nothing new: {per_look * 1000:.2f} ms")
     assert per_look < 0.2
+
+
+def test_a_run_that_fails_at_once_gets_one_crash_alert_from_facts(tmp_path: Path, monkeypatch) -> None:
+    """The real supervisor and its watchdog, a command that fails before writing anything of its own
+    (no traceback: what ``python -m`` says of a missing module): one crash alert, raised with the exit
+    code, whose text quotes the command's error, never a line the watchdog itself wrote."""
+    d = tmp_path / RID
+    d.mkdir()
+    write_json_atomic(d / "launch.json", LaunchInfo(run_id=RID, name="wd", created=time.time(), nproc=1))
+    monkeypatch.setenv("NSA_TUI_SETTINGS", str(tmp_path / "settings.yaml"))  # absent: the defaults
+    with open(d / "train.log", "wb") as log:
+        subprocess.run([sys.executable, "-m", "nsa_tui.agent.supervise", str(d), "--", sys.executable, "-m",
+                        "no_such_module_here.run"], stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                       check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    said = [(e.action, e.alert.kind, e.alert.message) for e in events(d)]
+    assert [(a, k) for a, k, _ in said] == [("raised", "crash")], said
+    message = said[0][2]
+    assert "No module named 'no_such_module_here'" in message and "exit code 1" in message, message
+    assert "None" not in message and "nsa-tui" not in message, message
+
+
+@pytest.mark.parametrize("stall_floor_s, no_heartbeat_s", [(3.0, 6.0), (10.0, 10.0)])
+def test_a_frozen_rank_is_the_first_alert_and_notification_not_the_rank_waiting_for_it(
+        run_dir: Path, ranks, tmp_path: Path, stall_floor_s: float, no_heartbeat_s: float) -> None:
+    """``kill -STOP`` of rank 1 after step 20: its beats stop; rank 0 waits in the next collective,
+    its step frozen while its timer beats every 2 s. Whichever threshold is crossed first, the first
+    alert and the first notification name rank 1, and rank 0's stall names the rank it waits for."""
+    out = tmp_path / "notified.jsonl"
+    clock = Clock()
+    s = settings(stall_floor_s=stall_floor_s, no_heartbeat_s=no_heartbeat_s, resolve_after_s=10.0)
+    s.notify = NotifySettings(command=[sys.executable, "-c", f"import sys; open({str(out)!r}, 'a').write("
+                                                             "sys.stdin.read())"])
+    wd = Watchdog(run_dir, s, gpu=NoGpu(), clock=clock, log=lambda m: None)
+    hb = [run_dir / "heartbeats" / f"rank-{r}.jsonl" for r in range(2)]
+    for step in range(1, 21):
+        clock.t = T0 + step
+        for r in range(2):
+            append(hb[r], beat(r, step, clock.t, ranks[r].pid))
+        append(run_dir / "metrics.jsonl", metric(step, clock.t))
+        assert wd.poll() == []
+    os.kill(ranks[1].pid, signal.SIGSTOP)
+    try:
+        timer = T0 + 21
+        while clock.t < T0 + 40:
+            clock.t += 0.5
+            if clock.t >= timer:
+                append(hb[0], beat(0, 20, timer, ranks[0].pid))  # rank 0's timer: alive, step frozen
+                timer += 2
+            wd.poll()
+    finally:
+        os.kill(ranks[1].pid, signal.SIGCONT)
+    raised = [e for e in events(run_dir) if e.action == "raised"]
+    assert [(e.alert.kind, e.alert.rank) for e in raised][:2] == [("no_heartbeat", 1), ("stall", 0)], raised
+    assert "rank 0 waits for it" in raised[0].alert.message, raised[0].alert.message
+    assert "waiting for rank 1" in raised[1].alert.message, raised[1].alert.message
+    assert wd.notifier is not None and wd.notifier.drain(30)
+    first = decode_lines(out.read_text().splitlines(), AlertEvent)[0]
+    assert (first.id, first.alert.kind, first.alert.rank) == (raised[0].id, "no_heartbeat", 1)
+    wd.close(5)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from nsa.config import AttentionConfig, ModelConfig
+from nsa.model import build_model
 
 # T = 53 is a multiple of no block size below (l=8, d=4, l'=8, w=12, n*l'=32).
 SEQ = 53
@@ -27,3 +29,15 @@ def set_gates(model: torch.nn.Module, gates: tuple[float, float, float] | None) 
     """Force (compressed, selected, window) gates in every NSA layer (None: learned gates)."""
     for blk in model.blocks:
         blk.attn.gate_override = gates
+
+
+def peaked_model(kind: str = "nsa", backend: str = "reference", seed: int = 0, n_kv_heads: int = 2,
+                 vocab: int = 64, **attn: Any) -> torch.nn.Module:
+    """An fp32 ``small_cfg`` model in eval mode with weights of std 0.2 (not 0.02): peaked
+    attention, so the block ranking has clear winners (decoding tests: a wrong selection
+    moves the logits far more than rounding does)."""
+    torch.manual_seed(seed)
+    cfg = small_cfg(kind, vocab, **attn)
+    cfg = dataclasses.replace(cfg, n_kv_heads=n_kv_heads, init_std=0.2,
+                              attention=dataclasses.replace(cfg.attention, backend=backend))
+    return build_model(cfg).eval()

@@ -1,4 +1,4 @@
-"""Causality of the whole model (LESSONS 18-19): no output at position <= t may depend
+"""Causality of the whole model (docs/lessons.md#no-future-leak): no output at position <= t may depend
 on a token after t, for every branch alone and for the gated mix, with T a multiple of
 no block size; and a prefix run gives the same logits (what decoding would see)."""
 
@@ -39,5 +39,5 @@ def test_dense_model_is_causal(make_model) -> None:
             changed = tokens.clone()
             changed[:, t + 1 :] = (changed[:, t + 1 :] + 1) % 64
             torch.testing.assert_close(model(changed)[:, : t + 1], ref[:, : t + 1], rtol=0, atol=1e-12)
-            # a prefix (T = 1 included) sees the same: T_q == T_k always (LESSONS 17)
+            # a prefix (T = 1 included) sees the same: T_q == T_k always (top-left causal mask)
             torch.testing.assert_close(model(tokens[:, : t + 1]), ref[:, : t + 1], rtol=0, atol=1e-12)

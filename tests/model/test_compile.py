@@ -1,5 +1,5 @@
 """NSAAttention traces under torch.compile(fullgraph=True): no graph break, no host sync
-in the forward (issue 2: the reference must compile; LESSONS 16)."""
+in the forward (the reference must compile; docs/lessons.md#no-python-loops)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gradients reach every parameter (LESSONS 17), checkpointing changes none (LESSONS 9),
+"""Gradients reach every parameter, checkpointing changes none (docs/lessons.md#checkpoint-the-block),
 and the gate shares are what the gates did."""
 
 from __future__ import annotations

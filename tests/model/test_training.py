@@ -1,4 +1,4 @@
-"""Loss floor (LESSONS 18): trained briefly on uniform random tokens, a causal model
+"""Loss floor (docs/lessons.md#no-future-leak): trained briefly on uniform random tokens, a causal model
 cannot beat ln(vocab) on fresh random tokens; on a learnable stream it goes far below;
 and a deliberately leaky model (future keys visible) does beat the floor, which shows
 the floor test can catch a leak.

@@ -65,6 +65,26 @@ PROBE_DRIVER = textwrap.dedent('''
             print(name, res.failed, cc.format_line(launches[0].name, arch, res, ["probe"]))
 ''')
 
+# Compiles one probe kernel for both archs with the gate's function, twice; prints whether
+# each compile came from Triton's cache (triton.compile keeps none in memory: only its
+# on-disk cache, which every process with the same TRITON_CACHE_DIR shares).
+CACHE_DRIVER = textwrap.dedent('''
+    import torch
+    from triton import knobs
+    import bench.compile_check as cc
+    import gate_probe_kernels as k
+
+    hits = []
+    knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+    x = torch.empty(128, device="meta", dtype=torch.float32)
+    with cc.capture(lambda: "probe") as launches:
+        k.scale_by_constexpr[(1,)](x, 100, BLOCK=128)
+    for _ in range(2):
+        for arch in (80, 90):
+            assert not cc.compile_launch(launches[0], arch).failed
+    print(*hits)
+''')
+
 
 def _gate_env(*extra: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -104,6 +124,21 @@ def test_the_same_kernel_with_a_constexpr_compiles(probe_lines: dict[str, list[s
 def test_a_spilling_kernel_is_a_failure(probe_lines: dict[str, list[str]]) -> None:
     for line in probe_lines["hold_a_big_tile"]:
         assert line.startswith("FAIL") and "<- spills" in line, line
+
+
+def test_the_gate_compiles_through_tritons_disk_cache(tmp_path: Path) -> None:
+    """The gate's compiles land in Triton's on-disk cache (``TRITON_CACHE_DIR``) and are
+    found there, so every gate run sharing the machine's cache (the suite's, one by hand,
+    a CI step) pays for one cold compile per CI run, not one each."""
+    (tmp_path / "gate_probe_kernels.py").write_text(PROBE_KERNELS)
+    cache = tmp_path / "triton-cache"
+    env = _gate_env(tmp_path)
+    env["TRITON_CACHE_DIR"] = str(cache)
+    out = subprocess.run([sys.executable, "-c", CACHE_DRIVER], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split() == ["False", "False", "True", "True"]  # compiled, then found
+    assert any(cache.iterdir())
 
 
 def test_every_kernel_is_covered_and_list_mode_needs_no_compiler() -> None:

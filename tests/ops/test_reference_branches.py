@@ -1,8 +1,8 @@
 """Each reference branch against an independent per-query reference written here.
 
 The references loop over (batch, position, head) in Python on purpose: they share no
-code with nsa.ops.reference (LESSONS 17: a test that reuses the implementation's mask
-shares its bugs).
+code with nsa.ops.reference (a test that reuses the implementation's mask
+shares its bugs: docs/lessons.md#independent-references).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_compressed_attention_gradients_finite_with_empty_rows() -> None:
     out.sum().backward()
     for t in (q, kc, vc):
         assert torch.isfinite(t.grad).all()
-    assert kc.grad.abs().sum() > 0 and vc.grad.abs().sum() > 0  # LESSONS 17: keys get gradient
+    assert kc.grad.abs().sum() > 0 and vc.grad.abs().sum() > 0  # compressed keys get gradient too
 
 
 @pytest.mark.parametrize("T,window", [(23, 5), (23, 1), (10, 64)])

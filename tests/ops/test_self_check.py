@@ -3,10 +3,14 @@
 On CPU the Triton kernels run in the interpreter (TRITON_INTERPRET=1, fp32), with device
 "cpu" standing in for the GPU. A GPU-only failure (a kernel the compiler rejects, or one
 that computes wrong numbers there) is forced by replacing one kernel object with a stand-in
-that fails like that: the only fake here, for what this machine cannot have.
+that fails like that; an allocator that hands back memory holding the right answer, by
+an ``empty_like`` that does. The only fakes here, for what this machine cannot have on
+demand.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -16,7 +20,7 @@ from triton.runtime.autotuner import Autotuner
 import nsa.ops as ops_pkg
 import nsa.ops.triton as triton_ops
 from nsa.ops import AttentionShape, choose_ops, get_ops, reference, self_check
-from nsa.ops.triton import band, glue, selected
+from nsa.ops.triton import band, glue, selected, topn
 
 # smoke-cpu's NSA layout: small enough for the interpreter (~10 s per check)
 SHAPE = AttentionShape(n_heads=2, n_kv_heads=1, head_dim=16, compress_block=16, compress_stride=8,
@@ -37,6 +41,17 @@ class _WritesNothing:
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: None
+
+
+class _OneProgramShort:
+    """Stands in for a launch of the real kernel on a grid one program short along its
+    first axis (a wrong grid): the last programs' rows are never written."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return self.kernel[(grid[0] - 1, *grid[1:])]
 
 
 def _replace_kernel(monkeypatch: pytest.MonkeyPatch, module, name: str, fake) -> None:
@@ -85,20 +100,86 @@ def test_a_kernel_the_compiler_rejects_fails_the_check(monkeypatch: pytest.Monke
     assert "CompilationError" in report.reason() and "NEG" in report.reason()
 
 
+# The backward kernels do arithmetic on the poisoned (signalling NaN) output a forward
+# stand-in left unwritten; the interpreter's numpy flags that as an invalid operation.
+_NAN_ARITHMETIC = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+@_NAN_ARITHMETIC
 def test_a_kernel_with_wrong_numbers_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unwritten output is named; the gradients the backward kernels computed from it
+    (and from its unwritten LSE) are NaN, but written."""
     _replace_kernel(monkeypatch, selected, "_sel_fwd", _WritesNothing())
     report = self_check("cpu", torch.float32, SHAPE)
-    assert [f.split(":")[0] for f in report.failures] == ["selected_attention"]
-    assert "out " in report.failures[0]  # the output differs from the reference (or is not finite)
+    assert report.failures == ["selected_attention: out not written, d0 is not finite, d1 is not finite, "
+                               "d2 is not finite"]
 
 
-@pytest.mark.parametrize("kernel, op", [("_combine_fwd", "gated_combine"), ("_rope_kernel", "apply_rope")])
+@_NAN_ARITHMETIC
+def test_a_kernel_that_writes_nothing_fails_on_memory_that_held_the_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator may hand the kernel's output buffer memory that held the reference's
+    result a moment before (freed, then reused). Stands in for that allocator: every buffer
+    of the reference output's shape comes back holding that output."""
+    answers: dict[tuple[torch.Size, torch.dtype], torch.Tensor] = {}
+    real_op, real_empty_like = reference.selected_attention, torch.empty_like
+
+    def remembered(*args, **kwargs) -> torch.Tensor:
+        out = real_op(*args, **kwargs)
+        answers[out.shape, out.dtype] = out.detach().clone()
+        return out
+
+    def stale(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        buf = real_empty_like(x, *args, **kwargs)
+        held = answers.get((buf.shape, buf.dtype))
+        return buf if held is None else buf.copy_(held)
+
+    monkeypatch.setattr(reference, "selected_attention", remembered)
+    monkeypatch.setattr(torch, "empty_like", stale)
+    _replace_kernel(monkeypatch, selected, "_sel_fwd", _WritesNothing())
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert answers  # the stand-in did hand out the answer
+    assert report.failures == ["selected_attention: out not written, d0 is not finite, d1 is not finite, "
+                               "d2 is not finite"]
+
+
+@_NAN_ARITHMETIC
+def test_a_kernel_that_writes_part_of_its_output_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report counts the unwritten elements: whole positions of [1, T, H, D]."""
+    _replace_kernel(monkeypatch, selected, "_sel_fwd", _OneProgramShort(selected._sel_fwd.fn))
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert len(report.failures) == 1
+    found = re.fullmatch(r"selected_attention: out not written at (\d+) of (\d+) elements, d0 is not finite, "
+                         r"d1 is not finite, d2 is not finite", report.failures[0])
+    assert found, report.failures[0]
+    unwritten, total = int(found[1]), int(found[2])
+    row = SHAPE.n_heads * SHAPE.head_dim
+    assert 0 < unwritten < total and unwritten % row == 0 and total % row == 0
+
+
+@pytest.mark.parametrize("kernel, failure", [
+    ("_combine_fwd", "gated_combine: out not written"),  # its backward is a kernel of its own
+    ("_rope_kernel", "apply_rope: out not written, d0 not written"),  # one kernel both ways
+])
 def test_a_glue_kernel_with_wrong_numbers_fails_the_check(monkeypatch: pytest.MonkeyPatch, kernel: str,
-                                                          op: str) -> None:
+                                                          failure: str) -> None:
     """The model runs the glue kernels too: a bad one must send the run to the reference."""
     _replace_kernel(monkeypatch, glue, kernel, _WritesNothing())
     report = self_check("cpu", torch.float32, SHAPE)
-    assert [f.split(":")[0] for f in report.failures] == [op]
+    assert report.failures == [failure]
+
+
+@pytest.mark.parametrize("kernel, failures", [
+    ("_select_kernel", ["select_blocks: idx not written"]),
+    ("_scores_topn", ["compressed_attention_and_scores: extra not written",  # the scores
+                      "compressed_attention_and_selection: idx not written"]),  # the fused choice
+])
+def test_a_selection_kernel_that_writes_nothing_fails_the_check(monkeypatch: pytest.MonkeyPatch, kernel: str,
+                                                                failures: list[str]) -> None:
+    """Block indices are poisoned too (int64 min): an unwritten choice is named as such."""
+    _replace_kernel(monkeypatch, topn, kernel, _WritesNothing())
+    report = self_check("cpu", torch.float32, SHAPE)
+    assert report.failures == failures
 
 
 def test_a_wrong_block_choice_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,6 +217,7 @@ def test_auto_on_a_gpu_uses_the_kernels_when_the_check_passes() -> None:
     assert get_ops("auto", "cuda") is triton_ops
 
 
+@_NAN_ARITHMETIC
 def test_triton_fails_loudly_instead_of_falling_back(monkeypatch: pytest.MonkeyPatch) -> None:
     _replace_kernel(monkeypatch, selected, "_sel_fwd", _WritesNothing())
     with pytest.raises(RuntimeError, match="failed their self-check.*selected_attention"):

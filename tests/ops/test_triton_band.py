@@ -2,7 +2,7 @@
 
 Runs on CPU under TRITON_INTERPRET=1 (set by tests/conftest.py) in fp32; fresh random
 inputs each run (the seed is in the failure message). Forward outputs are also checked
-against an independent per-query loop (LESSONS 17: a reference built differently).
+against an independent per-query loop (a reference built differently: docs/lessons.md#independent-references).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_window_is_causal():
 @pytest.mark.parametrize("kind", ["window", "compressed"])
 def test_band_fp16_path_in_interpreter(kind):
     """The 16-bit code path (tensor-core precision, casts of P/dS) on CPU: fp16 is right in
-    the interpreter (bf16 dots are not), so this checks it at the issue's 16-bit bar 1e-2."""
+    the interpreter (bf16 dots are not), so this checks it at the 16-bit bar 1e-2 (docs/kernels.md)."""
     seed = fresh_seed()
     B, T, H, G, D, blk, d, w = 2, 120, 8, 2, 32, 16, 8, 40
     nk = T if kind == "window" else R.num_compressed(T, blk, d)

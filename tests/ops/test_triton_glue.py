@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nsa.ops.triton as T_OPS
-from nsa.model.rope import apply_rope, rope_angles
+from nsa.ops.rope import apply_rope, rope_angles
 from nsa.ops.triton.glue import row_delta
 from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 

@@ -1,6 +1,6 @@
 """The NSA model with ``attention.backend: triton`` equals the reference backend (fp32, CPU
 interpreter): selection scores, logits and the gradient of every parameter, both GQA
-layouts, batch > 1, a length that is a multiple of no block size. This is issue 6's
+layouts, batch > 1, a length that is a multiple of no block size. This is the
 "against the reference model's branches" check end to end, through the fused
 compressed-attention + scores path.
 

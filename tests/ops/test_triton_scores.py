@@ -64,7 +64,7 @@ def test_fused_scores_match_reference(B, T, H, G, D, blk, d, sblk):
 
 
 def test_fused_scores_match_naive_loop():
-    """An independent per-query construction of Eq. 9 + 10 (LESSONS 17)."""
+    """An independent per-query construction of Eq. 9 + 10."""
     seed = fresh_seed()
     B, T, H, G, D, blk, d, sblk = 1, 75, 4, 2, 16, 8, 4, 16
     nc = R.num_compressed(T, blk, d)

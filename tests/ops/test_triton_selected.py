@@ -1,7 +1,7 @@
 """Triton group-centric selected attention (selected.py) against the reference ops.
 
 CPU, TRITON_INTERPRET=1, fp32, fresh random inputs each run (seed in the message). The
-forward is also checked against an independent per-query loop (LESSONS 17).
+forward is also checked against an independent per-query loop (docs/lessons.md#independent-references).
 """
 
 from __future__ import annotations

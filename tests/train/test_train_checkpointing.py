@@ -1,4 +1,4 @@
-"""DDP + per-block activation checkpointing gives the unchecked model's gradients (LESSONS 9); the
+"""DDP + per-block activation checkpointing gives the unchecked model's gradients; the
 process-group timeout follows the phase."""
 
 from __future__ import annotations

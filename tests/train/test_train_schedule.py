@@ -1,4 +1,4 @@
-"""The LR schedule at its corners, counted in optimizer steps (LESSONS 14)."""
+"""The LR schedule at its corners, in optimizer steps (docs/lessons.md#schedule-in-optimizer-steps)."""
 
 import math
 

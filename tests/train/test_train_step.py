@@ -18,7 +18,7 @@ from tests.train.trainrun import SMOKE
 
 @pytest.mark.parametrize("clip", ["1.0", "0.0"])  # 0 = no clipping: the norm is still checked
 def test_non_finite_gradient_with_finite_loss_stops_before_the_update(tmp_path: Path, clip: str) -> None:
-    """LESSONS 15: an inf gradient (finite loss) must not reach the weights: clipping by a
+    """An inf gradient (finite loss) must not reach the weights: clipping by a
     non-finite norm would turn every parameter into NaN, and the next save would keep it
     as the 'last good' checkpoint. The step stops before the update, like a NaN loss."""
     cfg = load_config(SMOKE, ["train.device=cpu", f"train.grad_clip={clip}"])

@@ -381,3 +381,78 @@ def test_a_deleted_run_is_not_watched_again_while_still_selected() -> None:
     assert plan_watches(host, dense)[dense] == "full"
     reducer.run_removed(state, "local", dense)
     assert dense not in plan_watches(host, dense, marked=[dense]) and dense not in host.runs
+
+
+async def test_a_resize_keeps_the_log_following_and_a_scrollback_stays_a_scrollback() -> None:
+    """120x40 -> 80x24 and other sizes: a following log still follows, at its newest line, and goes
+    on following new lines; a log the user scrolled back stays where the user put it."""
+    from nsa_tui.app.widgets.logview import LogView
+
+    state = fd.fixed_state(with_alert=True)
+    run = state.selected_run()
+    run.log.append_many([f"line {i:05d}" for i in range(2000)])
+    app = app_for(state)
+    async with app.run_test(size=(120, 40)) as pilot:
+        log = app.screen.query_one(LogView)
+        await wait_for(pilot, lambda: log.follow and log.scroll_y == log.max_scroll_y > 0, 5, "the end")
+        for size in [(80, 24), (200, 60), (80, 24), (100, 30), (120, 40)]:
+            await pilot.resize_terminal(*size)
+            await wait_for(pilot, lambda: log.size.height > 0 and log.scroll_y == log.max_scroll_y, 5,
+                           f"the end at {size}")
+            assert log.follow, size
+        run.log.append_many([f"line {i:05d}" for i in range(2000, 2050)])  # new lines: followed
+        await wait_for(pilot, lambda: log.virtual_size.height == len(run.log.lines)
+                       and log.scroll_y == log.max_scroll_y, 5, "the new lines")
+        log.focus()
+        await pilot.press("pageup")  # the user scrolls back
+        await wait_for(pilot, lambda: not log.follow, 5, "scrollback")
+        kept = log.scroll_y
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: log.size.height == 13, 5, "the small layout")
+        await pilot.pause()
+        assert not log.follow and log.scroll_y == kept
+
+
+async def test_the_alerts_of_a_deleted_run_leave_the_panel(runs_root: Path) -> None:
+    """A run that crashed at once (the real supervisor and its watchdog record the crash alert),
+    deleted with ``nsa-tui delete --yes`` while the panel runs: its alert leaves the panel and ``a``
+    has nothing to acknowledge (never "acknowledge failed - no_such_run")."""
+    import os
+    import subprocess
+    import sys
+
+    from nsa.contract import LaunchInfo, write_json_atomic
+    from nsa_tui.agent.procs import boot_id
+
+    rid = "20260101-000000-crash-0001"
+    d = runs_root / rid
+    d.mkdir(parents=True, mode=0o700)
+    write_json_atomic(d / "launch.json", LaunchInfo(run_id=rid, name="crash", created=time.time(), nproc=1,
+                                                    boot_id=boot_id(), launcher_pid=os.getpid() + 10**6))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    with open(d / "train.log", "wb") as log:
+        subprocess.run([sys.executable, "-m", "nsa_tui.agent.supervise", str(d), "--", sys.executable, "-m",
+                        "no_such_module_here.run"], stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                       check=True, env=env)
+    app = NsaApp(["local"], offer_demo=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        def open_alerts() -> list:
+            return [s for s in app.state.shown_alerts(history=0) if s.state == "open"]
+
+        await wait_for(pilot, lambda: open_alerts() and open_alerts()[0].alert.run == rid, 30, "the alert")
+        recorded = dict(app.state.host("local").recorded)
+        deleted = subprocess.run([sys.executable, "-m", "nsa_tui.cli", "delete", "local", rid, "--yes"],
+                                 capture_output=True, text=True, timeout=120, env=env)
+        assert deleted.returncode == 0 and not d.exists(), deleted.stdout + deleted.stderr
+        await wait_for(pilot, lambda: rid not in app.state.host("local").runs, 15, "the run gone")
+        await wait_for(pilot, lambda: not open_alerts(), 5, "its alert gone")
+        assert not [s for s in app.state.shown_alerts(history=100) if s.alert.run == rid]
+        await pilot.press("a")
+        said = await wait_for(pilot, lambda: [n.message for n in app._notifications], 5, "an answer")
+        assert "no open alerts" in said and not any("no_such_run" in m for m in said), said
+        # the alert still listed when the run is already gone (its removal not heard yet): `a` dismisses it
+        app.state.host("local").recorded.update(recorded)
+        await pilot.press("a")
+        said = await wait_for(pilot, lambda: [n.message for n in app._notifications
+                                              if "no longer exists" in n.message], 10, "the dismissal")
+        assert not open_alerts() and not any("no_such_run" in n.message for n in app._notifications), said

@@ -134,6 +134,51 @@ async def test_a_recent_launch_runs_again_with_ctrl_r(runs_root: Path, make_conf
     assert userstate.recent("local")[0].name == "rerun" and len(userstate.recent("local")) == 1
 
 
+async def test_the_dialog_opens_in_the_config_field_and_enter_launches(runs_root: Path, make_config) -> None:
+    """Typing a path goes into the config field at once; Enter launches the form as it is."""
+    config = make_config("typed", train__steps=3)
+    app = NsaApp(["local"], offer_demo=False, configs=CONFIGS)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.hosts["local"].conn == "connected", 30, "connection")
+        await pilot.press("l")
+        dialog = await wait_for(pilot, on(app, LaunchScreen), 5, "the dialog")
+        field = dialog.query_one("#config-path")
+        await wait_for(pilot, lambda: app.focused is field, 5, "focus in the config field")
+        await pilot.press(*config)
+        assert field.value == config
+        about = dialog.query_one("#launch-about")
+        await wait_for(pilot, lambda: "params" in plain(about), 30, "the description")
+        await pilot.press("enter")
+        run = await wait_for(pilot, lambda: app.state.selected_run(), 60, "the new run")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 10, "the dialog to close")
+    launch = msgspec.json.decode((runs_root / run.run_id / "launch.json").read_bytes(), type=LaunchInfo)
+    assert launch.config_file and Path(launch.config_file).name == Path(config).name
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_a_long_processes_label_wraps_in_its_column(runs_root: Path, size: tuple[int, int]) -> None:
+    """With the host unreachable the processes label is long; it wraps in its own column, never runs
+    into "strategy", and the fields under the two labels stay level."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = NsaApp([f"nobody@127.0.0.1:{port}"], offer_demo=False, configs=CONFIGS)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("l")
+        dialog = await wait_for(pilot, on(app, LaunchScreen), 5, "the dialog")
+        await pilot.pause()
+        label = dialog.query_one("#nproc-label")
+        strategy = next(w for w in dialog.query("Label") if plain(w).strip() == "strategy")
+        assert "GPUs unknown" in plain(label)
+        assert label.region.right <= strategy.region.x, (label.region, strategy.region)
+        assert label.content_region.height >= 1 and label.region.y == strategy.region.y
+        assert dialog.query_one("#nproc").region.y == dialog.query_one("#strategy").region.y
+        strips = app.screen._compositor.render_strips()
+        shown = "\n".join("".join(seg.text for seg in strip) for strip in strips)
+        row = next(ln for ln in shown.splitlines() if "strategy" in ln)
+        assert " strategy" in row and "unknown)" in shown, shown  # all of the label, apart from "strategy"
+
+
 # -- an unreachable host -----------------------------------------------------------------------------
 async def test_a_host_never_reached_says_why_not_no_gpu_or_no_runs(runs_root: Path) -> None:
     with socket.socket() as s:

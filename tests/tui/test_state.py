@@ -151,7 +151,7 @@ def test_a_watch_of_a_run_that_ended_is_kept_until_it_delivers_the_end() -> None
 
 
 def test_an_acknowledged_alert_that_resolves_and_comes_back_is_shown_again() -> None:
-    """Acknowledging a stall must not hide a later, new stall of the same rank (LESSONS 10)."""
+    """Acknowledging a stall must not hide a later, new stall of the same rank."""
     from nsa.contract import Alert
     from nsa_tui.app import reducer
 

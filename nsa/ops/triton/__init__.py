@@ -222,7 +222,7 @@ def gated_combine(g: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``nsa.model.rope.apply_rope`` in one kernel, in ``x``'s dtype (glue.py)."""
+    """``nsa.ops.rope.apply_rope`` in one kernel, in ``x``'s dtype (glue.py)."""
     _check_size(x)
     return Rope.apply(x, cos, sin)
 

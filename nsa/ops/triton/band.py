@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops import poison
+
 from .glue import row_delta
 from .tuning import launch, tunable
 
@@ -342,8 +344,8 @@ def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stride: int,
     """Output [B,T,H,D] and row LSE [B,H,T] (fp32, log2 units, +inf for rows that see no key)."""
     B, T, H, D = q.shape
     NK, G = k.shape[1], k.shape[2]
-    o = torch.empty_like(q)
-    lse = torch.empty(B, H, T, device=q.device, dtype=torch.float32)
+    o = poison.empty_like(q)
+    lse = poison.empty(B, H, T, device=q.device, dtype=torch.float32)
     if T == 0:
         return o, lse
     launch(_band_fwd, lambda meta: (triton.cdiv(T, meta["BM"]), B * H),
@@ -359,7 +361,7 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     B, T, H, D = q.shape
     NK, G = k.shape[1], k.shape[2]
     do = do.contiguous()
-    dq = torch.empty_like(q)
+    dq = poison.empty_like(q)
     prec = _prec(q)
     if T > 0:
         delta = row_delta(o, do, heads_major=True)  # [B,H,T]
@@ -369,12 +371,12 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     if NK == 0 or T == 0:
         return dq, torch.zeros_like(k), torch.zeros_like(v)
     if nsplit == 1:  # written in place, in k's dtype: no partials, no sum
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dk, dv = poison.empty_like(k), poison.empty_like(v)
         dks, dvs = dk, dv
         strides = (0, *dk.stride()[:3])
     else:  # every element of every split is written: empty, not zeros
-        dks = torch.empty(nsplit, B, NK, G, D, device=q.device, dtype=torch.float32)
-        dvs = torch.empty_like(dks)
+        dks = poison.empty(nsplit, B, NK, G, D, device=q.device, dtype=torch.float32)
+        dvs = poison.empty_like(dks)
         strides = dks.stride()[:4]
     launch(_band_bwd_dkdv, lambda meta: (triton.cdiv(NK, meta["BN"]) * B * G * nsplit,),
            q, k, v, do, lse, delta, dks, dvs, *q.stride()[:3], *k.stride()[:3], *strides,

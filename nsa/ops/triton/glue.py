@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops import poison
+
 
 @triton.jit
 def _delta_kernel(OUT, DOUT, DELTA, n_rows, T, H, sdb, sdt, sdh,
@@ -35,7 +37,7 @@ def row_delta(o: torch.Tensor, do: torch.Tensor, heads_major: bool) -> torch.Ten
     (the band kernels' layout), else ``[B,T,H]`` (the selected kernels')."""
     B, T, H, D = o.shape
     o, do = o.contiguous(), do.contiguous()
-    delta = torch.empty((B, H, T) if heads_major else (B, T, H), device=o.device, dtype=torch.float32)
+    delta = poison.empty((B, H, T) if heads_major else (B, T, H), device=o.device, dtype=torch.float32)
     n_rows = B * T * H
     if n_rows == 0:
         return delta
@@ -99,7 +101,7 @@ class GatedCombine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         g, a, b, c = g.contiguous(), a.contiguous(), b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
-        out = torch.empty_like(a)
+        out = poison.empty_like(a)
         n_rows = a.numel() // a.shape[-1] if a.numel() else 0
         if n_rows:
             bd, br = _rows_per_program(a.shape[-1])
@@ -111,8 +113,8 @@ class GatedCombine(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor):
         g, a, b, c = ctx.saved_tensors
         dout = dout.contiguous()
-        da, db, dc = torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
-        dg = torch.empty(g.shape, device=g.device, dtype=torch.float32)
+        da, db, dc = poison.empty_like(a), poison.empty_like(b), poison.empty_like(c)
+        dg = poison.empty(g.shape, device=g.device, dtype=torch.float32)
         n_rows = a.numel() // a.shape[-1] if a.numel() else 0
         if n_rows:
             bd, br = _rows_per_program(a.shape[-1])
@@ -144,7 +146,7 @@ def _rope_kernel(X, COS, SIN, Y, n_rows, T, H, sxb, sxt, sxh, syb, syt, syh, SIG
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
     B, T, H, D = x.shape
-    y = torch.empty(B, T, H, D, device=x.device, dtype=x.dtype)
+    y = poison.empty(B, T, H, D, device=x.device, dtype=x.dtype)
     n_rows = B * T * H
     if n_rows == 0:
         return y
@@ -159,7 +161,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> t
 
 
 class Rope(torch.autograd.Function):
-    """RoPE (half-split layout, as ``nsa.model.rope.apply_rope``) in one pass: reads ``x
+    """RoPE (half-split layout, as ``nsa.ops.rope.apply_rope``) in one pass: reads ``x
     [B,T,heads,D]`` (any strides with unit last stride: the model's slices of its fused
     K/V projection need no copy) in its own dtype, rotates in fp32, writes a contiguous
     result in ``x``'s dtype. torch's version made ~10 fp32 passes over the tensor."""

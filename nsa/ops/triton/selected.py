@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops import poison
+
 from .band import LOG2E, NEG, _prec
 from .bitonic import NO_BLOCK, _bitonic_sort
 from .glue import row_delta
@@ -336,6 +338,8 @@ def inverted_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torc
 def _union_args(T: int, B: int, G: int, n: int, pos: int, device: torch.device) -> tuple[torch.Tensor, dict]:
     """The per-program scratch rows of ``_union`` and its constexprs (NP slots, log2 of P x NP)."""
     np_ = triton.next_power_of_2(max(n, 1))
+    # written before it is read, within each program; not an output, and a poisoned index
+    # read by mistake would address memory out of bounds: plain torch.empty
     scratch = torch.empty(triton.cdiv(T, pos) * B * G * pos * np_, device=device, dtype=torch.int32)
     return scratch, dict(NP=np_, LOGU=(pos * np_).bit_length() - 1)
 
@@ -345,8 +349,8 @@ def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     """Output [B,T,H,D] and LSE [B,T,H] (fp32, log2 units)."""
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
-    o = torch.empty_like(q)
-    lse = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
+    o = poison.empty_like(q)
+    lse = poison.empty(B, T, H, device=q.device, dtype=torch.float32)
     if T == 0:
         return o, lse
     rows, pos, hpgp, _, bd, ls = _sizes(H // G, D, block, positions)
@@ -365,9 +369,9 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
     do = do.contiguous()
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)  # _sel_bwd_reduce writes every block, so every row
-    dv = torch.empty_like(v)
+    dq = poison.empty_like(q)
+    dk = poison.empty_like(k)  # _sel_bwd_reduce writes every block, so every row
+    dv = poison.empty_like(v)
     if T == 0:
         return dq, dk, dv
     delta = row_delta(o, do, heads_major=False)  # [B,T,H]
@@ -391,8 +395,8 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     chunk_start[1:] = torch.cumsum(n_chunks, 0)
     max_chunks = nkeys + triton.cdiv(B * T * G * n, ch)  # static bound: no host sync
     key_of_chunk = torch.searchsorted(chunk_start[1:], torch.arange(max_chunks, device=q.device), right=True)
-    dkp = torch.empty(max_chunks, ls, bd, device=q.device, dtype=torch.float32)
-    dvp = torch.empty_like(dkp)
+    dkp = poison.empty(max_chunks, ls, bd, device=q.device, dtype=torch.float32)
+    dvp = poison.empty_like(dkp)
     _sel_bwd_dkdv[(max_chunks,)](q, k, v, do, lse, delta, tlist, offsets, key_of_chunk, chunk_start, dkp, dvp,
                                  *q.stride()[:3], *k.stride()[:3], T, G, H // G, ns, nkeys, ch,
                                  scale * LOG2E, scale,

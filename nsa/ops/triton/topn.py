@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops import poison
+
 from .band import LOG2E, _prec
 from .bitonic import NO_BLOCK, _bitonic_merge, _bitonic_sort
 from .tuning import launch, tunable
@@ -226,7 +228,7 @@ def scores_from_lse(q: torch.Tensor, k_cmp: torch.Tensor, lse: torch.Tensor, blo
     B, T, H, D = q.shape
     NC, G = k_cmp.shape[1], k_cmp.shape[2]
     ns = triton.cdiv(T, select_block)
-    out = torch.empty(B, T, G, ns, device=q.device, dtype=torch.float32)
+    out = poison.empty(B, T, G, ns, device=q.device, dtype=torch.float32)
     if T == 0 or ns == 0:
         return out
     c = _tiles(H // G, D, block, stride, select_block, 16)
@@ -247,7 +249,7 @@ def selection_from_lse(q: torch.Tensor, k_cmp: torch.Tensor, lse: torch.Tensor, 
     ns = triton.cdiv(T, select_block)
     if T == 0 or num_selected == 0:
         return torch.full((B, T, G, num_selected), -1, device=q.device, dtype=torch.int64)
-    idx = torch.empty(B, T, G, num_selected, device=q.device, dtype=torch.int64)
+    idx = poison.empty(B, T, G, num_selected, device=q.device, dtype=torch.int64)
     c = _tiles(H // G, D, block, stride, select_block, num_selected)
     launch(_scores_topn, (triton.cdiv(T, c["P"]), B * G),
         q, k_cmp, lse, idx, *q.stride()[:3], *k_cmp.stride()[:3], *idx.stride()[:3],
@@ -262,7 +264,7 @@ def select_blocks(scores: torch.Tensor, select_block: int, num_selected: int, nu
     B, T, G, ns = scores.shape
     if T == 0 or num_selected == 0:
         return torch.full((B, T, G, num_selected), -1, device=scores.device, dtype=torch.int64)
-    idx = torch.empty(B, T, G, num_selected, device=scores.device, dtype=torch.int64)
+    idx = poison.empty(B, T, G, num_selected, device=scores.device, dtype=torch.int64)
     s = scores.detach()
     s = s if s.stride(-1) == 1 else s.contiguous()
     p = 64

@@ -18,7 +18,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
@@ -74,11 +74,14 @@ class LaunchScreen(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "cancel"), Binding("ctrl+s", "launch", "launch"),
                 Binding("ctrl+r", "rerun", "re-run recent")]
+    AUTO_FOCUS = ""  # on_mount puts the focus in the config field
     DEFAULT_CSS = """
     #launch-form { height: auto; max-height: 65vh; }
     #launch { height: auto; max-height: 95%; }
     #launch-form Label { margin-top: 1; }
-    #launch-form .-row Label { margin-top: 1; }
+    #launch-form .-row { layout: grid; grid-size: 2; grid-columns: 1fr 1fr; grid-rows: auto;
+                         grid-gutter: 0 2; height: auto; }
+    #launch-form .-row Label { margin-top: 0; padding-top: 1; width: 100%; height: auto; }
     #launch Input { height: 1; border: none; padding: 0 1; background: $boost; }
     #launch Input:focus { background: $primary 25%; }
     #launch SelectCurrent { height: 1; border: none; padding: 0 1; background: $boost; }
@@ -106,7 +109,7 @@ class LaunchScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="-dialog", id="launch"):
             yield Label(Text("Launch a run", style="bold"))
-            with VerticalScroll(id="launch-form"):
+            with VerticalScroll(id="launch-form", can_focus=False):  # Tab goes from field to field
                 if len(self._hosts) > 1:
                     yield Label("host")
                     yield Select([(h, h) for h in self._hosts], value=self._host, allow_blank=False,
@@ -119,23 +122,21 @@ class LaunchScreen(ModalScreen[str | None]):
                                  id="config")
                 yield Input(self._typed, placeholder="…or type a path to a config file", id="config-path")
                 yield Static(Text("", style="dim"), id="launch-about")
-                with Horizontal(classes="-row"):
-                    with Vertical():
-                        yield Label(self._gpu_label(self._host), id="nproc-label")
-                        yield Input(str(max(1, self._host_gpus.get(self._host) or 0)), type="integer",
-                                    id="nproc")
-                    with Vertical():
-                        yield Label("strategy")
-                        yield Select([("from the config", ""), ("DDP", "ddp"), ("FSDP", "fsdp")], value="",
-                                     allow_blank=False, id="strategy")
-                with Horizontal(classes="-row"):
-                    with Vertical():
-                        yield Label("data source")
-                        yield Select([("from the config", "")] + [(d, d) for d in DATA_SOURCES], value="",
-                                     allow_blank=False, id="data")
-                    with Vertical():
-                        yield Label("run name")
-                        yield Input(placeholder="from the config", id="name")
+                # two columns as a grid: a label that wraps (a long one on a narrow screen) keeps the
+                # fields under it level with their neighbours and never runs into the next label
+                with Grid(classes="-row"):
+                    yield Label(self._gpu_label(self._host), id="nproc-label")
+                    yield Label("strategy")
+                    yield Input(str(max(1, self._host_gpus.get(self._host) or 0)), type="integer",
+                                id="nproc")
+                    yield Select([("from the config", ""), ("DDP", "ddp"), ("FSDP", "fsdp")], value="",
+                                 allow_blank=False, id="strategy")
+                with Grid(classes="-row"):
+                    yield Label("data source")
+                    yield Label("run name")
+                    yield Select([("from the config", "")] + [(d, d) for d in DATA_SOURCES], value="",
+                                 allow_blank=False, id="data")
+                    yield Input(placeholder="from the config", id="name")
                 yield Label("--set overrides (→ completes config keys)")
                 yield Input(placeholder="train.steps=200 train.lr=1e-3", suggester=OverrideSuggester(),
                             id="overrides")
@@ -148,7 +149,7 @@ class LaunchScreen(ModalScreen[str | None]):
                 yield Button("Launch (ctrl+s)", variant="primary", id="go")
                 yield Button("Cancel (esc)", id="cancel")
 
-    def _recent_options(self) -> list[tuple[str, int]]:
+    def _recent_options(self) -> list[tuple[Text, int]]:
         return [(Text(r.label()[:70]), i) for i, r in enumerate(self._recent)]  # text, never markup
 
     def _gpu_label(self, host: str) -> str:
@@ -162,6 +163,9 @@ class LaunchScreen(ModalScreen[str | None]):
     def on_mount(self) -> None:
         self.query_one("#launch-error").display = False
         self.query_one("#recent", Select).disabled = not self._recent
+        # the dialog opens in the config field: type a path, or press Enter to launch the chosen
+        # config; the form stays at its top, the chosen config in view
+        self.query_one("#config-path", Input).focus(scroll_visible=False)
         self._refresh_about()
 
     # -- the form ---------------------------------------------------------------------------------
@@ -200,6 +204,7 @@ class LaunchScreen(ModalScreen[str | None]):
 
     def fill(self, launch: RecentLaunch) -> None:
         """Put a recent launch into the form (config, processes, overrides, name)."""
+        self._set_blocked(None)  # a new form: the host is asked again (and at launch)
         if launch.config in self._configs:
             self.query_one("#config", Select).value = launch.config
             self.query_one("#config-path", Input).value = ""
@@ -304,6 +309,9 @@ class LaunchScreen(ModalScreen[str | None]):
         if opts.get("overrides_error"):
             self.show_error(opts["overrides_error"])
             return
+        if self._blocked:  # the host said this form cannot run there: Enter does what the button would
+            self.show_error(self._blocked)
+            return
         if self._submit is None:
             self.dismiss(None)
             return
@@ -325,6 +333,7 @@ class LaunchScreen(ModalScreen[str | None]):
                     self.query_one("#launch-about", Static).update(Text(str(exc), style="bold red"))
                     self.show_error(getattr(exc, "message", None) or str(exc))
                     return
+        assert self._submit is not None  # the form launches only when it has somewhere to submit
         try:
             run_id = await self._submit(host, opts)
         except Exception as exc:  # the host's validation message, shown where it belongs

@@ -9,10 +9,11 @@ run + GPUs + alerts; a tab line says which one shows and how many alerts are ope
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -87,10 +88,9 @@ class PageTabs(Static):
 class MainScreen(Screen):
     """Everything about the selected run: all at once from 100×30, one view at a time below."""
 
-    BINDINGS = [
-        Binding(key, action if action in SCREEN_ACTIONS else f"app.{action}", label, id=bid, show=False)
-        for bid, key, action, label, _ in KEYS
-    ] + [
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *(Binding(key, action if action in SCREEN_ACTIONS else f"app.{action}", label, id=bid, show=False)
+          for bid, key, action, label, _ in KEYS),
         Binding("escape", "close_bars", "close search / filter", show=False),
         Binding("1", "view('runs')", "runs view", show=False),
         Binding("2", "view('charts')", "charts view", show=False),

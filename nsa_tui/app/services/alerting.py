@@ -41,6 +41,10 @@ class AlertChecker:
             known.backfilling = True
 
     def check_now(self) -> None:
+        host = self.state.host(self.dest)
+        if host.runs_loaded:  # a run gone from the host's list (deleted): its rules no longer hold
+            for rid in [r for r in self.detector.runs if r not in host.runs]:
+                del self.detector.runs[rid]
         try:
             current = self.detector.check(time.time())
         except Exception as exc:  # noqa: BLE001 - a detector bug must not take the panel down
@@ -54,7 +58,9 @@ class AlertChecker:
         if alert.run is None:
             return not any(r.view is not None and r.view.watchdog and r.alive for r in runs.values())
         run = runs.get(alert.run)
-        return run is None or run.view is None or not run.view.watchdog
+        if run is None:  # not (or not yet) in the host's list: said until the list says it is gone
+            return not self.state.host(self.dest).runs_loaded
+        return run.view is None or not run.view.watchdog
 
     async def run(self) -> None:
         while True:

@@ -26,6 +26,7 @@ from nsa_tui.app.services.alerting import AlertChecker
 from nsa_tui.app.services.watches import WatchManager
 from nsa_tui.app.state import PanelState
 from nsa_tui.client import AgentError, ConnectionState, Event, HostClient
+from nsa_tui.transport.ssh import SshTransport
 
 
 class HostService:
@@ -54,7 +55,7 @@ class HostService:
         else:
             self.client.on_state = self._on_state
             transport = self.client.transport
-            if getattr(transport, "confirm_host_key", False) is None:
+            if isinstance(transport, SshTransport) and transport.confirm_host_key is None:
                 transport.confirm_host_key = self._ask_host_key
         try:
             await self.client.start(retry=True)

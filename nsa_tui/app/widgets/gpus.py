@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from nsa.contract import GpuReading, HostSample, on_gpu
-from nsa_tui.app.state import PanelState, RunState
+from nsa_tui.app.state import HostState, PanelState, RunState
 from nsa_tui.fmt import bar, fmt_pair_bytes, fmt_pct, is_num
 
 
@@ -97,6 +97,7 @@ class GpuTable(VerticalScroll):
     def update_from(self, state: PanelState, now: float) -> None:
         run = state.selected_run()
         parts = state.parts_of(run) if run is not None else []
+        shown: list[tuple[HostState | None, RunState | None]]
         if len(parts) > 1:  # a run over several hosts: each host's GPUs with that host's ranks
             shown = [(state.hosts.get(p.host), p) for p in parts]
         else:

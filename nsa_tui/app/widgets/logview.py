@@ -2,7 +2,8 @@
 
 Only the visible lines are rendered, and new lines are taken in batches by `sync()`
 (called from the UI timer, ~10x/s), so a log writing 10,000 lines/s costs a few
-redraws per second, not 10,000. Follow mode sticks to the end; scrolling up leaves it.
+redraws per second, not 10,000. Follow mode sticks to the end; scrolling up leaves it, a
+resize does not.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ CURRENT_STYLE = Style(color="black", bgcolor="bright_magenta", bold=True)
 
 def waiting_note(run: RunState, now: float) -> str:
     """The log pane's line while a run has written nothing yet: which phase it is in and for how
-    long (LESSONS 8: hours of "stuck" start-up with an empty log), instead of a blank pane."""
+    long (docs/lessons.md#visible-start-up), instead of a blank pane."""
     if run.log.total:
         return ""
     if run.alive:
@@ -160,7 +161,9 @@ class LogView(ScrollView, can_focus=True):
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
-        if not self._programmatic and new_value < old_value:
+        # a taller pane (a resize) pulls the offset back to the new end: still the end, still following
+        at_end = new_value >= self.max_scroll_y
+        if not self._programmatic and new_value < old_value and not (self.follow and at_end):
             self.follow = False
         elif not self._programmatic and self.is_vertical_scroll_end:
             self.follow = True

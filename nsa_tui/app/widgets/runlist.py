@@ -147,8 +147,8 @@ class RunList(DataTable):
         self._suppress = True
         try:
             self.clear()
-            for row, cells in zip(rows_shown, rows):
-                self.add_row(*cells, key=row_key(row.run))
+            for shown, cells in zip(rows_shown, rows):
+                self.add_row(*cells, key=row_key(shown.run))
             selected = state.selected_run()  # of a run over several hosts: its row's part
             if selected is not None:
                 key = row_key(selected)

@@ -1,4 +1,5 @@
-"""Run summary: the facts that make a wrong run obvious at a glance (LESSONS 1, 21)."""
+"""Run summary: the facts that make a wrong run obvious at a glance (a toy model, gates stuck
+at uniform: docs/lessons.md#no-silent-default and docs/lessons.md#gates-visible)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
 from nsa_tui.multihost import MergedRun, hosts_of
 
-UNIFORM_TOL = 0.03  # gate shares within 3 points of 1/3 each look untrained (LESSONS 21)
+UNIFORM_TOL = 0.03  # gate shares within 3 points of 1/3 each look untrained (docs/lessons.md#gates-visible)
 
 
 def gate_text(shares: GateShares | None, step: int | None, warmup: Any) -> Text:

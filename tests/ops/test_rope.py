@@ -1,4 +1,4 @@
-"""RoPE (LESSONS 20): per head, identical for queries and keys, so scores depend only on
+"""RoPE (docs/lessons.md#rope-per-head): per head, identical for queries and keys, so scores depend only on
 the relative position. The model rotates q and every branch's keys with these two
 functions on ``[B, T, heads, D]`` tensors (compressed keys at their block's last token)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nsa.model.rope import apply_rope, rope_angles
+from nsa.ops.rope import apply_rope, rope_angles
 
 
 def _rot(x: torch.Tensor, positions: list[float]) -> torch.Tensor:

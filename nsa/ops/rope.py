@@ -1,6 +1,6 @@
 """Rotary position embedding, applied per head and identically to queries and keys.
 
-LESSONS 20: an earlier code base rotated Q over the flattened heads dimension and K per
+Why (docs/lessons.md#rope-per-head): a former code base rotated Q over the flattened heads dimension and K per
 head, so scores depended on absolute position. Here one function rotates the last
 (head) dimension of ``[B, T, heads, D]`` tensors, whatever the number of heads.
 """

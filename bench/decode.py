@@ -1,0 +1,197 @@
+"""Decode cost of NSA against dense attention: KV tokens loaded per decoded token, and
+measured decode speed and memory with the KV-cache decoder (nsa/infer/).
+
+    python -m bench.decode --analytic                  # the loaded-token table alone
+    python -m bench.decode [--contexts 4096 ... 65536] [--steps 8] [--batch 1]
+                           [--device cpu|cuda] [--dtype fp32|bf16] [--threads N] [--json OUT]
+
+Loaded tokens (per layer and KV group, for the one query of a decoded token whose context
+holds s tokens, itself included):
+
+- dense: every key, ``s``;
+- NSA, the paper's estimate (arXiv 2502.11089, Table 4): ``s/d + n*l' + w``;
+- NSA, counted exactly for this model: the compressed tokens whose block has ended,
+  ``(s - l)//d + 1``; the tokens ``<= t`` of the n selected blocks (the query's own block
+  is always among them, and is partial); the window, ``min(w, s)``. Each branch has its
+  own K/V (docs/model.md), so the three counts add up.
+
+The paper's config (l=32, d=16, l'=64, n=16, w=512) must give its 4.0x / 6.4x / 9.1x /
+11.6x at 8k / 16k / 32k / 64k (tests/test_bench_decode.py checks it). nsa-125m uses the
+same NSA hyperparameters, so its row is the same.
+
+Measured: configs/nsa-125m.yaml against configs/dense-125m.yaml (random weights: speed
+and memory do not depend on them), batch ``--batch``, caches filled with random K/V at
+context s (a prefill of 64k tokens would dominate the run and is not what is measured),
+then ``--steps`` timed decode steps after two warm-up steps. tokens/s = batch * steps /
+time: wall time on CUDA; on CPU the process's CPU time (steadier on a shared machine; with
+one thread, ``--threads 1``, it is the work done). Memory: the caches' bytes, and on CUDA
+the peak allocated during the steps over what was allocated before them (the model and
+caches excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from nsa.config import AttentionConfig, ModelConfig, load_config  # noqa: E402
+from nsa.infer import DecodeState, decode_step, make_cache  # noqa: E402
+from nsa.model import build_model  # noqa: E402
+from nsa.ops.reference import num_compressed, num_select_blocks  # noqa: E402
+
+CONTEXTS = [4096, 8192, 16384, 32768, 65536]
+PAPER = AttentionConfig(kind="nsa", compress_block=32, compress_stride=16, select_block=64, num_selected=16,
+                        num_initial=1, num_local=2, window=512)
+
+
+def loaded_tokens(s: int, a: AttentionConfig) -> dict[str, float]:
+    """KV tokens one decoded token's query loads at context ``s`` (see the module docstring)."""
+    d, lp, n, w = a.compress_stride, a.select_block, a.num_selected, a.window
+    blocks = num_select_blocks(s, lp)
+    if blocks <= n:
+        selected = s  # every block, the own one up to the query
+    else:
+        selected = (n - 1) * lp + (s - (blocks - 1) * lp)
+    exact = num_compressed(s, a.compress_block, d) + selected + min(w, s)
+    return {"dense": s, "nsa_paper": s / d + n * lp + w, "nsa_exact": exact}
+
+
+def analytic_rows(contexts: list[int], configs: dict[str, AttentionConfig]) -> list[dict[str, Any]]:
+    rows = []
+    for name, a in configs.items():
+        for s in contexts:
+            t = loaded_tokens(s, a)
+            rows.append({"config": name, "context": s, **t, "ratio_paper": s / t["nsa_paper"],
+                         "ratio_exact": s / t["nsa_exact"]})
+    return rows
+
+
+def analytic_table(rows: list[dict[str, Any]]) -> str:
+    out = ["| config | context | dense loads | NSA loads (paper: s/d + n*l' + w) | ratio | "
+           "NSA loads (exact) | ratio |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['config']} | {r['context']:,} | {r['dense']:,} | {r['nsa_paper']:,.0f} | "
+                   f"{r['ratio_paper']:.1f}x | {r['nsa_exact']:,} | {r['ratio_exact']:.2f}x |")
+    return "\n".join(out)
+
+
+def filled_state(model: torch.nn.Module, batch: int, context: int, extra: int, dtype: torch.dtype,
+                 device: torch.device) -> DecodeState:
+    """Caches at ``context`` tokens per sequence holding random K/V (room for ``extra`` more)."""
+    caches = [make_cache(b.attn, batch, context + extra) for b in model.blocks]
+    gen = torch.Generator(device=device).manual_seed(0)
+    for c in caches:
+        c.allocate(dtype, device)
+        for t in c.cache_tensors():
+            t.copy_(torch.randn(t.shape, generator=gen, device=device, dtype=torch.float32).to(dtype))
+    lengths = torch.full((batch,), context, dtype=torch.long, device=device)
+    return DecodeState(caches, lengths, context, caches[0].capacity)
+
+
+def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch.dtype,
+            device: torch.device) -> dict[str, Any]:
+    """Decode ``steps`` tokens per sequence after ``context`` tokens: speed and memory."""
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device=device, dtype=dtype).eval()
+    warm = 2
+    state = filled_state(model, batch, context, steps + warm, dtype, device)
+    cache_bytes = sum(t.numel() * t.element_size() for c in state.caches for t in c.cache_tensors())
+    tok = torch.zeros(batch, dtype=torch.long, device=device)
+    for _ in range(warm):
+        tok = decode_step(model, state, tok).argmax(-1)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        tok = decode_step(model, state, tok).argmax(-1)
+    sync()
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # On CPU the process's CPU time is the steadier clock on a shared machine (with one
+    # thread it is the work done); on CUDA, wall time.
+    clock = cpu if device.type == "cpu" else dt
+    row = {"kind": cfg.attention.kind, "context": context, "batch": batch, "steps": steps,
+           "tokens_per_s": batch * steps / clock, "clock": "process CPU" if device.type == "cpu" else "wall",
+           "wall_ms_per_step": 1000 * dt / steps, "cpu_ms_per_step": 1000 * cpu / steps,
+           "cache_bytes": cache_bytes, "step_peak_bytes": None}
+    if device.type == "cuda":
+        row["step_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
+    del model, state
+    return row
+
+
+def measured_table(rows: list[dict[str, Any]], ratios: dict[int, float]) -> str:
+    by = {(r["kind"], r["context"]): r for r in rows}
+    out = ["| context | dense tok/s | NSA tok/s | speedup | loaded-token ratio | speedup / ratio | "
+           "dense cache MiB | NSA cache MiB | dense step peak MiB | NSA step peak MiB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    mib = (lambda v: "-" if v is None else f"{v / 2**20:,.1f}")
+    for s in sorted({r["context"] for r in rows}):
+        d, n = by.get(("dense", s)), by.get(("nsa", s))
+        if d is None or n is None:
+            continue
+        sp = n["tokens_per_s"] / d["tokens_per_s"]
+        out.append(f"| {s:,} | {d['tokens_per_s']:.2f} | {n['tokens_per_s']:.2f} | {sp:.2f}x | "
+                   f"{ratios[s]:.2f}x | {sp / ratios[s]:.2f} | {mib(d['cache_bytes'])} | "
+                   f"{mib(n['cache_bytes'])} | "
+                   f"{mib(d['step_peak_bytes'])} | {mib(n['step_peak_bytes'])} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--analytic", action="store_true", help="print the loaded-token table alone")
+    ap.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
+                    help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU")
+    ap.add_argument("--json", type=Path, default=None, help="also write every row here")
+    args = ap.parse_args(argv)
+
+    nsa_cfg = load_config(ROOT / "configs" / "nsa-125m.yaml").model
+    dense_cfg = load_config(ROOT / "configs" / "dense-125m.yaml").model
+    rows = analytic_rows(args.contexts, {"paper": PAPER, "nsa-125m": nsa_cfg.attention})
+    print("KV tokens loaded per decoded token (per layer and KV group)\n")
+    print(analytic_table(rows))
+    result: dict[str, Any] = {"analytic": rows}
+    if not args.analytic:
+        device = torch.device(args.device)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype or
+                                                               ("bf16" if device.type == "cuda" else "fp32")]
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        measured = []
+        for s in args.contexts:
+            for cfg in (dense_cfg, nsa_cfg):
+                measured.append(measure(cfg, s, args.steps, args.batch, dtype, device))
+                print(f"  measured {cfg.attention.kind} at {s}: {measured[-1]['tokens_per_s']:.2f} tok/s",
+                      file=sys.stderr, flush=True)
+        ratios = {r["context"]: r["ratio_exact"] for r in rows if r["config"] == "nsa-125m"}
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+            f"CPU, {torch.get_num_threads()} threads, tokens per second of process CPU time"
+        print(f"\nMeasured decode, nsa-125m vs dense-125m, batch {args.batch}, {dtype}, {where}\n")
+        print(measured_table(measured, ratios))
+        result["measured"] = measured
+        result["device"] = where
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""Inference: incremental decoding with per-layer KV caches (NSA and dense) and sampling.
+
+See docs/inference.md.
+"""
+
+from nsa.infer.cache import DenseCache, NSACache, make_cache
+from nsa.infer.decode import DecodeState, decode_step, prefill
+from nsa.infer.sample import generate, sample_next, stream
+
+__all__ = ["DecodeState", "DenseCache", "NSACache", "decode_step", "generate", "make_cache", "prefill",
+           "sample_next", "stream"]

@@ -1,0 +1,264 @@
+"""Per-layer KV caches for incremental decoding, NSA and dense.
+
+Layout: a batch of B sequences, each with its own length (right padding): sequence b
+holds its tokens at positions ``0 .. lengths[b] - 1`` and its next token goes to position
+``lengths[b]``. Every sequence's keys sit at their true positions, so RoPE, the
+compression blocks and the selection blocks are the training forward's, whatever the
+other sequences' lengths. A slot past a sequence's length may hold anything (the prefill's
+padding); no query ever sees it, and it is overwritten before it is seen.
+
+An NSA layer keeps, per sequence (``S`` = capacity, rounded up to whole selection blocks):
+
+- the selected branch's rotated K/V, ``[B, S, G, D]``: any earlier block may be selected;
+- the window branch's rotated K/V in a ring of ``min(w, S)`` slots (position p in slot
+  ``p % size``): a query sees only the last w keys;
+- the compressed branch's raw (un-rotated) K/V in a ring of l slots: phi's input for the
+  block that completes next;
+- the compressed K/V, ``[B, Nc(S), G, D]``: token i is written (phi, then RoPE at its
+  last position) when its block ``[i*d, i*d + l)`` completes, i.e. when position
+  ``i*d + l - 1`` is decoded, exactly when the training forward first lets a query see it.
+
+The single new query's maths (``NSACache.step``) uses the reference ops' own primitives
+(masked attention with probabilities, the selection rule ``select_blocks_at``, per-query
+attention over gathered keys) and the layer's own projections, phi, RoPE, gates and
+output projection: decoding is those functions applied to one query, not a second
+implementation of them. One exception: Eq. 9 + 10 (block scores from the compressed
+probabilities) goes through the nonzero band of the overlap matrix (``group_scores``),
+O(Nc) per step instead of the dense ``[Nc, Ns]`` product, which took about a third of a
+nsa-125m step's CPU time at 64k tokens; a test compares it with the reference's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nsa.model.attention import DenseAttention, NSAAttention
+from nsa.ops.reference import (
+    _acc_dtype,
+    _attend,
+    _masked_attention,
+    num_compressed,
+    num_select_blocks,
+    select_blocks_at,
+)
+
+
+def overlap_band(T: int, block: int, stride: int, select_block: int, device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 9's overlap weights as a band: compressed token i (``[i*d, i*d + l)``) overlaps
+    the selection blocks ``cols[i, k] = i*d // l' + k`` (k < K, the most blocks a span of l
+    tokens can touch) with weight ``vals[i, k] = overlap length / d`` (0 past the last
+    block). The nonzero entries of the reference's dense ``[Nc, Ns]`` overlap matrix
+    (tests/model/test_decode.py compares them), in O(Nc) memory: a decode step then costs
+    O(Nc) for the scores instead of O(Nc * Ns)."""
+    nc, ns = num_compressed(T, block, stride), num_select_blocks(T, select_block)
+    K = (block - 1) // select_block + 2
+    c0 = (torch.arange(nc, device=device) * stride)[:, None]
+    cols = c0 // select_block + torch.arange(K, device=device)
+    s0 = cols * select_block
+    lo, hi = torch.maximum(c0, s0), torch.minimum(c0 + block, s0 + select_block)
+    vals = (hi - lo).clamp_min(0).to(torch.float64) / stride
+    inside = cols < ns
+    return torch.where(inside, cols, 0), torch.where(inside, vals, 0.0)
+
+
+def group_scores(probs: torch.Tensor, n_kv_heads: int, cols: torch.Tensor, vals: torch.Tensor, n_blocks: int
+                 ) -> torch.Tensor:
+    """Block importance per KV group for ``probs [B, C, H, Nc]``: Eq. 10 (sum over the
+    group's heads) then Eq. 9 through the band (``overlap_band``) -> ``[B, C, G, n_blocks]``.
+    The reference's ``_scores_from_probs`` up to rounding (both are linear; it applies the
+    dense overlap matrix per head first)."""
+    B, C, H, Nc = probs.shape
+    acc = vals.dtype
+    pg = probs.to(acc).reshape(B, C, n_kv_heads, H // n_kv_heads, Nc).sum(dim=3)  # [B, C, G, Nc]
+    contrib = (pg[..., None] * vals).reshape(B, C, n_kv_heads, -1)
+    out = torch.zeros(B, C, n_kv_heads, n_blocks, dtype=acc, device=probs.device)
+    return out.index_add_(-1, cols.reshape(-1), contrib)
+
+
+def _ring_fill(ring: torch.Tensor, src: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Write the last ``ring.shape[1]`` positions before each sequence's length from
+    ``src [B, T, G, D]`` into ``ring`` (position p in slot ``p % size``)."""
+    size = ring.shape[1]
+    slot = torch.arange(size, device=src.device)
+    last = (lengths - 1)[:, None]
+    pos = last - torch.remainder(last - slot, size)  # the newest position <= last in each slot
+    pos = pos.clamp(0, src.shape[1] - 1)  # slots no position has reached yet: never visible
+    ring.copy_(torch.gather(src, 1, pos[:, :, None, None].expand(-1, -1, *src.shape[2:])))
+
+
+def _ring_positions(size: int, pos: torch.Tensor) -> torch.Tensor:
+    """``[B, size]``: the position each ring slot holds once position ``pos [B]`` is written
+    (negative: none yet)."""
+    slot = torch.arange(size, device=pos.device)
+    return pos[:, None] - torch.remainder(pos[:, None] - slot, size)
+
+
+class NSACache:
+    """One NSA layer's cache (see the module docstring) and its prefill and one-token step."""
+
+    def __init__(self, attn: NSAAttention, batch: int, capacity: int) -> None:
+        c = attn.cfg
+        self.attn = attn
+        self.batch = batch
+        self.capacity = num_select_blocks(capacity, c.select_block) * c.select_block
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Zeroed cache tensors (prefill calls this with its K/V's dtype; a benchmark may
+        call it and fill them with anything)."""
+        c, a = self.attn.cfg, self.attn
+        B, S, G, D = self.batch, self.capacity, a.n_kv_heads, a.head_dim
+        sizes = {"slc": S, "win": min(c.window, S), "raw": c.compress_block,
+                 "cmp": num_compressed(S, c.compress_block, c.compress_stride)}
+        for name, n in sizes.items():
+            for kv in "kv":
+                self.tensors[kv + "_" + name] = torch.zeros(B, n, G, D, dtype=dtype, device=device)
+        # Eq. 9's overlap weights of every compressed token there can be, as a band
+        cols, vals = overlap_band(S, c.compress_block, c.compress_stride, c.select_block, device)
+        self.band_cols, self.band_vals = cols, vals.to(_acc_dtype(self.tensors["k_slc"]))
+        self.n_blocks = num_select_blocks(S, c.select_block)
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        """Everything the cache holds (for memory accounting)."""
+        return list(self.tensors.values())
+
+    def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The layer's own forward over ``x [B, T, dim]`` (prompts right-padded to T), which
+        also fills the cache with each sequence's first ``lengths[b]`` positions."""
+        a, t = self.attn, self.tensors
+        T = x.shape[1]
+        if T > self.capacity:
+            raise ValueError(f"prompt of {T} tokens exceeds the cache's capacity {self.capacity}")
+        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, torch.arange(T, device=x.device))
+        k_cmp, v_cmp = a.compress(k_raw, v_raw)
+        out = a.attend(x, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
+        if not t:
+            self.allocate(k_slc.dtype, k_slc.device)
+        t["k_slc"][:, :T], t["v_slc"][:, :T] = k_slc, v_slc
+        nc = k_cmp.shape[1]  # blocks past a sequence's end hold padding until they complete
+        t["k_cmp"][:, :nc], t["v_cmp"][:, :nc] = k_cmp, v_cmp
+        for name, k, v in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
+            _ring_fill(t["k_" + name], k, lengths)
+            _ring_fill(t["v_" + name], v, lengths)
+        return out
+
+    def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]``: write its
+        keys (and the compressed token whose block it completes), then the three branches
+        for its query, gated and projected -> ``[B, 1, dim]``."""
+        a, c, t = self.attn, self.attn.cfg, self.tensors
+        B, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+        bl, d, lp = c.compress_block, c.compress_stride, c.select_block
+        rows = torch.arange(B, device=x.device)
+        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None])
+        t["k_slc"][rows, pos], t["v_slc"][rows, pos] = k_slc[:, 0], v_slc[:, 0]
+        for name, k, v in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
+            slot = pos % t["k_" + name].shape[1]
+            t["k_" + name][rows, slot], t["v_" + name][rows, slot] = k[:, 0], v[:, 0]
+
+        # Compressed token i = (pos - l + 1) / d (bl = l) completes now when that is a whole number >= 0.
+        n_cmp = t["k_cmp"].shape[1]
+        if n_cmp:
+            order = torch.remainder(pos[:, None] - (bl - 1) + torch.arange(bl, device=x.device), bl)
+            blk_k = torch.gather(t["k_raw"], 1, order[:, :, None, None].expand(-1, -1, G, D))
+            blk_v = torch.gather(t["v_raw"], 1, order[:, :, None, None].expand(-1, -1, G, D))
+            new_k, new_v = a.compress(blk_k, blk_v, pos[:, None])  # [B, 1, G, D]: one block each
+            start = pos - (bl - 1)
+            done = ((start >= 0) & (start % d == 0))[:, None, None]
+            i = (start // d).clamp(0, n_cmp - 1)
+            t["k_cmp"][rows, i] = torch.where(done, new_k[:, 0], t["k_cmp"][rows, i])
+            t["v_cmp"][rows, i] = torch.where(done, new_v[:, 0], t["v_cmp"][rows, i])
+
+        scale = D**-0.5
+        # Compressed branch (causal: token i visible iff i*d + l - 1 <= pos) and its probabilities.
+        ends = torch.arange(n_cmp, device=x.device) * d + (bl - 1)
+        visible = (ends[None, :] <= pos[:, None])[:, None, None, None, :]  # [B, 1, 1, 1, Nc]
+        o_cmp, probs = _masked_attention(q, t["k_cmp"], t["v_cmp"], visible, scale)
+        probs = probs.permute(0, 3, 1, 2, 4).reshape(B, 1, H, n_cmp)
+        # Eq. 10 + 9, then the training forward's selection rule at each sequence's position.
+        scores = group_scores(probs, G, self.band_cols, self.band_vals, self.n_blocks)  # [B, 1, G, Ns]
+        idx = select_blocks_at(scores, pos[:, None], lp, c.num_selected, c.num_initial, c.num_local)
+
+        acc = _acc_dtype(q)
+        qg = q.reshape(B, 1, G, H // G, D).to(acc) * scale
+        # Selected branch: the chosen blocks' tokens s <= pos (idx is a set; -1 slots unused).
+        blk = idx[:, 0].clamp_min(0)  # [B, G, n]
+        n = blk.shape[-1]
+        k_blocks = t["k_slc"].view(B, -1, lp, G, D).permute(0, 3, 1, 2, 4)  # [B, G, Ns, l', D]
+        v_blocks = t["v_slc"].view(B, -1, lp, G, D).permute(0, 3, 1, 2, 4)
+        groups = torch.arange(G, device=x.device)
+        keys = k_blocks[rows[:, None, None], groups[None, :, None], blk].reshape(B, 1, G, n * lp, D)
+        vals = v_blocks[rows[:, None, None], groups[None, :, None], blk].reshape(B, 1, G, n * lp, D)
+        tok = blk[..., None] * lp + torch.arange(lp, device=x.device)  # [B, G, n, l']
+        seen = (idx[:, 0, :, :, None] >= 0) & (tok <= pos[:, None, None, None])
+        o_slc = _attend(qg, keys, vals, seen.reshape(B, 1, G, n * lp)).reshape(B, 1, H, D).to(q.dtype)
+
+        # Window branch: the ring holds exactly the positions pos - w < s <= pos (those >= 0).
+        size = t["k_win"].shape[1]
+        held = _ring_positions(size, pos) >= 0  # [B, size]
+        keys = t["k_win"].permute(0, 2, 1, 3)[:, None]  # [B, 1, G, size, D]
+        vals = t["v_win"].permute(0, 2, 1, 3)[:, None]
+        o_win = _attend(qg, keys, vals, held[:, None, None, :].expand(B, 1, G, size))
+        o_win = o_win.reshape(B, 1, H, D).to(q.dtype)
+        return a.mix(x, o_cmp, o_slc, o_win)
+
+
+class DenseCache:
+    """One dense layer's cache: rotated K and V ``[B, S, G, D]`` at their positions."""
+
+    def __init__(self, attn: DenseAttention, batch: int, capacity: int) -> None:
+        self.attn = attn
+        self.batch = batch
+        self.capacity = capacity
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The layer's own forward over ``x [B, T, dim]``, keeping its K/V."""
+        T = x.shape[1]
+        if T > self.capacity:
+            raise ValueError(f"prompt of {T} tokens exceeds the cache's capacity {self.capacity}")
+        q, k, v = self.attn.project(x, torch.arange(T, device=x.device))
+        if self.k is None or self.v is None:
+            self.allocate(k.dtype, k.device)
+        kc, vc = self._kv()
+        kc[:, :T], vc[:, :T] = k, v
+        return self.attn.attend(q, k, v, None)
+
+    def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Zeroed K/V ``[B, S, G, D]`` (prefill calls this; a benchmark may fill them)."""
+        a = self.attn
+        shape = (self.batch, self.capacity, a.n_kv_heads, a.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        """Everything the cache holds (for memory accounting)."""
+        return [t for t in (self.k, self.v) if t is not None]
+
+    def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None or self.v is None:
+            raise RuntimeError("the cache is empty: prefill first")
+        return self.k, self.v
+
+    def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence at positions ``pos [B]``: attention over keys ``<= pos``."""
+        kc, vc = self._kv()
+        rows = torch.arange(x.shape[0], device=x.device)
+        q, k, v = self.attn.project(x, pos[:, None])
+        kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
+        mask = torch.arange(self.capacity, device=x.device)[None, :] <= pos[:, None]
+        return self.attn.attend(q, kc, vc, mask[:, None, None, :])
+
+
+LayerCache = NSACache | DenseCache
+
+
+def make_cache(attn: object, batch: int, capacity: int) -> LayerCache:
+    """The cache for one layer's attention module (NSAAttention or DenseAttention)."""
+    if isinstance(attn, NSAAttention):
+        return NSACache(attn, batch, capacity)
+    if isinstance(attn, DenseAttention):
+        return DenseCache(attn, batch, capacity)
+    raise TypeError(f"no KV cache for {type(attn).__name__}")

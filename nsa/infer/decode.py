@@ -1,0 +1,71 @@
+"""Prefill a batch of prompts, then decode one token at a time with per-layer KV caches.
+
+``prefill(model, tokens, lengths, max_new_tokens)`` runs the model's own forward over
+the right-padded prompts (returning the prompt logits) and fills the caches;
+``decode_step(model, state, next_tokens)`` appends one token to every sequence and
+returns the logits of its next position. Each sequence keeps its own length: the logits
+of a sequence are those of the full forward over that sequence alone (tests/model/
+test_decode.py), whatever the other prompts' lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from nsa.infer.cache import LayerCache, make_cache
+from nsa.model.transformer import Transformer
+
+
+@dataclasses.dataclass
+class DecodeState:
+    """The caches of every layer and where each sequence stands."""
+
+    caches: list[LayerCache]
+    lengths: torch.Tensor  # [B] int64, on the model's device: tokens held per sequence
+    longest: int  # max(lengths), on the host: capacity checks without a device sync
+    capacity: int  # positions the caches hold per sequence
+
+
+def _lengths(tokens: torch.Tensor, lengths: Sequence[int] | torch.Tensor | None) -> list[int]:
+    B, T = tokens.shape
+    out = [T] * B if lengths is None else [int(n) for n in lengths]
+    if len(out) != B or any(n < 1 or n > T for n in out):
+        raise ValueError(f"lengths must be {B} values in [1, {T}], got {out}")
+    return out
+
+
+@torch.no_grad()
+def prefill(model: Transformer, tokens: torch.Tensor, lengths: Sequence[int] | torch.Tensor | None = None,
+            max_new_tokens: int = 0) -> tuple[torch.Tensor, DecodeState]:
+    """Run ``tokens [B, T]`` (sequence b's prompt in its first ``lengths[b]`` positions, the
+    rest padding: any token id) through the model, filling caches that hold
+    ``max(lengths) + max_new_tokens`` positions (at least T). Returns the logits ``[B, T, vocab]``
+    (row b valid up to ``lengths[b]``) and the decode state."""
+    lens = _lengths(tokens, lengths)
+    B = tokens.shape[0]
+    capacity = max(tokens.shape[1], max(lens) + max_new_tokens)
+    caches = [make_cache(block.attn, B, capacity) for block in model.blocks]
+    lt = torch.tensor(lens, device=tokens.device)
+    x = model.tok_emb(tokens)
+    for block, cache in zip(model.blocks, caches):
+        x = block(x, lambda h, cache=cache: cache.prefill(h, lt))
+    return model.lm_head(model.norm(x)), DecodeState(caches, lt, max(lens), capacity)
+
+
+@torch.no_grad()
+def decode_step(model: Transformer, state: DecodeState, next_tokens: torch.Tensor) -> torch.Tensor:
+    """Append ``next_tokens [B]`` (one per sequence, at position ``lengths[b]``) and return
+    the logits ``[B, vocab]`` that predict the token after it."""
+    if state.longest >= state.capacity:
+        raise ValueError(f"the caches hold {state.capacity} positions; pass a larger max_new_tokens "
+                         "to prefill")
+    pos = state.lengths
+    x = model.tok_emb(next_tokens[:, None])
+    for block, cache in zip(model.blocks, state.caches):
+        x = block(x, lambda h, cache=cache: cache.step(h, pos))
+    state.lengths = pos + 1
+    state.longest += 1
+    return model.lm_head(model.norm(x))[:, 0]

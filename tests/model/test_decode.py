@@ -1,0 +1,181 @@
+"""Incremental decoding with KV caches equals the full forward, position by position.
+
+The oracle is the model's own forward over the whole sequence (fp32): prefill a prompt,
+feed the rest one token at a time, and the logits at every position must match the
+forward's (relative error <= 1e-4, the max over positions of max|diff| / max|ref| over the
+vocabulary). Tiny blocks (l=8, d=4, l'=8 or 16, w=12 or 20, n < Ns) make 53 tokens cross
+many compression, selection and window boundaries; prompts are shorter and longer than a
+selection block and than the window. GQA: 4 query heads in 2 groups (and in 1). Weights
+are drawn with std 0.2 (not 0.02) so attention is peaked and the block ranking has clear
+winners: a wrong selection changes the logits by far more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nsa_model_testlib import peaked_model
+
+from nsa.infer import cache as cache_mod
+from nsa.infer import decode_step, prefill
+from nsa.ops import reference
+
+SEQ = 53
+TOL = 1e-4
+VOCAB = 64
+CONFIGS = {
+    "l'=l": {},  # l=8, d=4, l'=8, n=4, w=12
+    "l'=2l": dict(select_block=16, num_selected=3, window=20),  # Eq. 9 spreads over two blocks
+}
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max over positions of max|got - want| / max|want| (over the last dim)."""
+    return float(((got - want).abs().amax(-1) / want.abs().amax(-1)).max())
+
+
+def decoded_logits(model: torch.nn.Module, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Logits ``[B, T, V]`` at every position: the prefill's for the prompt, then one
+    decode step per remaining token."""
+    T = tokens.shape[1]
+    logits, state = prefill(model, tokens[:, :prompt_len], max_new_tokens=T - prompt_len)
+    rows = [logits]
+    for t in range(prompt_len, T):
+        rows.append(decode_step(model, state, tokens[:, t])[:, None])
+    return torch.cat(rows, dim=1)
+
+
+def _check(model: torch.nn.Module, T: int, prompt_lens: list[int], seed: int = 1) -> float:
+    torch.manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (2, T))
+    with torch.no_grad():
+        full = model(tokens)
+    worst = 0.0
+    for p in prompt_lens:
+        err = rel_err(decoded_logits(model, tokens, p), full)
+        assert err <= TOL, f"prompt {p}: relative error {err:.2e}"
+        worst = max(worst, err)
+    return worst
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("n_kv_heads", [2, 1])
+def test_nsa_decoding_equals_forward(name: str, n_kv_heads: int) -> None:
+    # prompts: one token, shorter than l' and w, longer than l' and w, most of the sequence
+    _check(peaked_model("nsa", n_kv_heads=n_kv_heads, **CONFIGS[name]), SEQ, [1, 5, 13, 40])
+
+
+def test_dense_decoding_equals_forward() -> None:
+    _check(peaked_model("dense"), SEQ, [1, 5, 13, 40])
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_batch_of_different_lengths_equals_each_alone(kind: str) -> None:
+    """Right-padded prompts of lengths 3, 17 and 9 (padded to 20: past the longest too),
+    then 20 tokens each: every sequence's logits are those of the forward over that
+    sequence alone."""
+    model = peaked_model(kind, **CONFIGS["l'=l"])
+    lens, new = [3, 17, 9], 20
+    torch.manual_seed(2)
+    seqs = [torch.randint(0, VOCAB, (n + new,)) for n in lens]
+    padded = torch.zeros(len(lens), max(lens) + 3, dtype=torch.long)
+    for b, n in enumerate(lens):
+        padded[b, :n] = seqs[b][:n]
+        padded[b, n:] = 7  # padding: any token
+    logits, state = prefill(model, padded, lens, max_new_tokens=new)
+    steps = [decode_step(model, state, torch.stack([s[n + i] for s, n in zip(seqs, lens)]))
+             for i in range(new)]
+    for b, n in enumerate(lens):
+        with torch.no_grad():
+            alone = model(seqs[b][None])[0]
+        got = torch.cat([logits[b, :n], torch.stack([s[b] for s in steps])])
+        assert rel_err(got, alone) <= TOL, f"sequence {b} (prompt {n})"
+
+
+def test_capacity_is_enforced() -> None:
+    model = peaked_model("nsa")
+    _, state = prefill(model, torch.zeros(1, 4, dtype=torch.long), max_new_tokens=1)
+    decode_step(model, state, torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decode_step(model, state, torch.zeros(1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("wrong", ["no local block", "no initial block", "per-head scores"])
+def test_a_wrong_selection_rule_fails(monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
+    """The equivalence test can fail: decoding with a perturbed selection (the local or
+    initial block not forced, or each group ranking blocks by its first head's scores
+    instead of the sum over its heads) gives logits outside the tolerance."""
+    rule, scores_of = reference.select_blocks_at, cache_mod.group_scores
+
+    def rule_off(scores, t, select_block, num_selected, num_initial, num_local):
+        if wrong == "no local block":
+            num_local -= 1
+        else:
+            num_initial -= 1
+        return rule(scores, t, select_block, num_selected, num_initial, num_local)
+
+    def first_head(probs, n_kv_heads, *band):
+        B, C, H, Nc = probs.shape
+        grouped = probs.view(B, C, n_kv_heads, H // n_kv_heads, Nc)
+        return scores_of(grouped[:, :, :, :1].expand_as(grouped).reshape(probs.shape), n_kv_heads, *band)
+
+    if wrong == "per-head scores":
+        monkeypatch.setattr(cache_mod, "group_scores", first_head)
+    else:
+        monkeypatch.setattr(cache_mod, "select_blocks_at", rule_off)
+    with pytest.raises(AssertionError, match="relative error"):
+        _check(peaked_model("nsa", **CONFIGS["l'=l"]), SEQ, [5])
+
+
+@pytest.mark.parametrize("kind,ties", [("nsa", False), ("nsa", True), ("dense", False)])
+def test_triton_path_decoding_equals_forward(kind: str, ties: bool) -> None:
+    """The Triton ops (the interpreter on CPU): prefill and the forward use the kernels
+    (the fused compressed attention + top-n among them); the one-query step uses the
+    kernels' RoPE and gated combine. ``ties``: q = 0, whole blocks tie exactly (see
+    test_exact_ties_break_as_in_training), and the kernels' choice is the decoder's.
+    Short: the interpreter is slow."""
+    pytest.importorskip("triton")
+    model = peaked_model(kind, backend="triton")
+    if ties:
+        for block in model.blocks:
+            torch.nn.init.zeros_(block.attn.q_proj.weight)
+    _check(model, 33, [5, 13])
+
+@pytest.mark.parametrize("block,d,lp", [(8, 4, 8), (8, 4, 16), (32, 16, 64), (16, 4, 8), (6, 3, 4),
+                                        (5, 5, 7)])
+def test_banded_scores_equal_the_reference(block: int, d: int, lp: int) -> None:
+    """The decoder's Eq. 9 band holds exactly the nonzero overlap weights of the reference's
+    dense matrix, and its group scores equal ``_scores_from_probs`` (fp64, up to rounding)."""
+    T = 97
+    cols, vals = cache_mod.overlap_band(T, block, d, lp, torch.device("cpu"))
+    W = reference._overlap_matrix(T, block, d, lp, torch.device("cpu"))
+    dense = torch.zeros_like(W).index_put_((torch.arange(W.shape[0])[:, None].expand_as(cols), cols), vals,
+                                           accumulate=True)
+    assert torch.equal(dense, W)
+    torch.manual_seed(0)
+    probs = torch.rand(2, 5, 4, W.shape[0], dtype=torch.float64)
+    got = cache_mod.group_scores(probs, 2, cols, vals, W.shape[1])
+    torch.testing.assert_close(got, reference._scores_from_probs(probs, 2, W), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tie_break", ["lower block (the rule)", "higher block"])
+def test_exact_ties_break_as_in_training(monkeypatch: pytest.MonkeyPatch, tie_break: str) -> None:
+    """With q = 0 the compressed attention is uniform and whole selection blocks get exactly
+    equal scores: which of them is chosen is decided by the tie-break alone. Decoding
+    matches the forward with the rule's tie-break (towards the lower block) and not with
+    the opposite one (ties nudged towards the higher block in fp64, below any real gap)."""
+    model = peaked_model("nsa", **CONFIGS["l'=l"])
+    for block in model.blocks:
+        torch.nn.init.zeros_(block.attn.q_proj.weight)
+    if tie_break == "higher block":
+        rule = reference.select_blocks_at
+
+        def to_higher(scores, t, *args):
+            bump = 1e-12 * torch.arange(scores.shape[-1], dtype=torch.float64)
+            return rule(scores.double() + bump, t, *args)
+
+        monkeypatch.setattr(cache_mod, "select_blocks_at", to_higher)
+        with pytest.raises(AssertionError, match="relative error"):
+            _check(model, SEQ, [5])
+    else:
+        _check(model, SEQ, [1, 5, 13, 40])

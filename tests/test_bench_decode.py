@@ -1,0 +1,56 @@
+"""bench.decode's loaded-token counts: the paper's Table 4 ratios, and what the decoder
+really attends to."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "model"))
+from nsa_model_testlib import peaked_model  # noqa: E402
+
+from bench.decode import PAPER, analytic_rows, loaded_tokens, main  # noqa: E402
+from nsa.infer import cache as cache_mod  # noqa: E402
+from nsa.infer import decode_step, prefill  # noqa: E402
+
+
+def test_paper_ratios() -> None:
+    """arXiv 2502.11089, Table 4: 4.0x, 6.4x, 9.1x, 11.6x at 8k..64k."""
+    rows = analytic_rows([8192, 16384, 32768, 65536], {"paper": PAPER})
+    assert [round(r["ratio_paper"], 1) for r in rows] == [4.0, 6.4, 9.1, 11.6]
+    assert [round(r["ratio_exact"], 1) for r in rows] == [4.0, 6.4, 9.1, 11.6]
+
+
+def test_analytic_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--analytic", "--contexts", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "| paper | 8,192 | 8,192 | 2,048 | 4.0x | 2,047 | 4.00x |" in out
+
+
+def test_exact_count_is_what_the_decoder_attends_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keys each branch's mask lets the decoded query see, counted inside NSACache.step,
+    equal loaded_tokens' exact count at every context (one KV group: counts per group)."""
+    model = peaked_model("nsa", n_kv_heads=1)
+    a = model.blocks[0].attn.cfg
+    seen: list[int] = []
+    masked, attend = cache_mod._masked_attention, cache_mod._attend
+
+    def count_masked(q, k, v, mask, scale):
+        seen.append(int(mask.sum()))
+        return masked(q, k, v, mask, scale)
+
+    def count_attend(qg, keys, vals, mask):
+        seen.append(int(mask.sum()))
+        return attend(qg, keys, vals, mask)
+
+    monkeypatch.setattr(cache_mod, "_masked_attention", count_masked)
+    monkeypatch.setattr(cache_mod, "_attend", count_attend)
+    _, state = prefill(model, torch.zeros(1, 1, dtype=torch.long), max_new_tokens=60)
+    for s in range(2, 62):  # the decoded token is the s-th: its context holds s tokens
+        seen.clear()
+        decode_step(model, state, torch.zeros(1, dtype=torch.long))
+        per_layer = sum(seen[:3])  # compressed, selected, window of the first layer
+        assert per_layer == loaded_tokens(s, a)["nsa_exact"], f"context {s}"
