@@ -23,7 +23,8 @@ from pathlib import Path
 import msgspec
 
 from nsa.contract import Alert, AlertEvent, JsonlWriter, decode_lines
-from nsa.contract.io import LineStats, read_lines
+from nsa.contract.appended import AppendedReader
+from nsa.contract.io import LineStats
 from nsa.contract.protocol import AlertState
 
 ALERTS_FILE = "alerts.jsonl"
@@ -156,31 +157,26 @@ class AlertBook:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.offset = 0
+        self.reader = AppendedReader(self.path, rotates=False)
         self.states: dict[str, AlertState] = {}
         self.stats = LineStats()
         self.max_seq = 0
-        self._ino: int | None = None
 
     def refresh(self) -> list[AlertState]:
-        """Fold lines written since the last call; returns the states they changed."""
-        try:
-            st = self.path.stat()
-        except OSError:
-            return []
-        if self._ino is not None and st.st_ino != self._ino:  # replaced: start over
-            self.__init__(self.path)  # type: ignore[misc]
-        self._ino = st.st_ino
+        """Fold lines written since the last call; returns the states they changed. A file
+        replaced since (another generation: nsa.contract.appended) is folded from its start."""
         changed: dict[str, AlertState] = {}
         while True:
-            lines, end = read_lines(self.path, self.offset, 4 << 20)
+            lost = self.reader.lost
+            lines = self.reader.read(4 << 20)
+            if self.reader.lost != lost:  # replaced: start over with the new file's lines
+                self.states, self.stats, self.max_seq, changed = {}, LineStats(), 0, {}
             if not lines:
                 break
             for ev in decode_lines([ln.text for ln in lines], AlertEvent, self.stats, str(self.path)):
                 s = self.apply(ev)
                 if s is not None:
                     changed[s.id] = s
-            self.offset = end
         return list(changed.values())
 
     def apply(self, ev: AlertEvent) -> AlertState | None:

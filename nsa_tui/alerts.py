@@ -123,14 +123,17 @@ class _Rank:
     beat: Beat | None = None  # the newest beat
     history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))  # (ts, step)
 
-    def step_at(self, ts: float) -> int | None:
-        """The step this rank had reached at host time ``ts`` (None: unknown)."""
-        best = None
+    def steps_around(self, ts: float) -> tuple[int, int] | None:
+        """The least and the most step this rank can have had at host time ``ts``: its step at
+        the last beat before ``ts`` and at the first beat from ``ts`` on. Beats that never
+        arrived (a heartbeat file rotated twice before anyone read it) leave a gap in the
+        history, and the step within a gap is only known to lie between its two ends."""
+        lo = None
         for t, s in self.history:
-            if t > ts:
-                break
-            best = s
-        return best
+            if t >= ts:
+                return (s if lo is None else lo), s
+            lo = s
+        return None if lo is None else (lo, lo)
 
 
 @dataclass
@@ -234,6 +237,13 @@ class AlertDetector:
         self._skew(received, sample.ts)
         self.gpus = list(sample.gpus or [])
         self.disk = sample.disk
+
+    def feed_clock(self, received: float, ts: float) -> None:
+        """A reading of the host's clock (``ts``, e.g. a status report's) taken when this clock
+        read ``received``. Beats read from files carry when they were written, not when they
+        were read, so they must not be fed with a ``received`` time: that would make every
+        beat look fresh."""
+        self._skew(received, ts)
 
     def feed_rank_gone(self, run_id: str, rank: int, ts: float) -> None:
         """The process of ``rank`` (the pid of its beats) no longer exists (the watchdog looks)."""
@@ -461,12 +471,14 @@ class AlertDetector:
         if len(ranks) < 2:
             return []
         common = min(r.last_ts for r in ranks.values())
-        steps = {k: r.step_at(common) for k, r in ranks.items()}
-        known = {k: s for k, s in steps.items() if s is not None}
-        if len(known) < 2 or max(known.values()) - min(known.values()) < self.t.drift_steps:
+        spans = {k: r.steps_around(common) for k, r in ranks.items()}
+        known = {k: s for k, s in spans.items() if s is not None}
+        if len(known) < 2:
             return []
-        lag = min(known, key=lambda k: known[k])
-        lo, hi = min(known.values()), max(known.values())
+        lo, hi = min(s[1] for s in known.values()), max(s[0] for s in known.values())
+        if hi - lo < self.t.drift_steps:  # the lagging rank's most against the leading one's least
+            return []
+        lag = min(known, key=lambda k: known[k][1])
         return [self._alert("drift", "warning", run_id, run, rank=lag, last_step=ranks[lag].step,
                             message=f"ranks drift apart: steps {lo}..{hi} (rank {lag} behind)",
                             suggested_actions=["dump"])]

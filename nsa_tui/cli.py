@@ -161,15 +161,18 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     from nsa_tui.cli_text import status_text
 
     rep = await c.status(args.run)
+    now = time.time()
     det = AlertDetector(c.hello.host or args.host)
+    det.feed_clock(now, rep.ts)  # the report's time, not the beats': their age stays theirs
     det.feed_view(args.run, rep.run)
     det.feed_log(args.run, rep.run.log_tail)
     for m in rep.recent_metrics:
         det.feed_metric(args.run, m)
-    now = time.time()
     for b in rep.beats:
-        det.feed_beat(args.run, b, received=now)  # a beat read just now: its age on the host clock
+        det.feed_beat(args.run, b)
     alerts = det.check(now)
+    # each rank's age as the alerts measure it (now on the host's clock), the reply's transit included
+    rep.heartbeat_age_s = {b.rank: round(max(0.0, now - det.skew() - b.ts), 3) for b in rep.beats}
     if rep.run.watchdog:  # the host records this run's alerts: show those (unresolved), not a guess
         recorded = await c.alerts(args.run, 0)
         alerts = [st.alert for st in recorded.alerts if st.state != "resolved"]
@@ -218,14 +221,17 @@ async def _logs(c: Any, args: argparse.Namespace) -> int:
                 json_lines(chunk.text, final=False)
             else:
                 sys.stdout.write(chunk.text)
-        offset = chunk.offset
+        offset, gen = chunk.offset, chunk.gen
         if offset >= chunk.size:
             break
     if not args.follow:
         if args.json:
             json_lines("", final=True)
         return EXIT_OK
-    async for ev in c.watch(args.run, offsets={"log": offset}, streams=["status", "log"]):
+    from nsa.contract import StreamPos
+
+    start = {"log": StreamPos(gen=gen, offset=offset)}
+    async for ev in c.watch(args.run, offsets=start, streams=["status", "log"]):
         if ev.kind == "log":
             offset = ev.offset
             for text in ev.data.lines:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nsa.contract import RunStatus
+from nsa.contract import RunStatus, StreamPos
 from nsa_tui import coordinator as co
 from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
 from nsa_tui.client import AgentError, HostClient
@@ -29,7 +29,11 @@ from nsa_tui.multihost import MergedRun, Part, group_views, merge
 ONE_HOST = ("ack", "archive", "delete", "export")  # commands on one host's part (its alert ids, files)
 
 
-def _text_of(merged: MergedRun, now: float, alerts: list[Any]) -> str:
+def _text_of(merged: MergedRun, now: float, alerts: list[Any],
+             ages: dict[tuple[str, int], float] | None = None) -> str:
+    """The merged run for people; ``ages``: (host, rank) -> heartbeat age on that host's clock
+    (from its status report; without it, on this clock)."""
+    ages = ages or {}
     info = merged.info
     step = max([info.step if info else 0, *(b.step for _, b in merged.ranks)])
     total = info.total_steps if info and info.total_steps is not None else "?"
@@ -46,7 +50,7 @@ def _text_of(merged: MergedRun, now: float, alerts: list[Any]) -> str:
         lines.append(f"  host {host}: LOST (unreachable: {first}); its ranks are not known to have failed")
     for host, b in merged.ranks:
         lines.append(f"  rank {b.rank} on {host}: step {b.step} phase {b.phase.value} "
-                     f"heartbeat {max(0.0, now - b.ts):.1f} s ago")
+                     f"heartbeat {ages.get((host, b.rank), max(0.0, now - b.ts)):.1f} s ago")
     for a in alerts:
         lines.append(f"  [{a.severity.upper()}] {a.host} {a.kind}: {a.message}")
     return "\n".join(lines)
@@ -59,12 +63,13 @@ def part_alerts(p: Part, run_id: str, now: float) -> list[Any]:
     if p.view is None:
         return []
     det = AlertDetector(p.host)
+    det.feed_clock(now, now - p.skew)  # the host's clock as its status report gave it
     det.feed_view(run_id, p.view)
     det.feed_log(run_id, p.view.log_tail)
     for m in p.metrics:
         det.feed_metric(run_id, m)
     for b in p.beats:
-        det.feed_beat(run_id, b, received=now)
+        det.feed_beat(run_id, b)
     return det.check(now)
 
 
@@ -76,13 +81,15 @@ async def _status(clients: dict[str, HostClient], unreachable: dict[str, str], h
     merged = merge(args.run, found)
     now = time.time()
     alerts = [a for p in found for a in part_alerts(p, args.run, now)]
+    ages = {(p.host, b.rank): round(p.heartbeat_age(b, now), 3) for p in found for b in p.beats}
     doc = {"run_id": merged.run_id, "name": merged.name, "status": merged.status.value, "hosts": merged.hosts,
            "rank0_host": merged.primary, "problem": merged.problem, "lost_hosts": merged.lost,
-           "ranks": [{**_builtins(b), "hostname": b.host, "host": h} for h, b in merged.ranks],
+           "ranks": [{**_builtins(b), "hostname": b.host, "host": h, "heartbeat_age_s": ages[(h, b.rank)]}
+                     for h, b in merged.ranks],
            "parts": [{"host": p.host, "reachable": p.reachable, "why": p.why,
                       "run": _builtins(p.view) if p.view is not None else None} for p in found],
            "alerts": [_builtins(a) for a in alerts]}
-    emit(doc, _text_of(merged, now, alerts))
+    emit(doc, _text_of(merged, now, alerts, ages))
     bad = merged.status in (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST) or merged.lost or any(
         a.severity == "critical" for a in alerts)
     return 6 if bad else 0
@@ -99,7 +106,7 @@ async def _logs(clients: dict[str, HostClient], hosts: list[str], args: argparse
 
     async def one(host: str) -> None:
         c = clients[host]
-        offset, split = 0, LineSplitter()
+        offset, gen, split = 0, "", LineSplitter()
 
         def out(text: str, final: bool = False) -> None:
             for line in split.feed(text, final):
@@ -109,11 +116,12 @@ async def _logs(clients: dict[str, HostClient], hosts: list[str], args: argparse
         while True:
             chunk = await c.read_log(args.run, offset)
             out(chunk.text)
-            offset = chunk.offset
+            offset, gen = chunk.offset, chunk.gen
             if offset >= chunk.size:
                 break
         if args.follow:
-            async for ev in c.watch(args.run, offsets={"log": offset}, streams=["status", "log"]):
+            start = {"log": StreamPos(gen=gen, offset=offset)}
+            async for ev in c.watch(args.run, offsets=start, streams=["status", "log"]):
                 if ev.kind == "log":
                     offset = ev.offset
                     out("".join(f"{ln}\n" for ln in ev.data.lines))

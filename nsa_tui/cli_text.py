@@ -122,8 +122,9 @@ def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew:
         lines.append(f"  attention: {attention_text(info.attention_ops)}")
     for b in rep.beats:
         phase_for = f" for {fmt_duration(max(0.0, now - skew - b.phase_since))}" if b.phase_since else ""
+        age = rep.heartbeat_age_s.get(b.rank, max(0.0, now - skew - b.ts))
         lines.append(f"  rank {b.rank}: step {b.step} phase {b.phase.value}{phase_for}, "
-                     f"heartbeat {max(0.0, now - skew - b.ts):.1f} s ago")
+                     f"heartbeat {age:.1f} s ago")
     for a in alerts:
         lines.append(f"  [{a.severity.upper()}] {a.kind}: {a.message}")
         lines += [f"      | {ln}" for ln in a.log_tail[-8:]] if a.kind in ("crash", "nan") else []

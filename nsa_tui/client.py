@@ -39,8 +39,9 @@ it arrived (alerts use it against clock skew).
 
 Reconnects: when the channel drops, ``state`` becomes ``reconnecting`` (``retry_in_s``
 counts the backoff: 0.5 s doubling to 30 s; ``message`` says why the last try failed) and
-every open subscription re-subscribes, a ``watch`` with the offsets it saw, so the
-iterator sees no gap and no duplicate (or, after a long outage, a fresh bounded view).
+every open subscription re-subscribes, a ``watch`` with the positions it saw (each a file
+generation and an offset in it: nsa.contract.StreamPos), so the iterator sees no gap and no
+duplicate, across a rotation of the file too (or, after a long outage, a fresh bounded view).
 Requests in flight when the channel drops raise ``AgentError("disconnected")``; they are
 not retried (a launch must not happen twice). Fatal errors (changed host key, no agent on
 the host) end in ``lost`` without retries.
@@ -68,6 +69,7 @@ from nsa.contract import (
     NodeLayout,
     RunStatusReport,
     RunView,
+    StreamPos,
     decode_lines,
 )
 from nsa.contract.io import ContractError, convert, decode, encode
@@ -130,6 +132,12 @@ class Event:
     data: Any = None
     received: float = 0.0
     initial: bool = False
+    gen: str = ""  # the file generation ``offset`` counts in (file streams)
+
+    @property
+    def pos(self) -> StreamPos:
+        """Where this event leaves its stream: what a later watch continues from."""
+        return StreamPos(gen=self.gen, offset=self.offset)
 
 
 class AgentError(Exception):
@@ -150,16 +158,19 @@ class _Sub:
     def __init__(self, op: str, args: dict[str, Any]) -> None:
         self.op = op
         self.args = args
-        self.offsets: dict[str, int] = {}
+        self.offsets: dict[str, StreamPos] = {}
         self.queue: asyncio.Queue[Event | AgentError] = asyncio.Queue()
         self.rid: int | None = None
 
     def accept(self, ev: Event) -> bool:
-        """Drop what this subscription already saw (a resumed stream's overlap)."""
+        """Drop what this subscription already saw (a resumed stream's overlap): an event at or
+        before the last one seen in the same file generation. Another generation is the file
+        after a rotation or replacement (the agent sends a stream in order): always new."""
         if ev.kind in OFFSET_KINDS:
-            if ev.offset <= self.offsets.get(ev.stream, 0):
+            last = self.offsets.get(ev.stream)
+            if last is not None and last.gen == ev.gen and ev.offset <= last.offset:
                 return False
-            self.offsets[ev.stream] = ev.offset
+            self.offsets[ev.stream] = ev.pos
         return True
 
 
@@ -289,7 +300,7 @@ class HostClient:
         if msg.event == "error":
             sub.queue.put_nowait(AgentError(data.code, data.message))
             return
-        ev = Event(msg.event, msg.run, msg.stream, msg.offset, data, time.time(), msg.initial)
+        ev = Event(msg.event, msg.run, msg.stream, msg.offset, data, time.time(), msg.initial, msg.gen)
         if sub.accept(ev):
             sub.queue.put_nowait(ev)
 
@@ -541,11 +552,11 @@ class HostClient:
                 except AgentError:
                     pass
 
-    def watch(self, run_id: str, offsets: dict[str, int] | None = None,
+    def watch(self, run_id: str, offsets: dict[str, StreamPos] | None = None,
               streams: Sequence[str] | None = None, **bounds: int) -> AsyncIterator[Event]:
         """Events of one run (docs/agent-protocol.md, "watch"): its bounded current view, then
-        live. ``offsets`` continues streams from there; ``bounds``: summary_points,
-        recent_metrics, log_tail_bytes."""
+        live. ``offsets`` continues streams from those positions (an event's ``pos``);
+        ``bounds``: summary_points, recent_metrics, log_tail_bytes."""
         sub = _Sub("watch", {"run": run_id, "streams": list(streams) if streams else None, **bounds})
         sub.offsets = dict(offsets or {})
         return self._stream(sub)

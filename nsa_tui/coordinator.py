@@ -16,6 +16,7 @@ The agents know nothing of each other; this client-side module does what spans h
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,7 +160,9 @@ async def parts(clients: dict[str, HostClient], run_id: str, unreachable: dict[s
             if exc.code == "no_such_run":
                 return Part(host=host)
             return Part(host=host, reachable=False, why=exc.message)
-        return Part(host=host, view=rep.run, beats=list(rep.beats), metrics=list(rep.recent_metrics))
+        skew = time.time() - rep.ts if rep.ts else 0.0
+        return Part(host=host, view=rep.run, beats=list(rep.beats), metrics=list(rep.recent_metrics),
+                    skew=skew)
 
     return list(await asyncio.gather(*(one(h) for h in hosts)))
 

@@ -33,9 +33,14 @@ class Part:
     metrics: list[Metric] = field(default_factory=list)  # the last metric lines (stall thresholds)
     reachable: bool = True
     why: str = ""  # unreachable: the connection's reason
+    skew: float = 0.0  # this clock - the host's, from its status report's time (transit included)
 
     def ranks(self) -> list[int]:
         return sorted({b.rank for b in self.beats})
+
+    def heartbeat_age(self, b: Beat, now: float) -> float:
+        """Seconds since ``b`` was written, ``now`` on this clock: what a hung rank shows."""
+        return max(0.0, now - self.skew - b.ts)
 
 
 @dataclass

@@ -163,13 +163,22 @@ def make_server(base: Path, home: Path | None = None, alias: str = ALIAS,
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPidFile {base / 'sshd.pid'}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "PermitRootLogin prohibit-password\nLogLevel ERROR\nSubsystem sftp internal-sftp\n"
-        + (f"SetEnv HOME={home} NSA_THREADS=1\n" if home is not None else ""))
+        + _set_env(home))
     if home is not None:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
     user = getpass.getuser()
     cfg = base / "ssh_config"
     cfg.write_text(config_entry(alias, port, user, client_key, known))
     return SshServer(base, port, user, host_key, client_key, known, cfg, home=home)
+
+
+def _set_env(home: Path | None) -> str:
+    """The sshd's SetEnv line: the test home and one thread per rank, and this process's
+    PYTHONPATH, so the agent on the "remote" end runs the same checkout as the test."""
+    pairs = [f"HOME={home}", "NSA_THREADS=1"] if home is not None else []
+    if os.environ.get("PYTHONPATH"):
+        pairs.append(f"PYTHONPATH={os.environ['PYTHONPATH']}")
+    return f"SetEnv {' '.join(pairs)}\n" if pairs else ""
 
 
 def config_entry(alias: str, port: int, user: str, key: Path, known: Path) -> str:

@@ -472,3 +472,20 @@ def test_a_non_numeric_loss_is_no_nan_alert() -> None:
     nan = decode_lines(['{"kind":"train","ts":1,"step":8,"loss":"NaN"}'], Metric)
     det.feed(Event("metrics", RUN, "metrics", 0, nan))
     assert ("nan", None) in kinds(det.check(T0 + 5))
+
+
+def test_a_gap_in_a_ranks_beats_is_no_drift() -> None:
+    """Beats that never arrived (a heartbeat file rotated twice before it was read) leave a gap:
+    the step within it lies between the gap's ends, so the other rank's newer step is no drift."""
+    det = AlertDetector("h", Thresholds(train_floor_s=1000))
+    det.feed(status())
+    for s in range(1, 86):
+        det.feed(beat(0, s, T0 + s * 0.1))
+        det.feed(beat(1, s, T0 + s * 0.1 + 0.001))
+    det.feed(beat(0, 95, T0 + 9.5))  # a second later, ten steps on: both ranks' files were rotated
+    det.feed(beat(1, 95, T0 + 9.5003))
+    assert det.check(T0 + 9.6) == []
+    for s in range(96, 100):  # rank 1 really stays at step 95
+        det.feed(beat(0, s, T0 + s * 0.1))
+        det.feed(beat(1, 95, T0 + s * 0.1 + 0.001))
+    assert ("drift", 1) in kinds(det.check(T0 + 10))

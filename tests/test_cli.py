@@ -132,6 +132,73 @@ def test_runs_hides_archived_runs_unless_all_and_delete_says_what_it_frees(tmp_p
     assert not (tmp_path / ids[1]).exists() and (tmp_path / ids[0]).is_dir()
 
 
+@pytest.mark.slow
+def test_status_gives_a_frozen_ranks_true_heartbeat_age(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank frozen by SIGSTOP: ``status`` (text and --json) says how long ago its last beat was
+    written, growing with the freeze, and agrees with its own no_heartbeat alert (the age is at
+    least that alert's threshold while it holds), never "0.0 s ago"."""
+    import os
+    import re
+    import signal
+
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("alerts:\n  no_heartbeat_s: 5\n")
+    monkeypatch.setenv("NSA_TUI_SETTINGS", str(settings))  # the run's watchdog reads it
+    root = ["--runs-root", str(tmp_path / "runs")]
+    r = nsa_tui("launch", "local", "--config", SMOKE, "--nproc", "1", "--name", "frozen", "--json", *root,
+                "--set", "train.steps=100000", "train.save_every=100000", "train.eval_every=100000",
+                "debug.slow_data_s=0.05")
+    assert r.returncode == 0, r.stderr
+    rid = json.loads(r.stdout)["run_id"]
+
+    def status() -> dict:
+        st = nsa_tui("status", "local", rid, "--json", *root)
+        assert st.stdout, st.stderr
+        return json.loads(st.stdout)
+
+    pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # training: a step beat past step 3
+            out = status()
+            beats = out["beats"]
+            if beats and beats[0]["phase"] == "train" and beats[0]["step"] >= 3:
+                break
+            assert time.monotonic() < deadline, f"no training step within 120 s: {out['run']['status']}"
+            time.sleep(0.5)
+        pid = beats[0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        frozen_at = time.time()
+        deadline = time.monotonic() + 120
+        while True:  # the watchdog records no_heartbeat once 5 s pass without a beat
+            out = status()
+            alerts = [a for a in out["alerts"] if a["kind"] == "no_heartbeat"]
+            if alerts and out["heartbeat_age_s"]["0"] > 8:
+                break
+            assert time.monotonic() < deadline, f"no no_heartbeat alert within 120 s: {out['alerts']}"
+            time.sleep(1.0)
+        last = out["beats"][0]["ts"]
+        age = out["heartbeat_age_s"]["0"]
+        assert last <= frozen_at + 1.0  # the newest beat is from before the freeze
+        assert abs(age - (time.time() - last)) < 5.0, (age, time.time() - last)  # its true age
+        assert alerts[0]["severity"] == "critical" and alerts[0]["rank"] == 0 and age >= 5
+        started, later = time.monotonic(), out
+        while later["heartbeat_age_s"]["0"] < age + 2.0:  # the freeze goes on: the age grows with it
+            assert time.monotonic() - started < 60, (age, later["heartbeat_age_s"])
+            later = status()
+        grown = time.monotonic() - started
+        assert later["heartbeat_age_s"]["0"] - age <= grown + 5.0  # as fast as time passes, no faster
+        text = nsa_tui("status", "local", rid, *root)
+        assert text.returncode == cli.EXIT_UNHEALTHY, text.stdout + text.stderr
+        shown = float(re.search(r"rank 0: .* heartbeat ([\d.]+) s ago", text.stdout).group(1))
+        assert shown >= later["heartbeat_age_s"]["0"] and "[CRITICAL] no_heartbeat: rank 0" in text.stdout
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        nsa_tui("kill", "local", rid, "--json", *root, timeout=180)
+
+
 def _delete_on_a_terminal(tmp_path: Path, rid: str, answer: str) -> tuple[int, str]:
     """``nsa-tui delete`` on a terminal (a pty for stdin, stdout and stderr), answering ``answer``
     once its question is shown; (exit code, everything it wrote)."""

@@ -10,9 +10,12 @@ panel imports it without torch.
   metrics lines, host samples, alerts;
 - ``series``: bounded metric summaries (metrics-summary.json);
 - ``protocol``: hello, requests, replies, events and the agent's view of a run;
-- ``io``: the one JSON encoder, atomic writer, JSONL appender and tail reader.
+- ``io``: the one JSON encoder, atomic writer, JSONL appender and tail reader;
+- ``appended``: appended files that rotate (``NSA_ROTATE_BYTES``) and the one reader that
+  follows them, whose positions (:class:`StreamPos`) name the file's generation.
 """
 
+from nsa.contract.appended import AppendedReader, StreamPos, rotate_bytes
 from nsa.contract.io import (
     ContractError,
     JsonlWriter,
@@ -54,6 +57,7 @@ from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
 from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
 
 __all__ = [
+    "AppendedReader", "StreamPos", "rotate_bytes",
     "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat", "CpuThreads",
     "ContractError", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
     "Hello", "HostSample", "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder",

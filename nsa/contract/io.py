@@ -230,13 +230,21 @@ class JsonlWriter:
     def __init__(self, path: Path) -> None:
         private_dir(path.parent)
         self.path = path
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-        self._f = os.fdopen(fd, "ab", buffering=0)
+        self._open()
         self._lock = threading.Lock()
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        self._f = os.fdopen(fd, "ab", buffering=0)
+
+    @staticmethod
+    def line(record: Any) -> bytes:
+        """One record as its JSONL line, newline included."""
+        return encode(record) + b"\n"
 
     def write(self, record: Any) -> int:
         """Append one record; returns the bytes written."""
-        line = encode(record) + b"\n"
+        line = self.line(record)
         with self._lock:
             self._f.write(line)
         return len(line)
@@ -249,8 +257,7 @@ class JsonlWriter:
         """Start a fresh file at ``path`` (after the caller renamed the old one away)."""
         with self._lock:
             self._f.close()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-            self._f = os.fdopen(fd, "ab", buffering=0)
+            self._open()
 
     def close(self) -> None:
         with self._lock:
@@ -263,6 +270,18 @@ class Line:
 
     text: str
     offset: int
+
+
+def split_lines(data: bytes, base: int) -> tuple[list[Line], int]:
+    """The complete lines of ``data`` (read at file offset ``base``) and the bytes they span."""
+    lines: list[Line] = []
+    pos = 0
+    while True:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            return lines, pos
+        lines.append(Line(data[pos:nl].decode("utf-8", "replace"), base + nl + 1))
+        pos = nl + 1
 
 
 def read_lines(path: str | Path, offset: int, max_bytes: int = MAX_CHUNK) -> tuple[list[Line], int]:
@@ -287,14 +306,7 @@ def read_lines(path: str | Path, offset: int, max_bytes: int = MAX_CHUNK) -> tup
             data = fh.read(min(max_bytes, size - offset))
     except OSError:
         return [], offset
-    lines: list[Line] = []
-    pos = 0
-    while True:
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            break
-        lines.append(Line(data[pos:nl].decode("utf-8", "replace"), offset + nl + 1))
-        pos = nl + 1
+    lines, pos = split_lines(data, offset)
     if not lines and len(data) >= max_bytes:  # one huge line: deliver what we have
         lines.append(Line(data.decode("utf-8", "replace"), offset + len(data)))
         pos = len(data)

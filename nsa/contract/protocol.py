@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from nsa.contract.appended import StreamPos
 from nsa.contract.records import (
     Alert,
     Beat,
@@ -26,7 +27,7 @@ from nsa.contract.records import (
 from nsa.contract.series import MetricsSummary
 from nsa.contract.status import RunStatus
 
-PROTOCOL = 2  # the agent's protocol version: client and agent must agree
+PROTOCOL = 3  # the agent's protocol version: client and agent must agree
 
 
 class Hello(Record, kw_only=True):
@@ -98,6 +99,8 @@ class RunStatusReport(Record, kw_only=True):
     beats: list[Beat] = []
     recent_metrics: list[Metric] = []
     alerts: list[Alert] = []
+    ts: float = 0.0  # the host's clock when the report was made: the ages below are at this time
+    heartbeat_age_s: dict[int, float] = {}  # rank -> seconds since its newest beat was written
 
 
 class LogLines(Record, kw_only=True):
@@ -118,7 +121,7 @@ class Synced(Record, kw_only=True):
     so far, per stream (never fatal)."""
 
     ts: float
-    offsets: dict[str, int] = {}
+    offsets: dict[str, StreamPos] = {}
     bad_lines: dict[str, int] = {}
 
 
@@ -176,13 +179,15 @@ EventKind = Literal["status", "beats", "metrics", "summary", "log", "gap", "sync
 
 class EventMsg(Record, kw_only=True):
     """One event of a subscription: ``id`` is the subscribing request's id; ``offset`` the
-    byte offset after the data in its stream (file streams), else a sequence number."""
+    byte offset after the data in its stream's file generation ``gen`` (file streams: a
+    rotated or replaced file is a new generation), else a sequence number."""
 
     id: int | str | None = None
     event: str
     run: str | None = None
     stream: str = ""
     offset: int = 0
+    gen: str = ""
     initial: bool = False  # a status sent while the subscription's backlog is still coming
     data: Any = None
 
@@ -195,6 +200,7 @@ class EventEnvelope(Record, kw_only=True):
     run: str | None = None
     stream: str = ""
     offset: int = 0
+    gen: str = ""
     initial: bool = False
     data: msgspec.Raw = msgspec.Raw(b"null")
     ok: bool | None = None
@@ -211,7 +217,7 @@ class WatchArgs(Record, kw_only=True, forbid_unknown_fields=True):
 
     run: str
     streams: list[Literal["status", "heartbeats", "metrics", "log"]] | None = None
-    offsets: dict[str, int] = {}
+    offsets: dict[str, StreamPos] = {}
     summary_points: int = 512
     recent_metrics: int = 512
     log_tail_bytes: int = 256 * 1024
@@ -482,6 +488,7 @@ class LogChunk(Record, kw_only=True):
     text: str
     offset: int
     size: int
+    gen: str = ""  # the file generation ``offset`` counts in (a watch of the log continues there)
 
 
 class DumpFile(Record, kw_only=True):

@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     from nsa.contract import PgTimeouts, RunInfo
+    from nsa.contract.appended import rotate_bytes
     from nsa.train import distributed as D
 
     threads.apply(cpu)
@@ -134,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         device = D.pick_device(cfg.train, local_rank)
-    except RuntimeError as exc:
+        rotate = rotate_bytes()  # NSA_ROTATE_BYTES: a bad value is said before anything is written
+    except (RuntimeError, ValueError) as exc:
         print(f"nsa-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     hb = Heartbeat(run_dir, run_id, rank, local_rank, world, D.device_record(device),
-                   cfg.train.heartbeat_interval_s)
+                   cfg.train.heartbeat_interval_s, rotate_bytes=rotate)
     hb.start()
     record: RunRecord | None = None
     trainer = None

@@ -3,9 +3,10 @@
 The records are the contract's (nsa/contract; docs/run-directory.md). Every JSON file is
 written atomically, every JSONL line with one write. The heartbeat thread beats in every
 phase, so a rank that is alive but stuck (its ``step`` frozen while timer beats continue)
-is told apart from a rank that is gone. Heartbeat files rotate at
-:data:`HEARTBEAT_ROTATE_BYTES` (the previous file is kept as ``rank-R.jsonl.1``), so a
-week-long run's beats cost a bounded amount of disk and reading the latest is O(1).
+is told apart from a rank that is gone. Heartbeat files rotate at ``NSA_ROTATE_BYTES``
+(default 32 MiB; nsa.contract.appended.rotate_bytes), the previous file kept as
+``rank-R.jsonl.1``, so a week-long run's beats cost a bounded amount of disk and reading the
+latest is O(1).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from nsa.contract import (
     read_json,
     write_json_atomic,
 )
+from nsa.contract.appended import DEFAULT_ROTATE_BYTES, RotatingJsonl
 from nsa.contract.io import JsonlWriter, decode_lines, private_dir, read_lines, write_json_in_place
 
-HEARTBEAT_ROTATE_BYTES = 32 << 20
+HEARTBEAT_ROTATE_BYTES = DEFAULT_ROTATE_BYTES  # without NSA_ROTATE_BYTES
 SUMMARY_EVERY_S = 10.0
 SUBDIRS = ("heartbeats", "stacks", "checkpoints")
 
@@ -48,31 +50,12 @@ def ensure_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
-class RotatingJsonl(JsonlWriter):
-    """A JSONL file that moves itself to ``<name>.1`` (replacing the older one) past ``max_bytes``."""
-
-    def __init__(self, path: Path, max_bytes: int) -> None:
-        super().__init__(path)
-        self.max_bytes = max_bytes
-        self._size = self.size()
-        self._rotate_lock = threading.Lock()
-
-    def write(self, record: Any) -> int:
-        n = super().write(record)
-        with self._rotate_lock:
-            self._size += n
-            if self._size >= self.max_bytes:
-                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                self.reopen()
-                self._size = 0
-        return n
-
-
 class Heartbeat:
-    """Per-rank heartbeats: ``step`` beats from the training loop, ``timer`` beats from a thread."""
+    """Per-rank heartbeats: ``step`` beats from the training loop, ``timer`` beats from a thread.
+    ``rotate_bytes``: None reads ``NSA_ROTATE_BYTES`` (default 32 MiB)."""
 
     def __init__(self, run_dir: Path, run_id: str, rank: int, local_rank: int, world_size: int,
-                 device: DeviceInfo, interval_s: float, rotate_bytes: int = HEARTBEAT_ROTATE_BYTES) -> None:
+                 device: DeviceInfo, interval_s: float, rotate_bytes: int | None = None) -> None:
         self.writer = RotatingJsonl(run_dir / "heartbeats" / f"rank-{rank}.jsonl", rotate_bytes)
         self.run_id, self.rank, self.local_rank, self.world_size = run_id, rank, local_rank, world_size
         self.pid, self.host, self.device = os.getpid(), socket.gethostname(), device

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from nsa.contract import Beat, ExitInfo, LaunchInfo, RunInfo, RunStatus, RunView, last_record, read_json
+from nsa.contract.appended import rotated_path
 from nsa.contract.io import private_dir, tail_lines
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
@@ -40,7 +41,7 @@ def latest_beat(path: Path) -> Beat | None:
     """The newest beat of one rank: its current file, else the rotated one (just rotated)."""
     beat = last_record(path, Beat)
     if beat is None:
-        beat = last_record(path.with_name(path.name + ".1"), Beat)
+        beat = last_record(rotated_path(path), Beat)
     return beat
 
 

@@ -22,6 +22,7 @@ from importlib import metadata
 from typing import Any
 
 from nsa.contract import PROTOCOL, Hello, Metric, RunStatusReport, RunView, decode_lines
+from nsa.contract.appended import read_chunk
 from nsa.contract.io import ContractError, convert, decode, encode, tail_lines
 from nsa.contract.protocol import (
     AckArgs,
@@ -256,8 +257,10 @@ class Agent:
             view = self.store.view(a.run)
             d = self.store.run_dir(a.run)
             lines = tail_lines(d / "metrics.jsonl", STATUS_METRICS, STATUS_METRICS * METRIC_LINE_BYTES)
-            return RunStatusReport(run=view, beats=latest_beats(d),
-                                   recent_metrics=decode_lines(lines, Metric))
+            beats = latest_beats(d)
+            now = time.time()  # the ages are measured here, on the clock the beats were written by
+            return RunStatusReport(run=view, beats=beats, recent_metrics=decode_lines(lines, Metric), ts=now,
+                                   heartbeat_age_s={b.rank: max(0.0, now - b.ts) for b in beats})
 
         return await asyncio.to_thread(report)
 
@@ -310,14 +313,8 @@ class Agent:
         path = self.store.run_dir(a.run) / a.file  # one of two names, never a path from the client
 
         def read() -> LogChunk:
-            try:
-                with open(path, "rb") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    fh.seek(max(0, min(int(a.offset), size)))
-                    data = fh.read(max(0, min(int(a.max_bytes), 16 << 20)))
-                    return LogChunk(text=data.decode("utf-8", "replace"), offset=fh.tell(), size=size)
-            except FileNotFoundError:
-                return LogChunk(text="", offset=0, size=0)
+            data, end, size, gen = read_chunk(path, int(a.offset), max(0, min(int(a.max_bytes), 16 << 20)))
+            return LogChunk(text=data.decode("utf-8", "replace"), offset=end, size=size, gen=gen)
 
         return await asyncio.to_thread(read)
 

@@ -3,8 +3,11 @@
 A run's watch is bounded whatever the run's age (docs/agent-protocol.md, "watch"): the
 newest beat of each rank (not the history), the metrics as their summary plus the last
 lines at full resolution, the log's tail; then live lines as they are written. A client
-that reconnects passes the offsets it saw: a stream it missed little of continues exactly
-(no gap, no duplicate); one it missed much of starts again from its bounded view.
+that reconnects passes the positions it saw: a stream it missed little of continues exactly
+(no gap, no duplicate), across a rotation of its file too; one it missed much of, or whose
+file is gone (rotated twice since), starts again from its bounded view. Every file is read
+through the contract's rotation-aware reader (nsa.contract.appended): a position names the
+file's generation, so a fresh file after a rotation is never taken for the old one.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from nsa.contract import (
     encode,
     read_json,
 )
+from nsa.contract.appended import AppendedReader, StreamPos, position_at_end, rotated_path, tail
 from nsa.contract.io import LineStats, read_lines, tail_with_offset
 from nsa.contract.protocol import AlertList, EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced, WatchArgs
-from nsa_tui.agent.runs import RunStore, beat_files, latest_beat
+from nsa_tui.agent.runs import RunStore, beat_files
 
 POLL_S = 0.25
 STATUS_EVERY_S = 1.0
@@ -126,89 +130,112 @@ class RunWatch:
         self.run_id = args.run
         self.dir = store.run_dir(args.run)
         self.streams = set(args.streams or ALL_STREAMS)
-        self.offsets: dict[str, int] = {str(k): int(v) for k, v in args.offsets.items()}
+        self.resume: dict[str, StreamPos] = {str(k): v for k, v in args.offsets.items()}
+        self.readers: dict[str, AppendedReader] = {}  # stream -> where it is read
         self.poll_s = poll_s
         self.stats: dict[str, LineStats] = {}
 
-    def _event(self, kind: str, data: Any, stream: str = "", offset: int = 0, initial: bool = False) -> None:
-        self.send(EventMsg(id=self.sub_id, event=kind, run=self.run_id, stream=stream, offset=offset,
-                           initial=initial, data=data))
+    def _event(self, kind: str, data: Any, stream: str = "", pos: StreamPos | None = None,
+               initial: bool = False) -> None:
+        pos = pos or StreamPos()
+        self.send(EventMsg(id=self.sub_id, event=kind, run=self.run_id, stream=stream, offset=pos.offset,
+                           gen=pos.gen, initial=initial, data=data))
 
     def _stats(self, stream: str) -> LineStats:
         return self.stats.setdefault(stream, LineStats())
+
+    def _reader(self, stream: str, path: Path, rotates: bool = False) -> AppendedReader:
+        r = self.readers.get(stream)
+        if r is None:  # a file that appeared after the backlog (a rank's first beats): from its start
+            r = self.readers[stream] = AppendedReader(path, self.resume.get(stream), rotates)
+        return r
+
+    def _resumes(self, stream: str, path: Path, limit: int, rotates: bool = False) -> bool:
+        """Whether ``stream`` continues exactly from the client's position: its file (or the
+        generation before it, for a rotating file) holds at most ``limit`` bytes after it."""
+        pos = self.resume.get(stream)
+        if pos is None:
+            return False
+        reader = AppendedReader(path, pos, rotates)
+        behind = reader.behind()
+        if behind is None or behind > limit:
+            return False
+        self.readers[stream] = reader
+        return True
 
     # -- the bounded first view -----------------------------------------------------------------
     def _backlog_beats(self) -> None:
         for rank, path in beat_files(self.dir).items():
             stream = f"heartbeats/rank-{rank}"
-            size = _file_size(path)
-            off = self.offsets.get(stream)
-            if off is not None and 0 <= size - off <= BEATS_RESUME_BYTES:
+            if self._resumes(stream, path, BEATS_RESUME_BYTES, rotates=True):
                 continue  # the live loop sends exactly what was missed
-            beat = latest_beat(path)
-            self.offsets[stream] = size
-            if beat is not None:
-                self._event("beats", [beat], stream, size)
+            lines, pos = tail(path, 64, 64 << 10)
+            beats = decode_lines([ln.text for ln in lines], Beat)
+            if not beats:  # just rotated: the newest beat is the last of the previous file
+                older, _ = tail(rotated_path(path), 64, 64 << 10)
+                beats = decode_lines([ln.text for ln in older], Beat)
+            self.readers[stream] = AppendedReader(path, pos, rotates=True)
+            if beats:
+                self._event("beats", beats[-1:], stream, pos)
 
     def _backlog_metrics(self) -> None:
         path = self.dir / "metrics.jsonl"
-        size = _file_size(path)
-        off = self.offsets.get("metrics")
-        if off is not None and 0 <= size - off <= METRICS_RESUME_BYTES:
+        if self._resumes("metrics", path, METRICS_RESUME_BYTES):
             return
+        gen = position_at_end(path).gen
         summary, recent, end = metrics_view(self.dir, self.args.summary_points, self.args.recent_metrics,
                                             self.cache)
-        self._event("summary", summary, "metrics", end)
+        pos = StreamPos(gen=gen, offset=end if gen else 0)
+        self._event("summary", summary, "metrics", pos)
         if recent:
-            self._event("metrics", recent, "metrics", end)
-        self.offsets["metrics"] = end
+            self._event("metrics", recent, "metrics", pos)
+        self.readers["metrics"] = AppendedReader(path, pos, rotates=False)
 
     def _backlog_log(self) -> None:
         path = self.dir / "train.log"
-        size = _file_size(path)
-        off = self.offsets.get("log")
         want = self.args.log_tail_bytes
-        if off is not None and 0 <= size - off <= want:
+        if self._resumes("log", path, want):
             return
-        lines, end = tail_with_offset(path, 1 << 30, want)
-        skipped = (lines[0].offset - len(lines[0].text.encode()) - 1) if lines else end
+        size = _file_size(path)
+        lines, pos = tail(path, 1 << 30, want)
+        skipped = (lines[0].offset - len(lines[0].text.encode()) - 1) if lines else pos.offset
         if skipped > 0:
-            self._event("gap", Gap(stream="log", skipped_bytes=skipped, size=size), "log", 0)
+            self._event("gap", Gap(stream="log", skipped_bytes=skipped, size=size), "log")
         if lines:
-            self._event("log", LogLines(lines=[ln.text for ln in lines]), "log", end)
-        self.offsets["log"] = end
+            self._event("log", LogLines(lines=[ln.text for ln in lines]), "log", pos)
+        self.readers["log"] = AppendedReader(path, pos, rotates=False)
 
     # -- live -------------------------------------------------------------------------------------
     async def _pump_beats(self) -> bool:
         busy = False
         for rank, path in beat_files(self.dir).items():
             stream = f"heartbeats/rank-{rank}"
-            lines, end = await asyncio.to_thread(read_lines, path, self.offsets.get(stream, 0))
-            self.offsets[stream] = end
+            reader = self._reader(stream, path, rotates=True)
+            lines = await asyncio.to_thread(reader.read)
             if lines:
                 busy = True
                 beats = decode_lines([ln.text for ln in lines], Beat, self._stats(stream), stream)
                 if beats:
-                    self._event("beats", beats, stream, end)
+                    self._event("beats", beats, stream, reader.pos)
         return busy
 
     async def _pump(self, stream: str, path: Path) -> bool:
-        lines, end = await asyncio.to_thread(read_lines, path, self.offsets.get(stream, 0))
-        self.offsets[stream] = end
+        reader = self._reader(stream, path)
+        lines = await asyncio.to_thread(reader.read)
         if not lines:
             return False
         if stream == "log":
-            self._event("log", LogLines(lines=[ln.text for ln in lines]), "log", end)
+            self._event("log", LogLines(lines=[ln.text for ln in lines]), "log", reader.pos)
         else:
             recs = decode_lines([ln.text for ln in lines], Metric, self._stats(stream), stream)
             if recs:
-                self._event("metrics", recs, stream, end)
+                self._event("metrics", recs, stream, reader.pos)
         return True
 
     async def run(self) -> None:
         """Status, the bounded backlog, ``synced``, then live lines and status changes."""
         current = await asyncio.to_thread(self.store.view, self.run_id)
-        self._event("status", current, "status", 0, initial=True)
+        self._event("status", current, "status", initial=True)
         last = encode(current)
         await asyncio.to_thread(self._backlog)
         synced = False
@@ -237,15 +264,15 @@ class RunWatch:
                     next_status = 0.0  # an end status goes out after the lines, never before them
                 elif encode(fresh) != last:
                     last = encode(fresh)
-                    self._event("status", fresh, "status", 0, initial=not synced)
+                    self._event("status", fresh, "status", initial=not synced)
             if not synced and not busy:
                 synced = True
                 bad = {k: s.bad for k, s in self.stats.items() if s.bad}
-                self._event("synced", Synced(ts=time.time(), offsets=dict(self.offsets), bad_lines=bad),
-                            "synced")
+                offsets = {k: r.pos for k, r in self.readers.items()}
+                self._event("synced", Synced(ts=time.time(), offsets=offsets, bad_lines=bad), "synced")
                 if current.status.is_terminal():
                     # subscribed to a run that had already ended: its end, again, after the backlog
-                    self._event("status", current, "status", 0, initial=False)
+                    self._event("status", current, "status", initial=False)
             await asyncio.sleep(self.poll_s if not busy else 0)
 
     def _backlog(self) -> None:

@@ -50,7 +50,8 @@ from nsa.contract import (
     decode_lines,
     read_json,
 )
-from nsa.contract.io import LineStats, read_lines, tail_lines
+from nsa.contract.appended import AppendedReader
+from nsa.contract.io import LineStats, tail_lines
 from nsa.contract.records import Usage
 from nsa_tui.agent.procs import run_process
 from nsa_tui.agent.runs import LOG_TAIL_LINES, beat_files, derive_status
@@ -66,51 +67,24 @@ EVIDENCE_EVERY_S = 60.0  # at most one capture per minute per run
 
 
 class FileTail:
-    """The new complete lines of one file since the last call, following a rotation to
-    ``<name>.1`` (what was written to the old file before it moved is still read)."""
+    """The new complete lines of one file since the last call, through the contract's
+    rotation-aware reader (nsa.contract.appended): after a rotation to ``<name>.1`` what was
+    written to the old file before it moved is read first, and the fresh file is never taken
+    for the old one. A file further ahead than SKIP_BEHIND_BYTES (or whose generation was
+    lost) is read from its last KEEP_BYTES."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, rotates: bool = True) -> None:
         self.path = path
-        self.offset = 0
-        self.ino: int | None = None
+        self.reader = AppendedReader(path, rotates=rotates)
         self.skipped = 0  # bytes never read because the file ran far ahead
 
     def read(self) -> list[str]:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return []
+        behind = self.reader.behind()
+        if behind is None or behind > SKIP_BEHIND_BYTES:
+            self.skipped += self.reader.skip_to_tail(KEEP_BYTES)
         out: list[str] = []
-        if self.ino is not None and st.st_ino != self.ino:
-            old = self.path.with_name(self.path.name + ".1")
-            try:
-                if os.stat(old).st_ino == self.ino:
-                    out += self._drain(old)
-            except OSError:
-                pass
-            self.offset = 0
-        self.ino = st.st_ino
-        return out + self._drain(self.path)
-
-    def _drain(self, path: Path) -> list[str]:
-        out: list[str] = []
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            return out
-        cut = False
-        if size - self.offset > SKIP_BEHIND_BYTES:
-            self.skipped += size - KEEP_BYTES - self.offset
-            self.offset = size - KEEP_BYTES
-            cut = True
-        while True:
-            lines, end = read_lines(path, self.offset)
-            if not lines:
-                break
-            if cut:
-                lines, cut = lines[1:], False  # the first line was entered in its middle
+        while lines := self.reader.read():
             out += [ln.text for ln in lines]
-            self.offset = end
         return out
 
 
@@ -131,8 +105,8 @@ class Watchdog:
         self.ledger = AlertLedger(self.run_dir / ALERTS_FILE, self.run_id,
                                   resolve_after_s=settings.alerts.resolve_after_s, clock=clock)
         self.beat_tails: dict[int, FileTail] = {}
-        self.metrics = FileTail(self.run_dir / "metrics.jsonl")
-        self.train_log = FileTail(self.run_dir / "train.log")
+        self.metrics = FileTail(self.run_dir / "metrics.jsonl", rotates=False)
+        self.train_log = FileTail(self.run_dir / "train.log", rotates=False)
         self.stats: dict[str, LineStats] = {}
         self.beats: dict[int, Beat] = {}
         self.gone: set[int] = set()

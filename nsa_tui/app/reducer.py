@@ -131,7 +131,7 @@ def watch_event(state: PanelState, dest: str, ev: Event) -> None:
     elif kind == "synced":
         run.synced = True
     if kind in ("beats", "metrics", "log"):
-        run.offsets[ev.stream] = ev.offset
+        run.offsets[ev.stream] = ev.pos
     run.version += 1
 
 

@@ -14,7 +14,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nsa.contract import Alert, Beat, Hello, HostSample, MetricsFolder, RunStatus, RunView, TrainMetric
+from nsa.contract import (
+    Alert,
+    Beat,
+    Hello,
+    HostSample,
+    MetricsFolder,
+    RunStatus,
+    RunView,
+    StreamPos,
+    TrainMetric,
+)
 from nsa.contract.protocol import AlertState, Gap
 from nsa.contract.records import Metric
 from nsa.contract.series import metric_values
@@ -173,7 +183,7 @@ class RunState:
     log: LogBuffer = field(default_factory=LogBuffer)
     log_gap: Gap | None = None  # the start of train.log that was not sent (its tail is shown)
     beats: dict[int, Beat] = field(default_factory=dict)
-    offsets: dict[str, int] = field(default_factory=dict)
+    offsets: dict[str, StreamPos] = field(default_factory=dict)  # where a re-watch continues each stream
     synced: bool = False
     version: int = 0
 

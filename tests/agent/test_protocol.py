@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nsa.contract import RunStatus
+from nsa.contract import PROTOCOL, RunStatus, StreamPos
 from nsa.contract.protocol import Gap, RunsList
 from nsa_tui.client import AgentError, Event, HostClient
 
@@ -25,7 +25,7 @@ def test_raw_protocol_lines(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "nsa_tui.agent", "--runs-root", str(tmp_path)],
                          input="\n".join(reqs) + "\n", capture_output=True, text=True, timeout=60)
     msgs = [json.loads(line) for line in out.stdout.splitlines()]
-    assert msgs[0]["hello"]["agent"] == 2 and msgs[0]["hello"]["runs_root"] == str(tmp_path)
+    assert msgs[0]["hello"]["agent"] == PROTOCOL and msgs[0]["hello"]["runs_root"] == str(tmp_path)
     by_id = {m.get("id"): m for m in msgs[1:]}
     assert by_id[1]["ok"] and by_id[None]["error"]["code"] == "bad_request"
     assert by_id[2]["error"]["code"] == "unknown_op"
@@ -136,7 +136,7 @@ async def test_watch_sends_a_bounded_view_then_live_lines_and_resumes_exactly(tm
         assert isinstance(gap, Gap) and gap.skipped_bytes > 0
         logs = [ln for e in first if e.kind == "log" for ln in e.data.lines]
         assert logs[-1] == "log line 3000" and 0 < len(logs) < 100
-        seen = {e.stream: e.offset for e in first if e.kind in ("metrics", "beats", "log")}
+        seen = {e.stream: e.pos for e in first if e.kind in ("metrics", "beats", "log")}
         _append(d / "metrics.jsonl", metric(3001))
         live = await _take(it, 1, ("metrics",))
         assert steps_of(live) == [3001]
@@ -144,9 +144,10 @@ async def test_watch_sends_a_bounded_view_then_live_lines_and_resumes_exactly(tm
         # a client that saw up to step 2999 asks for the rest: exactly steps 3000 and 3001
         size = (d / "metrics.jsonl").stat().st_size
         off = size - 2 * len((json.dumps(metric(3001)) + "\n").encode())
-        rest = await _take(c.watch(RID, streams=["metrics"], offsets={"metrics": off}), 2, ("metrics",))
+        at = StreamPos(gen=seen["metrics"].gen, offset=off)
+        rest = await _take(c.watch(RID, streams=["metrics"], offsets={"metrics": at}), 2, ("metrics",))
         assert steps_of(rest) == [3000, 3001]
-        assert seen["heartbeats/rank-0"] == (d / "heartbeats" / "rank-0.jsonl").stat().st_size
+        assert seen["heartbeats/rank-0"].offset == (d / "heartbeats" / "rank-0.jsonl").stat().st_size
     finally:
         await c.close()
 
@@ -215,7 +216,7 @@ async def test_malformed_lines_are_skipped_and_counted_never_fatal(tmp_path: Pat
     c = HostClient("local", runs_root=str(tmp_path))
     await c.start()
     try:
-        it = c.watch(RID, offsets={"metrics": 0, "heartbeats/rank-0": 0})
+        it = c.watch(RID, offsets={"metrics": StreamPos(), "heartbeats/rank-0": StreamPos()})
         events: list[Event] = []
         async for ev in it:
             events.append(ev)
