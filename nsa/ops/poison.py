@@ -57,7 +57,10 @@ def fill(t: torch.Tensor) -> torch.Tensor:
 def empty(*size: int | Sequence[int], device: torch.device | str | None = None,
           dtype: torch.dtype | None = None) -> torch.Tensor:
     """``torch.empty(*size, device=, dtype=)``, poisoned within ``poisoned()``."""
-    t = torch.empty(*size, device=device, dtype=dtype)
+    shape: list[int] = []
+    for part in size:  # torch.empty's two spellings: empty(2, 3) and empty((2, 3))
+        shape.extend([part] if isinstance(part, int) else part)
+    t = torch.empty(shape, device=device, dtype=dtype)
     return fill(t) if _on else t
 
 
