@@ -140,10 +140,12 @@ async def _resolve_run(clients: dict[str, Any], ref: str) -> str:
     host's runs. An id no list holds goes to the agents as given (they answer for it)."""
     from nsa_tui.agent.runs import RUN_ID_RE
 
-    lists = await asyncio.gather(*(c.runs() for c in clients.values()))
+    lists = await asyncio.gather(*(c.runs() for c in clients.values()), return_exceptions=True)
+    if all(isinstance(x, BaseException) for x in lists):
+        raise next(x for x in lists if isinstance(x, BaseException))
     seen: dict[str, Any] = {}
-    for runs in lists:
-        for r in runs:
+    for runs in lists:  # a host that failed to answer: its part is said by the command
+        for r in [] if isinstance(runs, BaseException) else runs:
             seen.setdefault(r.run_id, r)  # a run over several hosts: one entry
     try:
         return resolve(ref, list(seen.values()))
