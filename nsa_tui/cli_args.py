@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+HOSTS = "local, an SSH destination, or H1,H2,... (one run over several hosts)"
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``nsa-tui`` (usage errors exit 2, as argparse does)."""
@@ -17,10 +18,10 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("connect", help="open the panel on these hosts")
     c.add_argument("dests", nargs="+", metavar="DEST")
     rl = sub.add_parser("runs", parents=[common], help="list runs (archived ones with --all)")
-    rl.add_argument("host")
+    rl.add_argument("host", metavar="HOST", help=HOSTS)
     rl.add_argument("--all", action="store_true", help="also the archived runs")
     la = sub.add_parser("launch", parents=[common], help="validate a config on the host and start a run")
-    la.add_argument("host", help="HOST, or HOST1,HOST2,... for one run over several hosts")
+    la.add_argument("host", metavar="HOST", help=HOSTS)
     la.add_argument("--config", required=True, help="config path (on the host, or local with --upload)")
     la.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=None,
                     help="processes per host (default: the host's GPU count, or 1)")
@@ -34,12 +35,12 @@ def parser() -> argparse.ArgumentParser:
     la.add_argument("--on-failure", default=None, choices=["none", "restart", "fallback", "stop"],
                     help="what the host's watchdog does when the run fails (config on_failure.action)")
     al = sub.add_parser("alerts", parents=[common], help="the host's recorded alerts (every run, or one)")
-    al.add_argument("host")
+    al.add_argument("host", metavar="HOST", help=HOSTS)
     al.add_argument("run", nargs="?", default=None)
     al.add_argument("-f", "--follow", action="store_true", help="keep printing changes as they happen")
     al.add_argument("--history", type=int, default=100, help="resolved alerts shown per run (default 100)")
     ak = sub.add_parser("ack", parents=[common], help="acknowledge an alert (its id, or its kind)")
-    ak.add_argument("host")
+    ak.add_argument("host", metavar="HOST", help=HOSTS)
     ak.add_argument("run")
     ak.add_argument("alert")
     la.add_argument("--force", action="store_true",
@@ -48,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", parents=[common], help="a run's metrics as CSV and/or TensorBoard files",
                         description="Reads every metrics line through the host's agent and writes here. "
                                     "TensorBoard needs tensorboardX: pip install 'nsa-tui[export]'.")
-    ex.add_argument("host")
+    ex.add_argument("host", metavar="HOST", help=HOSTS)
     ex.add_argument("run")
     ex.add_argument("--tensorboard", metavar="DIR", default=None,
                     help="event files into DIR/<run id> (point TensorBoard, or wandb sync "
@@ -62,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
                        ("archive", "hide a run that is not alive from the default run list"),
                        ("delete", "remove a run that is not alive (says how much it frees)")):
         sp = sub.add_parser(name, parents=[common], help=text)
-        sp.add_argument("host")
+        sp.add_argument("host", metavar="HOST", help=HOSTS)
         sp.add_argument("run")
         if name in ("kill", "fallback"):
             sp.add_argument("--grace", type=float, default=60.0, help="seconds between TERM and KILL")
@@ -78,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "delete":
             sp.add_argument("--yes", action="store_true", help="do not ask (scripts)")
     st = sub.add_parser("setup", parents=[common], help="install this version on an SSH host (venv)")
-    st.add_argument("host")
+    st.add_argument("host", metavar="HOST", help="an SSH destination, or H1,H2,... (each in turn)")
     st.add_argument("--no-deps", action="store_true", help="pip --no-deps: install no dependency")
     st.add_argument("--prefix", default="~/.nsa-tui", help="install directory on the host")
     st.add_argument("--python", default="python3", help="the host's python that creates the venv")

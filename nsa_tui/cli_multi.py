@@ -1,4 +1,5 @@
-"""The CLI's commands for a run over several hosts: ``HOST1,HOST2`` (or one host of such a run).
+"""The CLI's commands over several hosts: ``HOST1,HOST2`` (or one host of a run over several);
+nsa_tui/cli.py sends a command here after connecting, and maps its errors to exit codes.
 
     nsa-tui launch H1,H2 --config C --nproc-per-node N [--rdzv-host ADDR] [--rdzv-port P]
     nsa-tui status|logs|alerts|kill|dump|fallback|resume H1,H2 RUN
