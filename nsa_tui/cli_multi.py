@@ -1,4 +1,5 @@
-"""The CLI's commands for a run over several hosts: ``HOST1,HOST2`` (or one host of such a run).
+"""The CLI's commands over several hosts: ``HOST1,HOST2`` (or one host of a run over several);
+nsa_tui/cli.py sends a command here after connecting, and maps its errors to exit codes.
 
     nsa-tui launch H1,H2 --config C --nproc-per-node N [--rdzv-host ADDR] [--rdzv-port P]
     nsa-tui status|logs|alerts|kill|dump|fallback|resume H1,H2 RUN
@@ -16,12 +17,12 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from nsa.contract import RunStatus, StreamPos
 from nsa_tui import coordinator as co
+from nsa_tui.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE, emit, exit_for, fail
 from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
 from nsa_tui.client import AgentError, HostClient
 from nsa_tui.multihost import MergedRun, Part, group_views, merge
@@ -74,7 +75,7 @@ def part_alerts(p: Part, run_id: str, now: float) -> list[Any]:
 
 
 async def _status(clients: dict[str, HostClient], unreachable: dict[str, str], hosts: list[str],
-                  args: argparse.Namespace, emit: Callable[..., None]) -> int:
+                  args: argparse.Namespace) -> int:
     found = await co.parts(clients, args.run, unreachable, hosts)
     if all(p.view is None for p in found if p.reachable) and not any(not p.reachable for p in found):
         raise AgentError("no_such_run", f"no run {args.run} on {', '.join(hosts)}")
@@ -89,10 +90,10 @@ async def _status(clients: dict[str, HostClient], unreachable: dict[str, str], h
            "parts": [{"host": p.host, "reachable": p.reachable, "why": p.why,
                       "run": _builtins(p.view) if p.view is not None else None} for p in found],
            "alerts": [_builtins(a) for a in alerts]}
-    emit(doc, _text_of(merged, now, alerts, ages))
+    emit(args, doc, _text_of(merged, now, alerts, ages))
     bad = merged.status in (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST) or merged.lost or any(
         a.severity == "critical" for a in alerts)
-    return 6 if bad else 0
+    return EXIT_UNHEALTHY if bad else EXIT_OK
 
 
 def _builtins(x: Any) -> Any:
@@ -131,11 +132,11 @@ async def _logs(clients: dict[str, HostClient], hosts: list[str], args: argparse
         out("", final=True)
 
     await asyncio.gather(*(one(h) for h in hosts if h in clients))
-    return 0
+    return EXIT_OK
 
 
 async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], hosts: list[str],
-                  args: argparse.Namespace, emit: Callable[..., None]) -> int:
+                  args: argparse.Namespace) -> int:
     """Every host's recorded alerts (its watchdog's alerts.jsonl), each line prefixed with its
     host; ``-f`` follows all of them. A host that cannot be reached is said, and exits 5."""
     from nsa.contract.io import to_builtins
@@ -152,7 +153,7 @@ async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], h
         for host, why in unreachable.items():
             print(f"[{host}] unreachable: {why}", file=sys.stderr, flush=True)
         await asyncio.gather(*(follow(h) for h in hosts if h in clients))
-        return 5 if unreachable else 0
+        return EXIT_UNREACHABLE if unreachable else EXIT_OK
     got = dict(zip([h for h in hosts if h in clients], await asyncio.gather(
         *(clients[h].alerts(args.run, args.history) for h in hosts if h in clients))))
     lines = []
@@ -165,77 +166,87 @@ async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], h
         if lst.bad_lines:
             lines.append(f"[{host}] ({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)")
     doc = {h: _builtins(got[h]) if h in got else {"error": f"unreachable: {unreachable[h]}"} for h in hosts}
-    emit(doc, "\n".join(lines) or "no alerts")
-    return 5 if unreachable else 0
+    emit(args, doc, "\n".join(lines) or "no alerts")
+    return EXIT_UNREACHABLE if unreachable else EXIT_OK
 
 
 async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreachable: dict[str, str],
-              hosts: list[str], emit: Callable[..., None], fail: Callable[..., int]) -> int:
-    """One command over several hosts (``hosts`` in node order); returns the exit code."""
+              hosts: list[str]) -> int:
+    """One command over several hosts (``hosts`` in node order; ``unreachable``: host -> why
+    not); returns the exit code. Errors that stop the command are raised (nsa_tui/cli.py maps
+    them); a host's own failure within kill or dump is reported with the others'."""
     cmd = args.cmd
     if unreachable and cmd in ("launch", "fallback", "resume", "kill", "dump"):
         host, why = next(iter(unreachable.items()))
-        return fail(5, "unreachable", f"{host}: {why}")
-    try:
-        if cmd == "launch":
-            if getattr(args, "on_failure", None):  # a config value, refused where it cannot work
-                args.set = [*args.set, f"on_failure.action={args.on_failure}"]
-            res = await co.launch(clients, args.config, nproc=args.nproc, overrides=args.set, name=args.name,
-                                  upload=args.upload, rdzv_host=args.rdzv_host, rdzv_port=args.rdzv_port,
-                                  force=getattr(args, "force", False))
-            doc = {"run_id": res.run_id, "rdzv_endpoint": res.rdzv_endpoint,
-                   "hosts": {h: _builtins(r) for h, r in res.results.items()}}
-            emit(doc, res.run_id)
-        elif cmd == "status":
-            return await _status(clients, unreachable, hosts, args, emit)
-        elif cmd == "logs":
-            return await _logs(clients, hosts, args)
-        elif cmd == "alerts":
-            return await _alerts(clients, unreachable, hosts, args, emit)
-        elif cmd in ONE_HOST:
-            return fail(2, "bad_request", f"{cmd} acts on one host's part of a run: name one host "
-                        f"(nsa-tui {cmd} HOST ...), once per host")
-        elif cmd == "kill":
-            results = await co.kill(clients, args.run, args.grace)
-            emit({h: _builtins(r) if not isinstance(r, Exception) else {"error": co.describe(r)}
-                  for h, r in results.items()},
-                 "\n".join(f"{h}: {_kill_text(r)}" for h, r in results.items()))
-            if any(isinstance(r, Exception) for r in results.values()):
-                return 1
-        elif cmd == "dump":
-            dumps = await co.dump(clients, args.run)
-            texts = []
-            for h, d in dumps.items():
-                if isinstance(d, Exception):
-                    texts.append(f"==> {h}: {co.describe(d)} <==")
-                    continue
-                for f in d.files:
-                    texts.append(f"==> {h}/{f.name} <==\n{f.text}")
-                    if args.out:
-                        out = Path(args.out) / h.replace("/", "_")
-                        out.mkdir(parents=True, exist_ok=True)
-                        (out / Path(f.name).name).write_text(f.text)
-            emit({h: _builtins(d) if not isinstance(d, Exception) else {"error": co.describe(d)}
-                  for h, d in dumps.items()}, "\n".join(texts) or "no files")
-        elif cmd == "fallback":
-            log = None if args.json else (lambda m: print(m, file=sys.stderr))
-            fres = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
-            note = " (already done before: fallback started it)" if fres.again else ""
-            emit(_builtins(fres), fres.run_id + note)
-        elif cmd == "resume":
-            log = None if args.json else (lambda m: print(m, file=sys.stderr))
-            mres = await co.resume(clients, args.run, log=log)
-            emit({"run_id": mres.run_id, "rdzv_endpoint": mres.rdzv_endpoint,
-                  "hosts": {h: _builtins(r) for h, r in mres.results.items()}}, mres.run_id)
-        elif cmd == "runs":
-            groups = group_views({h: await c.runs() for h, c in clients.items()})
-            merged = [merge(rid, ps) for rid, ps in groups]
-            emit([{"run_id": m.run_id, "name": m.name, "status": m.status.value, "hosts": m.hosts}
-                  for m in merged], _runs_text(merged))
-    except co.MultiHostError as exc:
-        codes = {"bad_config": 3, "no_such_run": 4, "unreachable": 5, "nsa_missing": 5, "bad_request": 2}
-        return fail(codes.get(exc.code, 1), exc.code, str(exc))
-    return 0
+        return fail(args, "unreachable", f"{host}: {why}")
+    if cmd == "launch":
+        if getattr(args, "on_failure", None):  # a config value, refused where it cannot work
+            args.set = [*args.set, f"on_failure.action={args.on_failure}"]
+        res = await co.launch(clients, args.config, nproc=args.nproc, overrides=args.set, name=args.name,
+                              upload=args.upload, rdzv_host=args.rdzv_host, rdzv_port=args.rdzv_port,
+                              force=getattr(args, "force", False))
+        doc = {"run_id": res.run_id, "rdzv_endpoint": res.rdzv_endpoint,
+               "hosts": {h: _builtins(r) for h, r in res.results.items()}}
+        emit(args, doc, res.run_id)
+    elif cmd == "status":
+        return await _status(clients, unreachable, hosts, args)
+    elif cmd == "logs":
+        return await _logs(clients, hosts, args)
+    elif cmd == "alerts":
+        return await _alerts(clients, unreachable, hosts, args)
+    elif cmd in ONE_HOST:
+        return fail(args, "bad_request", f"{cmd} acts on one host's part of a run: name one host "
+                    f"(nsa-tui {cmd} HOST ...), once per host")
+    elif cmd == "kill":
+        results = await co.kill(clients, args.run, args.grace)
+        emit(args, {h: _builtins(r) if not isinstance(r, Exception) else {"error": co.describe(r)}
+                    for h, r in results.items()},
+             "\n".join(f"{h}: {_kill_text(r)}" for h, r in results.items()))
+        return per_host_exit(results)
+    elif cmd == "dump":
+        dumps = await co.dump(clients, args.run)
+        texts = []
+        for h, d in dumps.items():
+            if isinstance(d, Exception):
+                texts.append(f"==> {h}: {co.describe(d)} <==")
+                continue
+            for f in d.files:
+                texts.append(f"==> {h}/{f.name} <==\n{f.text}")
+                if args.out:
+                    out = Path(args.out) / h.replace("/", "_")
+                    out.mkdir(parents=True, exist_ok=True)
+                    (out / Path(f.name).name).write_text(f.text)
+        emit(args, {h: _builtins(d) if not isinstance(d, Exception) else {"error": co.describe(d)}
+                    for h, d in dumps.items()}, "\n".join(texts) or "no files")
+        return per_host_exit(dumps)
+    elif cmd == "fallback":
+        log = None if args.json else (lambda m: print(m, file=sys.stderr))
+        fres = await co.fallback(clients, args.run, nproc=args.nproc, grace_s=args.grace, log=log)
+        note = " (already done before: fallback started it)" if fres.again else ""
+        emit(args, _builtins(fres), fres.run_id + note)
+    elif cmd == "resume":
+        log = None if args.json else (lambda m: print(m, file=sys.stderr))
+        mres = await co.resume(clients, args.run, log=log)
+        emit(args, {"run_id": mres.run_id, "rdzv_endpoint": mres.rdzv_endpoint,
+                    "hosts": {h: _builtins(r) for h, r in mres.results.items()}}, mres.run_id)
+    elif cmd == "runs":
+        groups = group_views({h: await c.runs() for h, c in clients.items()})
+        merged = [merge(rid, ps) for rid, ps in groups]
+        emit(args, [{"run_id": m.run_id, "name": m.name, "status": m.status.value, "hosts": m.hosts}
+                    for m in merged], _runs_text(merged))
+    return EXIT_OK
+
+
+def per_host_exit(results: dict[str, Any]) -> int:
+    """The exit code of a command done on every host at once: ok where every host did it; where
+    every host failed with one agent error, that error's (as on one host); else failed."""
+    errors = [r for r in results.values() if isinstance(r, Exception)]
+    if not errors:
+        return EXIT_OK
+    codes = {r.code if isinstance(r, AgentError) else None for r in errors}
+    if len(errors) == len(results) and len(codes) == 1 and None not in codes:
+        return exit_for(next(iter(codes)) or "")
+    return EXIT_FAILED
 
 
 def _kill_text(r: Any) -> str:
