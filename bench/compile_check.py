@@ -157,7 +157,7 @@ def _is_jit(obj: Any) -> bool:
 
 
 def _unwrap(obj: Any) -> Any:
-    """The function under ``triton.autotune`` / ``triton.heuristics`` wrappers."""
+    """The function under tunable / ``triton.autotune`` / ``triton.heuristics`` wrappers."""
     from triton.runtime.autotuner import KernelInterface
 
     while isinstance(obj, KernelInterface) and not _is_jit(obj) and hasattr(obj, "fn"):
@@ -225,7 +225,6 @@ def capture(case: Callable[[], str] = lambda: "") -> Iterator[list[Launch]]:
     """Record every ``kernel[grid](...)`` made inside the block instead of launching it;
     an autotuned kernel's launch is recorded once per config its prune keeps (any of them
     may be the one the autotuner picks on a GPU)."""
-    from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     from nsa.ops.triton import tuning
@@ -246,12 +245,12 @@ def capture(case: Callable[[], str] = lambda: "") -> Iterator[list[Launch]]:
             finally:
                 tuned["config"] = ""
 
-    saved = JITFunction.run, Autotuner.run, tuning.AUTOTUNE
-    JITFunction.run, Autotuner.run, tuning.AUTOTUNE = record, record_configs, True
+    saved = JITFunction.run, tuning.Tunable.run, tuning.AUTOTUNE
+    JITFunction.run, tuning.Tunable.run, tuning.AUTOTUNE = record, record_configs, True
     try:
         yield launches
     finally:
-        JITFunction.run, Autotuner.run, tuning.AUTOTUNE = saved
+        JITFunction.run, tuning.Tunable.run, tuning.AUTOTUNE = saved
 
 
 def drive_ops(shape: Shape, sms: int) -> list[Launch]:
@@ -306,6 +305,17 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
 # ----------------------------------------------------------------------------- compiling
 
 
+def binder_api() -> bool:
+    """True on Tritons whose launch specialisation is callable without a driver
+    (``JITFunction._pack_args`` and ``triton.knobs``, Triton 3.4 on); older ones (3.1-3.3)
+    only specialise inside ``JITFunction.run``, which the gate drives with a stand-in
+    driver (``_CompileOnlyDriver``)."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    return hasattr(JITFunction, "_pack_args") and hasattr(triton, "knobs")
+
+
 def specialise(launch: Launch, capability: int) -> tuple[Any, dict, dict, dict, Any]:
     """Triton's own view of a launch on ``capability``: (target, signature, constexprs,
     attrs, options), computed by the kernel's binder as ``JITFunction.run`` does."""
@@ -319,19 +329,93 @@ def specialise(launch: Launch, capability: int) -> tuple[Any, dict, dict, dict, 
     backend = make_backend(target)
     kwargs = dict(launch.kwargs)
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    # the options this Triton's JITFunction.run adds from its knobs (3.6 has the first only)
+    for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):
+        if hasattr(knobs.compilation, knob):
+            kwargs[knob] = getattr(knobs.compilation, knob)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
     return target, signature, constexprs, attrs, options
 
 
+class _CompileOnlyDriver:
+    """The GPU driver as an old Triton's ``JITFunction.run`` asks it, on a machine with
+    none: device 0 of ``capability``. Only warmup runs (compile, no launch) go through it."""
+
+    def __init__(self, capability: int) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", capability, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+
+@contextlib.contextmanager
+def _compile_only(kernel: Any, capability: int) -> Iterator[None]:
+    """Old Tritons: the stand-in driver for ``capability`` while the block runs, and no
+    kernel compiled for another arch left in ``kernel``'s in-process cache (keyed by
+    device, not arch)."""
+    from triton.runtime.driver import driver
+
+    def forget() -> None:
+        for name in ("cache", "device_caches"):
+            cache = getattr(kernel, name, None)
+            if cache is not None:
+                cache.clear()
+
+    driver.set_active(_CompileOnlyDriver(capability))
+    forget()
+    try:
+        yield
+    finally:
+        forget()
+        driver.reset_active()
+
+
+def _warmup(launch: Launch, capability: int) -> Any:
+    """Old Tritons: ``JITFunction.run`` in warmup mode (specialise and compile, no launch)."""
+    with _compile_only(launch.kernel, capability):
+        return launch.kernel.run(*launch.args, grid=(1,), warmup=True, **launch.kwargs)
+
+
 def spec_key(launch: Launch, capability: int) -> str:
     """Identical keys compile to identical code: compile once."""
+    if not binder_api():
+        return _legacy_spec_key(launch, capability)
     _, signature, constexprs, attrs, options = specialise(launch, capability)
     return repr((launch.kernel.fn.__module__, launch.name, capability, signature, sorted(constexprs.items()),
                  sorted(attrs.items()), sorted(options.__dict__.items())))
+
+
+def _legacy_spec_key(launch: Launch, capability: int) -> str:
+    """Old Tritons: the key ``JITFunction.run`` caches the compile under (signature,
+    specialisation, constexprs, options), read from its cache hook, which also stops the
+    run before it compiles."""
+    from triton.runtime.jit import JITFunction
+
+    seen: list[str] = []
+
+    def hook(*, key: Any, repr: str, **_: Any) -> bool:
+        seen.append(f"{key} {repr}")
+        return True  # skip the compile
+
+    saved = JITFunction.cache_hook
+    JITFunction.cache_hook = hook
+    try:
+        _warmup(launch, capability)
+    finally:
+        JITFunction.cache_hook = saved
+    if len(seen) != 1:
+        raise RuntimeError(f"{launch.name}: Triton's cache hook ran {len(seen)} times, expected once")
+    return repr((launch.kernel.fn.__module__, launch.name, capability, seen[0]))
 
 
 PTXAS_INFO = {
@@ -342,18 +426,35 @@ PTXAS_INFO = {
 }
 
 
+def ptxas_command(capability: int, fp_fusion: bool) -> list[str]:
+    """The wheel's ptxas and the flags this Triton's own ``make_cubin`` passes it (they
+    differ between versions: 3.9 adds ``--regAllocOptLevel=2``, 3.1 and 3.2 name the arch
+    themselves)."""
+    import inspect
+
+    from triton.backends.nvidia import compiler as nv
+
+    if hasattr(nv, "get_ptxas"):
+        found = nv.get_ptxas(capability)
+        ptxas = found.path if hasattr(found, "path") else found[0]
+    else:
+        ptxas = nv._path_to_binary("ptxas")[0]
+    if hasattr(nv, "sm_arch_from_capability"):
+        arch = nv.sm_arch_from_capability(capability)
+    else:
+        arch = f"sm_{capability}{'a' if capability == 90 else ''}"
+    reg_alloc = "--regAllocOptLevel=2" in inspect.getsource(nv.CUDABackend.make_cubin)
+    return [ptxas, "-lineinfo", "-v", *(["--regAllocOptLevel=2"] if reg_alloc else []),
+            *([] if fp_fusion else ["--fmad=false"]), f"--gpu-name={arch}"]
+
+
 def ptxas_report(ptx: str, capability: int, fp_fusion: bool) -> dict[str, int]:
     """Registers, stack and spill bytes from the wheel's ptxas for this arch (the binary and
     flags Triton's own ``make_cubin`` uses; its log is gone once Triton caches the kernel)."""
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
-
-    ptxas = get_ptxas(capability).path
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
-        cmd = [ptxas, "-lineinfo", "-v", "--regAllocOptLevel=2", *([] if fp_fusion else ["--fmad=false"]),
-               f"--gpu-name={sm_arch_from_capability(capability)}", str(src),
-               "-o", str(Path(tmp) / "kernel.o")]
+        cmd = [*ptxas_command(capability, fp_fusion), str(src), "-o", str(Path(tmp) / "kernel.o")]
         done = subprocess.run(cmd, capture_output=True, text=True)
     log = done.stdout + done.stderr
     if done.returncode != 0:
@@ -381,23 +482,36 @@ def describe_error(exc: Exception, kernel: Any) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-def compile_launch(launch: Launch, capability: int) -> Result:
-    """Compile ``launch`` for ``capability`` (AST -> PTX -> cubin) and read ptxas's report."""
+def _compile(launch: Launch, capability: int) -> tuple[Any, bool]:
+    """The compiled kernel (AST -> PTX -> cubin) and whether FP fusion was on."""
     import triton
+
+    if not binder_api():
+        kernel = _warmup(launch, capability)
+        return kernel, getattr(kernel.metadata, "enable_fp_fusion", True)
     from triton import knobs
     from triton.compiler import ASTSource
 
-    res = Result()
-    start = time.perf_counter()
     allow = knobs.compilation.allow_non_constexpr_globals
     knobs.compilation.allow_non_constexpr_globals = False  # a GPU host need not set the escape hatch
     try:
         target, signature, constexprs, attrs, options = specialise(launch, capability)
         kernel = triton.compile(ASTSource(launch.kernel, signature, constexprs, attrs), target=target,
                                 options=options.__dict__)
+    finally:
+        knobs.compilation.allow_non_constexpr_globals = allow
+    return kernel, options.enable_fp_fusion
+
+
+def compile_launch(launch: Launch, capability: int) -> Result:
+    """Compile ``launch`` for ``capability`` and read ptxas's report."""
+    res = Result()
+    start = time.perf_counter()
+    try:
+        kernel, fp_fusion = _compile(launch, capability)
         md = kernel.metadata
         res.shared, res.num_warps, res.num_stages = md.shared, md.num_warps, md.num_stages
-        info = ptxas_report(kernel.asm["ptx"], capability, options.enable_fp_fusion)
+        info = ptxas_report(kernel.asm["ptx"], capability, fp_fusion)
         res.registers, res.stack = info["registers"], info["stack"]
         res.spill_stores, res.spill_loads = info["spill_stores"], info["spill_loads"]
         if res.spill_stores or res.spill_loads:
@@ -407,8 +521,6 @@ def compile_launch(launch: Launch, capability: int) -> Result:
             res.problems.append(f"shared memory {res.shared} B > {limit} B")
     except Exception as exc:  # noqa: BLE001 - every compile failure is a gate result, not a crash
         res.error = describe_error(exc, launch.kernel)
-    finally:
-        knobs.compilation.allow_non_constexpr_globals = allow
     res.seconds = time.perf_counter() - start
     return res
 
