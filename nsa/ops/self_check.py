@@ -29,6 +29,23 @@ from nsa.ops import reference
 # a broken kernel is off by O(1), not by 1e-2.
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
+# The oldest Triton the kernels are compiled with (pyproject's range, docs/install.md):
+# torch 2.5's. An older one is not tried at all: the reference ops run instead.
+MIN_TRITON = (3, 1)
+
+
+def triton_too_old(version: str) -> str | None:
+    """Why the kernels must not run on Triton ``version`` (None when they may)."""
+    release = []
+    for part in version.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit()) or "0"
+        release.append(int(digits))
+    if tuple(release) >= MIN_TRITON:
+        return None
+    oldest = ".".join(map(str, MIN_TRITON))
+    return (f"Triton {version} is older than {oldest}, the oldest Triton the kernels are compiled and "
+            f"checked with (torch 2.5's); upgrade torch/Triton to use the kernels")
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionShape:
@@ -155,6 +172,14 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     report = CheckReport(str(device), str(dtype).replace("torch.", ""))
     start = time.perf_counter()
     try:
+        if ops is None:
+            import triton
+
+            too_old = triton_too_old(triton.__version__)
+            if too_old is not None:
+                report.failures.append(f"triton: {too_old}")
+                report.seconds = time.perf_counter() - start
+                return report
         ops = ops or importlib.import_module("nsa.ops.triton")
     except Exception as exc:  # noqa: BLE001 - a failing import is a failing check
         report.failures.append(f"import nsa.ops.triton: {_one_line(exc)}")
