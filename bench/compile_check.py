@@ -1,6 +1,17 @@
 """Compile gate: every Triton kernel of ``nsa/ops/triton`` through Triton's real compiler, no GPU needed.
 
     python -m bench.compile_check [--arch 80 90] [--list] [--extra-module MODULE ...]
+    python -m bench.compile_check --triton 3.1.0 [--record]    # under another Triton
+
+``--triton VERSION`` runs the gate under that Triton in its own virtual environment
+(``~/.cache/nsa-tui/triton-venvs/VERSION``, or under ``$NSA_TRITON_VENVS``), created on
+first use with the system site packages (this machine's torch is reused: the gate drives
+the ops on ``meta`` tensors, so any torch in the declared range will do) and
+``pip install triton==VERSION``; Triton's compile cache (``~/.triton/cache``) is keyed by
+its version, so the environments share it. ``--record`` writes the verdict, every line
+and the hash of the kernels' source files to ``bench/results/compile-triton-VERSION.json``:
+CI compiles the newest Triton on every run, the older ones in ``RECORDED_TRITONS`` are
+checked by those committed records, and a test fails when the kernels change after them.
 
 Why: the CPU test suite runs the kernels in Triton's interpreter, which accepts programs
 the compiler rejects (a module global read inside ``@triton.jit`` code) and says nothing
@@ -27,7 +38,9 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import hashlib
 import importlib
+import json
 import os
 import pkgutil
 import re
@@ -42,6 +55,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "nsa.ops.triton"
+KERNEL_DIR = ROOT / "nsa" / "ops" / "triton"
+RESULTS_DIR = ROOT / "bench" / "results"
+# Checked through committed records (--triton V --record): the oldest Triton of the
+# declared range (torch 2.5's) and the one of the lent GPU machines (torch 2.11's).
+RECORDED_TRITONS = ("3.1.0", "3.6.0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -559,6 +577,101 @@ def format_line(name: str, capability: int, res: Result, cases: list[str], confi
     return line + "".join(f"  <- {p}" for p in res.problems)
 
 
+# ----------------------------------------------------------------------------- other Tritons, records
+
+
+def kernels_hash(kernel_dir: Path = KERNEL_DIR) -> str:
+    """sha256 of the kernels' source files (names and bytes): a record made before a
+    change to any of them no longer says anything about them."""
+    h = hashlib.sha256()
+    for path in sorted(kernel_dir.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def record_path(version: str, results_dir: Path = RESULTS_DIR) -> Path:
+    return results_dir / f"compile-triton-{version}.json"
+
+
+def venv_dir(version: str) -> Path:
+    base = os.environ.get("NSA_TRITON_VENVS") or Path.home() / ".cache" / "nsa-tui" / "triton-venvs"
+    return Path(base) / version
+
+
+def triton_venv(version: str) -> Path:
+    """The python of a virtual environment with Triton ``version`` (created on first use,
+    with the system site packages for torch; pip installs only Triton)."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise ValueError(f"--triton wants a release like 3.1.0, not {version!r}")
+    venv = venv_dir(version)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"compile_check: creating {venv} (system site packages)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    probe = [str(python), "-c", "import triton; print(triton.__version__)"]
+    have = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+    if have != version:
+        print(f"compile_check: pip install triton=={version} into {venv} (had {have or 'none'})", flush=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"triton=={version}"], check=True)
+    return python
+
+
+def run_under(version: str, argv: list[str]) -> int:
+    """This gate, with ``argv``, in Triton ``version``'s environment, on this checkout."""
+    python = triton_venv(version)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.run([str(python), "-m", "bench.compile_check", *argv], cwd=ROOT, env=env).returncode
+
+
+class Recorder:
+    """Builds ``bench/results/compile-triton-VERSION.json`` as the gate runs (rewritten after
+    every compile, so a run that is stopped leaves a record that says it is partial)."""
+
+    def __init__(self, archs: list[int], jobs: int, total: int, launch_cases: int) -> None:
+        import platform
+
+        import torch
+        import triton
+
+        self.path = record_path(triton.__version__)
+        self.start = time.time()
+        self.data: dict[str, Any] = {
+            "triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version(),
+            "kernels_sha256": kernels_hash(), "archs": archs, "command":
+                f"python -m bench.compile_check --triton {triton.__version__} --record",
+            "machine": f"compiled on {platform.machine()} CPUs, never run on a GPU; {os.cpu_count()} cores, "
+                       f"{jobs} compile jobs, load average {os.getloadavg()[0]:.1f} at start",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.start)),
+            "complete": False, "passed": False, "launch_cases": launch_cases, "compiles": total,
+            "compiled": 0, "errors": 0, "spills": 0, "smem_over": 0, "uncovered": [], "seconds": 0.0,
+            "lines": [],
+        }
+
+    def add(self, line: str, res: Result | None = None) -> None:
+        d = self.data
+        d["lines"].append(line)
+        if res is not None:
+            d["compiled"] += 1
+            d["errors"] += res.error is not None
+            d["spills"] += bool(res.spill_stores or res.spill_loads)
+            d["smem_over"] += any(p.startswith("shared memory") for p in res.problems)
+        self.write()
+
+    def finish(self, passed: bool) -> None:
+        self.data["complete"] = self.data["compiled"] == self.data["compiles"]
+        self.data["passed"] = passed and self.data["complete"]
+        self.data["load_at_end"] = round(os.getloadavg()[0], 1)
+        self.write()
+
+    def write(self) -> None:
+        self.data["seconds"] = round(time.time() - self.start)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        tmp.replace(self.path)
+
+
 # ----------------------------------------------------------------------------- the gate
 
 
@@ -572,7 +685,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="compile in this many processes (default: one per CPU)")
     ap.add_argument("--extra-module", action="append", default=[], metavar="MODULE",
                     help="also require coverage of the @triton.jit functions defined in MODULE (tests)")
+    ap.add_argument("--triton", metavar="VERSION",
+                    help="run the gate under this Triton release, in its own virtual environment")
+    ap.add_argument("--record", action="store_true",
+                    help="write bench/results/compile-triton-<this Triton>.json (verdict, lines, "
+                         "kernels' hash)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
+    if args.triton:
+        rest = [a for a in argv if a != "--triton" and a != args.triton and not a.startswith("--triton=")]
+        try:
+            return run_under(args.triton, rest)
+        except (ValueError, subprocess.CalledProcessError) as exc:
+            print(f"compile_check: {exc}", file=sys.stderr)
+            return 2
+    if args.record and (args.list or args.extra_module):
+        print("compile_check: --record is for the whole gate (no --list, no --extra-module)", file=sys.stderr)
+        return 2
     # Triton 3.9 warns that its FP-fusion default changes in 3.10; the gate compiles with
     # the default a GPU host gets, and the warning would only clutter the table.
     warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
@@ -612,6 +741,13 @@ def main(argv: list[str] | None = None) -> int:
         n_cases += len(launches[cap])
         for members in groups.values():
             work.append((cap, members[0], [m.case for m in members]))
+    # the configs launches use by default first, then the ones only autotuning may pick:
+    # a run stopped early has checked what a host runs unless it autotunes
+    work.sort(key=lambda w: w[1].config.startswith("alt"))
+    recorder = None if args.list or not args.record else Recorder(args.arch, args.jobs, len(work), n_cases)
+    if recorder is not None:
+        recorder.data["uncovered"] = missing
+        print(f"compile_check: recording to {recorder.path}", flush=True)
     if args.list:
         for cap, first, cases in work:
             print(f"LIST sm_{cap} {first.name:16s} {'(' + first.config + ') ' if first.config else ''}"
@@ -619,11 +755,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for (cap, first, cases), res in zip(work, compile_all(work, args.jobs)):
             failed |= res.failed
-            print(format_line(first.name, cap, res, cases, first.config), flush=True)
+            line = format_line(first.name, cap, res, cases, first.config)
+            print(line, flush=True)
+            if recorder is not None:
+                recorder.add(line, res)
     n_compiles = 0 if args.list else len(work)
     verdict = "FAILED" if failed else "passed"
-    print(f"compile_check: {verdict}: {n_cases} launch cases, {n_compiles} distinct compiles, "
-          f"archs {', '.join(f'sm_{c}' for c in args.arch)}, {time.perf_counter() - t0:.0f} s")
+    summary = (f"compile_check: {verdict}: {n_cases} launch cases, {n_compiles} distinct compiles, "
+               f"archs {', '.join(f'sm_{c}' for c in args.arch)}, {time.perf_counter() - t0:.0f} s")
+    print(summary)
+    if recorder is not None:
+        recorder.add(summary)
+        recorder.finish(not failed)
     return 1 if failed else 0
 
 
