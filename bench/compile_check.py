@@ -546,17 +546,58 @@ def compile_launch(launch: Launch, capability: int) -> Result:
 _WORK: list[tuple[int, Launch, list[str]]] = []  # what forked workers compile, by index
 
 
+def compile_isolated(launch: Launch, capability: int) -> Result:
+    """``compile_launch`` in a forked child: a compiler that aborts (Triton 3.1 fails a C++
+    assertion on some sm_90 layouts, which kills the process) becomes a failed result
+    naming the signal and the compiler's last words, instead of taking the gate down."""
+    import pickle
+    import signal
+
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: compile, send the result, exit without cleanup
+            code = 1
+            try:
+                os.close(read)
+                sys.stderr.flush()
+                os.dup2(err.fileno(), 2)
+                data = pickle.dumps(compile_launch(launch, capability))
+                with os.fdopen(write, "wb") as out:
+                    out.write(data)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read, "rb") as inp:
+            data = inp.read()
+        _, status = os.waitpid(pid, 0)
+        if data and status == 0:
+            return pickle.loads(data)
+        err.seek(0)
+        words = [line for line in err.read().decode(errors="replace").splitlines() if line.strip()]
+    if os.WIFSIGNALED(status):
+        how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    else:
+        how = f"exited with status {os.WEXITSTATUS(status)}"
+    telling = [w for w in words if re.search(r"Assertion|[Ee]rror", w)] or words  # not a traceback's tail
+    last = " ".join(telling[-1].split())[-400:] if telling else "no message"
+    return Result(error=f"compiler process {how}: {last}", seconds=time.perf_counter() - start)
+
+
 def _compile_item(i: int) -> Result:
     cap, launch, _ = _WORK[i]
-    return compile_launch(launch, cap)
+    return compile_isolated(launch, cap)
 
 
 def compile_all(work: list[tuple[int, Launch, list[str]]], jobs: int) -> Iterator[Result]:
     """Results in order, from ``jobs`` forked processes (launches hold meta tensors and
-    kernel objects: workers inherit them by fork instead of pickling them)."""
+    kernel objects: workers inherit them by fork instead of pickling them), each compile
+    in a child of its own (``compile_isolated``)."""
     if jobs <= 1 or len(work) < 2:
         for cap, launch, _ in work:
-            yield compile_launch(launch, cap)
+            yield compile_isolated(launch, cap)
         return
     import multiprocessing
 
