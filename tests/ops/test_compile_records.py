@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.compile_check import KERNEL_DIR, RECORDED_TRITONS, kernels_hash, record_path
+from nsa.ops.self_check import triton_too_old
 
 
 def test_the_kernels_hash_follows_every_kernel_source(tmp_path: Path) -> None:
@@ -48,7 +49,13 @@ def test_each_older_triton_has_a_complete_record_of_these_kernels(version: str) 
                                 f"compiles): {rerun}")
     assert record["compiled"] == record["compiles"] > 0
     assert record["uncovered"] == []
-    # a kernel that does not compile, or needs more shared memory than the GPU has, cannot
-    # run on a host with this Triton at all
+    # a kernel that does not compile (or aborts the compiler), or needs more shared memory
+    # than the GPU has, cannot run on a host with this Triton: the self-check's floor
+    # (MIN_TRITON) must keep such a Triton away from the kernels, and no higher than needed
     bad = [line for line in record["lines"] if "compile error" in line or "<- shared memory" in line]
-    assert record["errors"] == 0 and record["smem_over"] == 0 and not bad, "\n".join(bad[:10])
+    assert len(bad) == record["errors"] + record["smem_over"]
+    if triton_too_old(version) is None:
+        assert not bad, f"Triton {version} is at or above MIN_TRITON but:\n" + "\n".join(bad[:10])
+    else:
+        assert bad, (f"Triton {version} now compiles every kernel: lower MIN_TRITON in nsa/ops/self_check.py "
+                     f"(and docs/install.md)")
