@@ -325,9 +325,9 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
 
 def binder_api() -> bool:
     """True on Tritons whose launch specialisation is callable without a driver
-    (``JITFunction._pack_args`` and ``triton.knobs``, Triton 3.4 on); older ones (3.1-3.3)
-    only specialise inside ``JITFunction.run``, which the gate drives with a stand-in
-    driver (``_CompileOnlyDriver``)."""
+    (``JITFunction._pack_args`` and ``triton.knobs``: 3.6 and 3.9 have them); older ones
+    (3.1-3.3) only specialise inside ``JITFunction.run``, which the gate drives with a
+    stand-in driver (``_CompileOnlyDriver``)."""
     import triton
     from triton.runtime.jit import JITFunction
 
