@@ -326,7 +326,7 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
 def binder_api() -> bool:
     """True on Tritons whose launch specialisation is callable without a driver
     (``JITFunction._pack_args`` and ``triton.knobs``: 3.6 and 3.9 have them); older ones
-    (3.1-3.3) only specialise inside ``JITFunction.run``, which the gate drives with a
+    (3.1-3.4) only specialise inside ``JITFunction.run``, which the gate drives with a
     stand-in driver (``_CompileOnlyDriver``)."""
     import triton
     from triton.runtime.jit import JITFunction
@@ -425,12 +425,20 @@ def _legacy_spec_key(launch: Launch, capability: int) -> str:
         seen.append(f"{key} {repr}")
         return True  # skip the compile
 
-    saved = JITFunction.cache_hook
-    JITFunction.cache_hook = hook
+    import triton
+
+    # where this Triton looks for the hook: a knob from 3.4, a class attribute before
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if hasattr(runtime, "jit_cache_hook"):
+        owner, attr = runtime, "jit_cache_hook"
+    else:
+        owner, attr = JITFunction, "cache_hook"
+    saved = getattr(owner, attr)
+    setattr(owner, attr, hook)
     try:
         _warmup(launch, capability)
     finally:
-        JITFunction.cache_hook = saved
+        setattr(owner, attr, saved)
     if len(seen) != 1:
         raise RuntimeError(f"{launch.name}: Triton's cache hook ran {len(seen)} times, expected once")
     return repr((launch.kernel.fn.__module__, launch.name, capability, seen[0]))
@@ -452,8 +460,8 @@ def ptxas_command(capability: int, fp_fusion: bool) -> list[str]:
 
     from triton.backends.nvidia import compiler as nv
 
-    if hasattr(nv, "get_ptxas"):
-        found = nv.get_ptxas(capability)
+    if hasattr(nv, "get_ptxas"):  # by arch in 3.3 and 3.6+ (a Blackwell ptxas), one binary in 3.4-3.5
+        found = nv.get_ptxas(capability) if inspect.signature(nv.get_ptxas).parameters else nv.get_ptxas()
         ptxas = found.path if hasattr(found, "path") else found[0]
     else:
         ptxas = nv._path_to_binary("ptxas")[0]
