@@ -32,6 +32,27 @@ from nsa.ops import poison, reference
 # a broken kernel is off by O(1), not by 1e-2.
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
+# The oldest Triton that compiles every kernel for sm_80 and sm_90 without a compiler
+# error (bench/results/compile-triton-*.json, docs/install.md): Triton 3.1, torch 2.5's,
+# aborts compiling some of them for sm_90, and 3.2 to 3.5 are not checked. On an older
+# Triton the kernels are not tried at all (a compiler that aborts takes the process down
+# with it, before any fallback): the reference ops run instead.
+MIN_TRITON = (3, 6)
+
+
+def triton_too_old(version: str) -> str | None:
+    """Why the kernels must not run on Triton ``version`` (None when they may)."""
+    release = []
+    for part in version.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit()) or "0"
+        release.append(int(digits))
+    if tuple(release) >= MIN_TRITON:
+        return None
+    oldest = ".".join(map(str, MIN_TRITON))
+    return (f"Triton {version} is older than {oldest}, the oldest Triton that compiles every kernel without "
+            f"a compiler error (3.1 aborts on some sm_90 kernels; 3.2 to 3.5 are not checked); "
+            f"a torch that brings Triton >= {oldest} runs the kernels")
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionShape:
@@ -170,6 +191,14 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     report = CheckReport(str(device), str(dtype).replace("torch.", ""))
     start = time.perf_counter()
     try:
+        if ops is None:
+            import triton
+
+            too_old = triton_too_old(triton.__version__)
+            if too_old is not None:
+                report.failures.append(f"triton: {too_old}")
+                report.seconds = time.perf_counter() - start
+                return report
         ops = ops or importlib.import_module("nsa.ops.triton")
     except Exception as exc:  # noqa: BLE001 - a failing import is a failing check
         report.failures.append(f"import nsa.ops.triton: {_one_line(exc)}")

@@ -185,3 +185,19 @@ def test_the_gate_passes_for_sm80_and_sm90() -> None:
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert "compile_check: passed" in out.stdout
     assert "FAIL" not in out.stdout
+
+
+def test_a_compiler_that_aborts_is_a_failed_compile_not_a_dead_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton 3.1 fails a C++ assertion (SIGABRT) on some sm_90 layouts: the compile runs in
+    a child of its own, so the gate reports it and goes on."""
+    import bench.compile_check as cc
+
+    def abort(launch: object, capability: int) -> None:
+        os.write(2, b"python: LinearLayoutConversions.cpp:377: Assertion `n == 16' failed.\n")  # as C++ does
+        os.abort()
+
+    monkeypatch.setattr(cc, "compile_launch", abort)
+    res = cc.compile_isolated(None, 90)
+    assert res.failed and res.error.startswith("compiler process killed by SIGABRT")
+    assert "Assertion `n == 16' failed" in res.error
+    assert cc.format_line("_k", 90, res, ["case"]).startswith("FAIL sm_90 _k")

@@ -14,13 +14,15 @@ import re
 
 import pytest
 import torch
+import triton
 from triton.compiler.errors import CompilationError
-from triton.runtime.autotuner import Autotuner
 
 import nsa.ops as ops_pkg
 import nsa.ops.triton as triton_ops
 from nsa.ops import AttentionShape, choose_ops, get_ops, reference, self_check
+from nsa.ops.self_check import triton_too_old
 from nsa.ops.triton import band, glue, selected, topn
+from nsa.ops.triton.tuning import Tunable
 
 # smoke-cpu's NSA layout: small enough for the interpreter (~10 s per check)
 SHAPE = AttentionShape(n_heads=2, n_kv_heads=1, head_dim=16, compress_block=16, compress_stride=8,
@@ -58,7 +60,7 @@ def _replace_kernel(monkeypatch: pytest.MonkeyPatch, module, name: str, fake) ->
     """Put ``fake`` where the kernel's compiled function is: under the autotune wrapper of a
     tunable kernel (whose launch picks a config, then runs ``.fn``), else the kernel itself."""
     kernel = getattr(module, name)
-    if isinstance(kernel, Autotuner):
+    if isinstance(kernel, Tunable):
         monkeypatch.setattr(kernel, "fn", fake)
     else:
         monkeypatch.setattr(module, name, fake)
@@ -232,3 +234,25 @@ def test_reference_and_auto_off_gpu_run_no_check() -> None:
         choice = choose_ops(backend, "cpu", torch.float32, SHAPE, check=no_check)
         assert choice.backend == "reference" and choice.fallback_reason is None and choice.check is None
         assert get_ops(backend, "cpu") is reference
+
+
+@pytest.mark.parametrize("version", ["3.1.0", "3.5.1", "3.3.0+git1a2b3c", "3.0.0", "2.3.1"])
+def test_a_triton_older_than_the_range_is_refused_with_its_version(version: str) -> None:
+    reason = triton_too_old(version)
+    assert reason is not None and f"Triton {version} is older than 3.6" in reason
+    assert "compiler error" in reason
+
+
+@pytest.mark.parametrize("version", ["3.6.0", "3.7.1", "3.9.0", "3.10.0", "3.6.0+gitabc", "4.0.0"])
+def test_a_triton_in_the_range_is_accepted(version: str) -> None:
+    assert triton_too_old(version) is None
+
+
+def test_auto_with_an_old_triton_falls_back_naming_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kernel is even tried: the reason is the version, not a compile error."""
+    monkeypatch.setattr(triton, "__version__", "3.1.0")
+    cpu_check = lambda device, dtype, shape: self_check("cpu", dtype, shape)  # noqa: E731
+    choice = choose_ops("auto", "cuda", torch.float32, SHAPE, check=cpu_check)
+    assert choice.backend == "reference" and get_ops("auto", "cuda") is reference
+    assert choice.check is not None and choice.check.checked == []
+    assert "Triton 3.1.0 is older than 3.6" in choice.fallback_reason

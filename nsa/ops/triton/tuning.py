@@ -1,10 +1,13 @@
 """Autotuning of tile sizes, warps and pipeline stages, off unless asked for.
 
-Each tunable kernel is wrapped in ``triton.autotune`` with its list of configs, the
-first being the default, keyed on the launch's shapes, with Triton's on-disk cache of
-the timings where this Triton has one (``cache_results``); an optional ``prune``
-function drops the configs that do not suit a launch's constexprs (e.g. tiles too large
-for its head dim). Launches go through ``launch``:
+Each tunable kernel carries its list of configs, the first being the default, keyed on
+the launch's shapes; an optional ``prune`` function drops the configs that do not suit a
+launch's constexprs (e.g. tiles too large for its head dim). ``triton.autotune`` (with
+Triton's on-disk cache of the timings where this Triton has one, ``cache_results``) is
+applied lazily, at the first launch that times configs: Triton 3.2's autotuner asks for
+an active GPU driver when it is built, so decorating at import time would make
+``import nsa.ops.triton`` fail on a machine without a GPU (the compile gate, the CPU
+tests). Launches go through ``launch``:
 
 - by default, and always in the interpreter, the first config that survives pruning
   runs, without benchmarking: results are the same bit for bit from run to run and
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import triton
+from triton.runtime.jit import KernelInterface
 
 AUTOTUNE = os.environ.get("NSA_TRITON_AUTOTUNE", "0") == "1"
 
@@ -33,27 +37,50 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+class Tunable(KernelInterface):
+    """A ``@triton.jit`` kernel with its autotune configs; the ``triton.autotune`` wrapper
+    is built on the first timed launch (``run``), never at import."""
+
+    def __init__(self, fn: Any, configs: list[triton.Config], key: list[str],
+                 prune: Callable[..., list[triton.Config]] | None = None) -> None:
+        self.fn = fn
+        self.configs = list(configs)
+        self.key = list(key)
+        self.early_config_prune = prune
+        self.arg_names = list(fn.arg_names)
+        self._autotuner: Any = None
+
+    def autotuner(self) -> Any:
+        """Triton's autotuner over this kernel's configs (built once, on first use)."""
+        if self._autotuner is None:
+            kwargs: dict[str, Any] = dict(configs=self.configs, key=self.key)
+            if self.early_config_prune is not None:
+                kwargs["prune_configs_by"] = {"early_config_prune": self.early_config_prune}
+            if "cache_results" in inspect.signature(triton.autotune).parameters:
+                kwargs["cache_results"] = True
+            self._autotuner = triton.autotune(**kwargs)(self.fn)
+        return self._autotuner
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        """``kernel[grid](...)``: Triton times the surviving configs and keeps the fastest."""
+        return self.autotuner().run(*args, grid=grid, warmup=warmup, **kwargs)
+
+
 def tunable(configs: list[triton.Config], key: list[str],
-            prune: Callable[..., list[triton.Config]] | None = None) -> Callable[[Any], Any]:
-    """``triton.autotune`` over ``configs`` (default first), keyed on ``key``."""
-    kwargs: dict[str, Any] = dict(configs=configs, key=key)
-    if prune is not None:
-        kwargs["prune_configs_by"] = {"early_config_prune": prune}
-    if "cache_results" in inspect.signature(triton.autotune).parameters:
-        kwargs["cache_results"] = True
-    return triton.autotune(**kwargs)
+            prune: Callable[..., list[triton.Config]] | None = None) -> Callable[[Any], Tunable]:
+    """Decorator: the kernel with ``configs`` (default first), autotuned on ``key`` when asked."""
+    return lambda fn: Tunable(fn, configs, key, prune)
 
 
-def candidates(kernel: Any, args: tuple, kwargs: dict) -> list[triton.Config]:
-    """The configs of an autotuned ``kernel`` that suit this launch (its prune applied)."""
-    prune = getattr(kernel, "early_config_prune", None)
-    if prune is None:
+def candidates(kernel: Tunable, args: tuple, kwargs: dict) -> list[triton.Config]:
+    """The configs of a tunable ``kernel`` that suit this launch (its prune applied)."""
+    if kernel.early_config_prune is None:
         return list(kernel.configs)
-    return list(prune(kernel.configs, dict(zip(kernel.arg_names, args)), **kwargs))
+    return list(kernel.early_config_prune(kernel.configs, dict(zip(kernel.arg_names, args)), **kwargs))
 
 
-def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
-    """Launch an autotuned kernel: timed choice with AUTOTUNE on a GPU, else the default."""
+def launch(kernel: Tunable, grid: Any, *args: Any, **kwargs: Any) -> None:
+    """Launch a tunable kernel: timed choice with AUTOTUNE on a GPU, else the default."""
     if AUTOTUNE and not _interpreting():
         kernel[grid](*args, **kwargs)
         return

@@ -1,0 +1,61 @@
+"""The committed compile-gate records of the older Tritons (bench/results/compile-triton-*.json).
+
+CI compiles the kernels with the newest Triton on every run (test_compile_gate.py); the
+older Tritons of the declared range are checked by records of
+``python -m bench.compile_check --triton VERSION --record``. A record says something
+only about the kernel sources it was made from: once a kernel file changes, these tests
+fail until the command is run again and its record committed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.compile_check import KERNEL_DIR, RECORDED_TRITONS, kernels_hash, record_path
+from nsa.ops.self_check import triton_too_old
+
+
+def test_the_kernels_hash_follows_every_kernel_source(tmp_path: Path) -> None:
+    for path in KERNEL_DIR.glob("*.py"):
+        shutil.copy(path, tmp_path / path.name)
+    before = kernels_hash(tmp_path)
+    assert before == kernels_hash(KERNEL_DIR)
+    (tmp_path / "notes.txt").write_text("not a kernel source")
+    assert kernels_hash(tmp_path) == before
+    band = tmp_path / "band.py"
+    band.write_text(band.read_text() + "\n")  # even a blank line: line numbers are in the compiled code
+    assert kernels_hash(tmp_path) != before
+    band.unlink()
+    assert kernels_hash(tmp_path) != before
+    (tmp_path / "new_kernels.py").write_text("")
+    assert kernels_hash(tmp_path) != before
+
+
+@pytest.mark.parametrize("version", RECORDED_TRITONS)
+def test_each_older_triton_has_a_complete_record_of_these_kernels(version: str) -> None:
+    rerun = f"run `python -m bench.compile_check --triton {version} --record` and commit its record"
+    path = record_path(version)
+    assert path.exists(), f"no record of the gate under Triton {version}: {rerun}"
+    record = json.loads(path.read_text())
+    assert record["triton"] == version
+    changed = f"the kernels changed since {path.name} was made: {rerun}"
+    assert record["kernels_sha256"] == kernels_hash(), changed
+    assert record["archs"] == [80, 90]
+    assert record["complete"], (f"{path.name} is partial ({record['compiled']} of {record['compiles']} "
+                                f"compiles): {rerun}")
+    assert record["compiled"] == record["compiles"] > 0
+    assert record["uncovered"] == []
+    # a kernel that does not compile (or aborts the compiler), or needs more shared memory
+    # than the GPU has, cannot run on a host with this Triton: the self-check's floor
+    # (MIN_TRITON) must keep such a Triton away from the kernels, and no higher than needed
+    bad = [line for line in record["lines"] if "compile error" in line or "<- shared memory" in line]
+    assert len(bad) == record["errors"] + record["smem_over"]
+    if triton_too_old(version) is None:
+        assert not bad, f"Triton {version} is at or above MIN_TRITON but:\n" + "\n".join(bad[:10])
+    else:
+        assert bad, (f"Triton {version} now compiles every kernel: lower MIN_TRITON in nsa/ops/self_check.py "
+                     f"(and docs/install.md)")

@@ -1,0 +1,60 @@
+"""Autotuning wrappers (nsa.ops.triton.tuning) are built at the first timed launch, not at import.
+
+Triton 3.2's ``triton.autotune`` asks for an active GPU driver when it builds its
+autotuner ("0 active drivers" without one), so a decorator applied at import time made
+``import nsa.ops.triton`` fail on every machine without a GPU under that Triton.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from triton.runtime.autotuner import Autotuner
+
+from nsa.ops.triton import band, selected, topn, tuning
+
+ROOT = Path(__file__).resolve().parents[2]
+
+IMPORT_WITHOUT_DRIVER = """
+import triton
+
+def no_driver(*args, **kwargs):
+    raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+triton.autotune = no_driver  # what building an autotuner does under Triton 3.2 without a GPU
+import nsa.ops.triton
+from nsa.ops.triton import band, selected, topn
+print(type(band._band_fwd).__name__, type(selected._sel_fwd).__name__, type(topn._scores_topn).__name__)
+"""
+
+
+def test_importing_the_kernels_builds_no_autotuner() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiled kernels' import
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_DRIVER], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["Tunable", "Tunable", "Tunable"]
+
+
+def test_the_autotuner_is_built_once_with_the_kernels_configs() -> None:
+    kernel = tuning.Tunable(band._band_fwd.fn, band._band_fwd.configs, band._band_fwd.key,
+                            band._band_fwd.early_config_prune)
+    assert kernel._autotuner is None
+    tuner = kernel.autotuner()
+    assert isinstance(tuner, Autotuner) and tuner is kernel.autotuner()
+    assert tuner.fn is band._band_fwd.fn and list(tuner.configs) == band._band_fwd.configs
+    assert tuner.early_config_prune is band._band_fwd.early_config_prune
+
+
+def test_without_autotuning_a_launch_takes_the_first_config_its_prune_keeps() -> None:
+    for kernel in (band._band_fwd, band._band_bwd_dq, selected._sel_fwd, topn._scores_topn):
+        assert isinstance(kernel, tuning.Tunable) and kernel.configs
+    kernel = band._band_fwd
+    args = [None] * len(kernel.arg_names)
+    for bd in (16, 64, 128):
+        kept = tuning.candidates(kernel, tuple(args), {"BD": bd})
+        assert kept and all(c in kernel.configs for c in kept)
