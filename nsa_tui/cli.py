@@ -9,6 +9,8 @@
     nsa-tui export HOST RUN [--tensorboard DIR] [--csv PATH]
     nsa-tui alerts HOST [RUN] [--follow]       nsa-tui ack HOST RUN ALERT
     nsa-tui archive HOST RUN [--undo]          nsa-tui delete HOST RUN [--yes]
+    nsa-tui sample HOST RUN [--checkpoint STEP] [--prompt TEXT | --prompt-file FILE]
+                   [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device D]
     nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
 
 HOST is ``local`` or an SSH destination (``[user@]host[:port]`` or a ~/.ssh/config alias);
@@ -18,9 +20,9 @@ Every command takes ``--json`` (one JSON document, or JSON lines for ``logs``) a
 ``--runs-root DIR``. Exit codes (EXIT_* below): 0 ok, 1 the operation failed, 2 usage,
 3 bad config (or one that cannot run on the host), 4 no such run (or alert), 5 cannot reach the
 host (network, host key, no agent), 6 ``status`` found the run unhealthy (critical alert,
-crashed, failed or lost), 141 the reader of the output went away (``| head``). RUN is a run
-id, a unique prefix of one (what ``runs`` shows) or a run's name; an ambiguous one is a usage
-error listing the matches.
+crashed, failed or lost), 7 ``sample``: the run has no checkpoint (or none at that step),
+141 the reader of the output went away (``| head``). RUN is a run id, a unique prefix of one
+(what ``runs`` shows) or a run's name; an ambiguous one is a usage error listing the matches.
 """
 
 from __future__ import annotations
@@ -116,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--no-deps", action="store_true", help="pip --no-deps: install no dependency")
     st.add_argument("--prefix", default="~/.nsa-tui", help="install directory on the host")
     st.add_argument("--python", default="python3", help="the host's python that creates the venv")
+    from nsa_tui import cli_sample
+
+    cli_sample.add_parser(sub, common)
     return p
 
 
@@ -298,7 +303,7 @@ async def _run_command(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "run", None):
             args.run = await _resolve_run(c, args.run)
-        per_run = args.cmd not in ("runs", "launch", "ack", "archive", "delete", "export")
+        per_run = args.cmd not in ("runs", "launch", "ack", "archive", "delete", "export", "sample")
         if per_run and getattr(args, "run", None):  # `alerts HOST` without a run: that host's alone
             from nsa_tui.coordinator import run_hosts
 
@@ -368,6 +373,10 @@ async def _dispatch(c: Any, args: argparse.Namespace) -> int:
                      else c.resume(args.run))
         note = f" (already done before: {args.cmd} started it)" if res.again else ""
         _emit(args, res, f"{res.run_id}{note}")
+    elif args.cmd == "sample":
+        from nsa_tui import cli_sample
+
+        return await cli_sample.run(c, args, _fail)
     elif args.cmd == "dump":
         dr = await c.dump(args.run)
         if args.out:
