@@ -18,6 +18,18 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, TextArea
 
+# control characters as visible symbols: a byte-level model emits any byte, and a raw \r or
+# form feed would break the text area's lines; newline and tab stay what they are
+_SHOWN = {c: chr(0x2400 + c) for c in range(0x20) if c not in (9, 10)}
+_SHOWN.update({0x7F: "\u2421", 0x2028: " ", 0x2029: " "})
+_SHOWN.update({c: "\ufffd" for c in range(0x80, 0xA0)})
+
+
+def shown(text: str) -> str:
+    """``text`` as the screen shows it (control characters as their visible symbols)."""
+    return text.translate(_SHOWN)
+
+
 # (prompt) -> the events of one sample (HostClient.sample with the run and settings bound)
 SampleFn = Callable[[str], AsyncIterator[Any]]
 
@@ -32,6 +44,7 @@ class SampleScreen(ModalScreen[None]):
         self._run_name, self._sample = run_name, sample
         self.answer = ""  # the generated text so far (tests read it)
         self.done = False  # the last answer is complete
+        self.result: Any = None  # its SampleDone
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="-dialog", id="sample"):
@@ -54,8 +67,8 @@ class SampleScreen(ModalScreen[None]):
     async def _generate(self, prompt: str) -> None:
         """One answer: replaces the previous one; a new enter cancels one under way."""
         area = self.query_one("#sample-text", TextArea)
-        self.answer, self.done = "", False
-        area.load_text(prompt)
+        self.answer, self.done, self.result = "", False, None
+        area.load_text(shown(prompt))
         self._status("loading the checkpoint...")
         try:
             async for ev in self._sample(prompt):
@@ -64,10 +77,10 @@ class SampleScreen(ModalScreen[None]):
                     self._status(f"{d.checkpoint} on {d.device}, seed {d.seed}: generating...   esc: close")
                 elif ev.kind == "sample_text" and ev.data.text:
                     self.answer += ev.data.text
-                    area.load_text(prompt + self.answer)
+                    area.load_text(shown(prompt + self.answer))
                     area.scroll_end(animate=False)
                 elif ev.kind == "sample_done":
-                    d = ev.data
+                    d = self.result = ev.data
                     self.done = True
                     self._status(f"{d.checkpoint} on {d.device}, seed {d.seed}: {len(d.tokens)} tokens in "
                                  f"{d.seconds:.1f} s ({d.stop})   enter: again   esc: close")
