@@ -56,23 +56,21 @@ Fail = Callable[[argparse.Namespace, int, str, str], int]
 
 
 async def run(c: Any, args: argparse.Namespace, fail: Fail) -> int:
-    """Stream the answer to stdout (text) or print it at the end (``--json``)."""
+    """Stream the answer to stdout (text) or print it at the end (``--json``). Errors other
+    than a missing checkpoint are raised as AgentError, for the CLI's own exit codes."""
     from nsa.contract.io import to_builtins
-    from nsa_tui.cli import EXIT_FAILED, EXIT_NO_RUN, EXIT_OK, EXIT_USAGE
     from nsa_tui.client import AgentError
 
     why = _bad(args)
     if why:
-        return fail(args, EXIT_USAGE, "bad_request", why)
+        raise AgentError("bad_request", why)
     prompt = args.prompt or ""
     if args.prompt_file:
         try:
             prompt = Path(args.prompt_file).expanduser().read_text()
         except (OSError, UnicodeDecodeError) as exc:
-            return fail(args, EXIT_USAGE, "bad_request",
-                        f"--prompt-file {args.prompt_file}: cannot read it ({exc})")
-    codes = {"no_checkpoint": EXIT_NO_CHECKPOINT, "no_such_checkpoint": EXIT_NO_CHECKPOINT,
-             "no_such_run": EXIT_NO_RUN, "bad_request": EXIT_USAGE}
+            why = f"--prompt-file {args.prompt_file}: cannot read it ({exc})"
+            raise AgentError("bad_request", why) from None
     try:
         async for ev in c.sample(args.run, checkpoint=args.checkpoint, prompt=prompt,
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -90,7 +88,9 @@ async def run(c: Any, args: argparse.Namespace, fail: Fail) -> int:
                     print(json.dumps(to_builtins(ev.data)))
                 else:
                     print()
-                return EXIT_OK
+                return 0
     except AgentError as exc:
-        return fail(args, codes.get(exc.code, EXIT_FAILED), exc.code, exc.message)
-    return fail(args, EXIT_FAILED, "sample_failed", "the sample stream ended without an answer")
+        if exc.code in ("no_checkpoint", "no_such_checkpoint"):
+            return fail(args, EXIT_NO_CHECKPOINT, exc.code, exc.message)
+        raise
+    raise AgentError("sample_failed", "the sample stream ended without an answer")
