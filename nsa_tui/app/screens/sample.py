@@ -72,8 +72,10 @@ class SampleScreen(ModalScreen[None]):
         self._status("loading the checkpoint...")
         try:
             async for ev in self._sample(prompt):
-                if ev.kind == "sample_start":
+                if ev.kind == "sample_start":  # again after a reconnect: the answer starts over
                     d = ev.data
+                    self.answer = ""
+                    area.load_text(shown(prompt))
                     self._status(f"{d.checkpoint} on {d.device}, seed {d.seed}: generating...   esc: close")
                 elif ev.kind == "sample_text" and ev.data.text:
                     self.answer += ev.data.text
