@@ -119,3 +119,35 @@ def test_a_run_without_a_checkpoint_and_bad_arguments(tmp_path: Path) -> None:
     assert r.returncode == cli.EXIT_USAGE and "absent.txt" in r.stderr
     r = nsa_tui("sample", "local", rid, *root, "--prompt", "a", "--prompt-file", "x")
     assert r.returncode == cli.EXIT_USAGE
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_fails_its_sample_not_the_agent(trained: tuple[Path, str],
+                                                             tmp_path: Path) -> None:
+    """The worker fails (a shard cut short); the same agent connection goes on serving."""
+    import asyncio
+    import shutil
+
+    from nsa_tui.client import AgentError, HostClient
+
+    root, rid = trained
+    shutil.copytree(root / rid, tmp_path / rid)
+    shard = next((tmp_path / rid / "checkpoints" / "step-6").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:64])
+
+    async def go() -> tuple[str, str, int]:
+        c = HostClient("local", runs_root=str(tmp_path))
+        await c.start()
+        try:
+            with pytest.raises(AgentError) as bad:
+                async for _ev in c.sample(rid, seed=1, max_new_tokens=5):
+                    pass
+            kinds = [ev.kind async for ev in c.sample(rid, checkpoint="3", seed=1, max_new_tokens=5)]
+            assert kinds[0] == "sample_start" and kinds[-1] == "sample_done"
+            return bad.value.code, bad.value.message, len(await c.runs())
+        finally:
+            await c.close()
+
+    code, message, runs = asyncio.run(asyncio.wait_for(go(), 120))
+    assert code == "bad_checkpoint" and "step-6" in message and runs == 1
+

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from nsa.config import Config, config_from_dict
 from nsa.model.transformer import Transformer, build_model
@@ -29,6 +30,10 @@ from nsa.train.checkpoint import (
 )
 
 
+class NoCheckpoint(CheckpointError):
+    """The run has no complete checkpoint, or none at the step asked for."""
+
+
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """The steps of the run's complete checkpoints, oldest first."""
     return [int(STEP_DIR.match(p.name).group(1)) for p in complete_checkpoints(run_dir / "checkpoints")]  # type: ignore[union-attr]
@@ -36,10 +41,10 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     """``checkpoints/step-<step>`` of the run (None: the newest complete one). A run without
-    one, or a step it does not have, is a CheckpointError naming the steps that exist."""
+    one, or a step it does not have, is a NoCheckpoint naming the steps that exist."""
     ckpts = complete_checkpoints(run_dir / "checkpoints")
     if not ckpts:
-        raise CheckpointError(f"{run_dir.name} has no complete checkpoint yet (one is written every "
+        raise NoCheckpoint(f"{run_dir.name} has no complete checkpoint yet (one is written every "
                               "train.save_every steps)")
     if step is None:
         return ckpts[-1]
@@ -47,7 +52,7 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
         if p.name == f"step-{step}":
             return p
     steps = ", ".join(str(s) for s in checkpoint_steps(run_dir))
-    raise CheckpointError(f"{run_dir.name} has no checkpoint at step {step}; its checkpoints are at "
+    raise NoCheckpoint(f"{run_dir.name} has no checkpoint at step {step}; its checkpoints are at "
                           f"steps {steps}")
 
 
@@ -81,7 +86,9 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[Transfor
                 dcp.load({"model": sd}, storage_reader=SafeReader(str(path)))
         except CheckpointError:
             raise
-        except Exception as exc:
-            raise CheckpointError(f"{path}: cannot load: {type(exc).__name__}: {exc}") from exc
+        except (Exception, CheckpointException) as exc:  # DCP's own is a BaseException
+            lines = str(exc).strip().splitlines()  # DCP's holds each rank's traceback: its last line says why
+            why = lines[-1] if lines else type(exc).__name__
+            raise CheckpointError(f"{path}: cannot load: {why}") from exc
         model.load_state_dict(sd)
     return model.to(device).eval(), cfg, meta

@@ -4,7 +4,8 @@ The agent runs this in a process of its own (torch stays out of the agent, and a
 an out-of-memory here ends this process only). The job is one JSON line on stdin
 (:class:`Job`); stdout gets ``{"event": kind, "data": ...}`` lines whose data are the
 protocol's records (``sample_start``, ``sample_text``..., ``sample_done``), or one
-``error`` line (ErrorInfo) and exit status 1.
+``error`` line (ErrorInfo: ``no_checkpoint``, ``bad_checkpoint``, ``sample_failed``) and
+exit status 1.
 """
 
 from __future__ import annotations
@@ -83,13 +84,17 @@ def run(job: Job) -> None:
 
 def main() -> int:
     """Read the job, run it; any failure is one ``error`` line (its code says what kind)."""
+    from nsa.infer.load import NoCheckpoint
     from nsa.train.checkpoint_error import CheckpointError
 
     try:
         job = msgspec.json.decode(sys.stdin.buffer.readline(), type=Job)
         run(job)
-    except CheckpointError as exc:
+    except NoCheckpoint as exc:  # gone since the agent looked (pruned by the live run)
         _emit("error", ErrorInfo(code="no_checkpoint", message=str(exc)))
+        return 1
+    except CheckpointError as exc:
+        _emit("error", ErrorInfo(code="bad_checkpoint", message=str(exc)))
         return 1
     except Exception as exc:  # noqa: BLE001 - the agent shows it; the process ends here
         _emit("error", ErrorInfo(code="sample_failed", message=f"{type(exc).__name__}: {exc}"))
