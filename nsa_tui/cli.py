@@ -9,6 +9,8 @@
     nsa-tui export HOST RUN [--tensorboard DIR] [--csv PATH]
     nsa-tui alerts HOST [RUN] [--follow]       nsa-tui ack HOST RUN ALERT
     nsa-tui archive HOST RUN [--undo]          nsa-tui delete HOST RUN [--yes]
+    nsa-tui sample HOST RUN [--checkpoint STEP] [--prompt TEXT | --prompt-file FILE]
+                   [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device D]
     nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
 
 HOST is a host list: ``local`` or an SSH destination (``[user@]host[:port]`` or a

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from nsa_tui import cli_sample
+
 HOSTS = "local, an SSH destination, or H1,H2,... (one run over several hosts)"
 
 def parser() -> argparse.ArgumentParser:
@@ -83,4 +85,5 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--no-deps", action="store_true", help="pip --no-deps: install no dependency")
     st.add_argument("--prefix", default="~/.nsa-tui", help="install directory on the host")
     st.add_argument("--python", default="python3", help="the host's python that creates the venv")
+    cli_sample.add_parser(sub, common)
     return p

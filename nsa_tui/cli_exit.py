@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_BAD_CONFIG", "EXIT_NO_RUN", "EXIT_UNREACHABLE",
-           "EXIT_UNHEALTHY", "EXIT_INTERRUPTED", "EXIT_PIPE", "EXIT_CODES", "ERROR_EXIT", "exit_for"]
+           "EXIT_UNHEALTHY", "EXIT_NO_CHECKPOINT", "EXIT_INTERRUPTED", "EXIT_PIPE", "EXIT_CODES",
+           "ERROR_EXIT", "exit_for"]
 
 EXIT_OK = 0  # done
 EXIT_FAILED = 1  # the operation failed (the message says why)
@@ -19,6 +20,7 @@ EXIT_BAD_CONFIG = 3  # the config is invalid, or cannot run on the host
 EXIT_NO_RUN = 4  # no such run (or alert)
 EXIT_UNREACHABLE = 5  # a host cannot be reached (network, host key, no agent, nsa missing)
 EXIT_UNHEALTHY = 6  # status: the run crashed, failed or is lost, a host unreachable, a critical alert
+EXIT_NO_CHECKPOINT = 7  # the run has no complete checkpoint (or none at the step asked for)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_PIPE = 141  # stdout closed by its reader (128 + SIGPIPE, as a shell reports it)
 
@@ -32,6 +34,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_UNREACHABLE: "a host cannot be reached (network, host key, authentication, no agent, nsa missing)",
     EXIT_UNHEALTHY: "`status` found the run unhealthy (crashed, failed or lost, a host unreachable, "
                     "a critical alert)",
+    EXIT_NO_CHECKPOINT: "the run has no complete checkpoint, or none at the step asked for (`sample`, "
+                        "`fallback`, `resume`)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_PIPE: "the reader of the output went away (`| head`)",
 }
@@ -47,6 +51,8 @@ ERROR_EXIT: dict[str, int] = {
     "no_such_alert": EXIT_NO_RUN,
     "unreachable": EXIT_UNREACHABLE,
     "nsa_missing": EXIT_UNREACHABLE,
+    "no_checkpoint": EXIT_NO_CHECKPOINT,
+    "no_such_checkpoint": EXIT_NO_CHECKPOINT,
 }
 
 

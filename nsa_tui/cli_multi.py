@@ -27,7 +27,8 @@ from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
 from nsa_tui.client import AgentError, HostClient
 from nsa_tui.multihost import MergedRun, Part, group_views, merge
 
-ONE_HOST = ("ack", "archive", "delete", "export")  # commands on one host's part (its alert ids, files)
+# commands on one host's part (its alert ids, files; sample: the checkpoint files on that host)
+ONE_HOST = ("ack", "archive", "delete", "export", "sample")
 
 
 def _text_of(merged: MergedRun, now: float, alerts: list[Any],

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsa_tui import cli_sample
 from nsa_tui.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, emit, fail
 from nsa_tui.cli_text import LineSplitter, alert_lines, runs_table
 
@@ -159,6 +160,8 @@ async def dispatch(c: Any, args: argparse.Namespace) -> int:
         return await _export(c, args)
     elif args.cmd == "alerts":
         return await _alerts(c, args)
+    elif args.cmd == "sample":
+        return await cli_sample.run(c, args)
     elif args.cmd == "ack":
         st = await c.ack(args.run, args.alert)
         emit(args, st, f"{args.run} {st.id}: acknowledged ({st.state})")

@@ -571,6 +571,24 @@ class HostClient:
         for every change; after a reconnect the whole list again."""
         return self._stream(_Sub("watch_alerts", {"history": history, "run": run_id}))
 
+    async def sample(self, run_id: str, *, checkpoint: str | None = None, prompt: str = "",
+                     max_new_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
+                     top_p: float | None = None, seed: int | None = None,
+                     device: str | None = None) -> AsyncIterator[Event]:
+        """Text from the run's checkpoint as it is generated (docs/agent-protocol.md, "sample"):
+        ``sample_start``, ``sample_text``..., then ``sample_done``, where the iteration ends;
+        a failure is raised as AgentError."""
+        args = {"run": run_id, "checkpoint": checkpoint, "prompt": prompt, "max_new_tokens": max_new_tokens,
+                "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "device": device}
+        events = self._stream(_Sub("sample", args))
+        try:
+            async for ev in events:
+                yield ev
+                if ev.kind == "sample_done":
+                    return
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]  # unwatch now, not when collected
+
     async def host_samples(self, interval_s: float = 1.0) -> AsyncIterator[HostSample]:
         """Host samples, one per ``interval_s``; resumes after reconnects."""
         async for ev in self._stream(_Sub("watch_host", {"interval_s": interval_s})):

@@ -23,7 +23,8 @@ RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInf
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",
             "MissingRank", "ConfigSummary", "ActionPlan", "DeleteResult", "LogChunk", "RunView",
             "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading",
-            "AlertState", "AlertList", "Evidence", "LaunchArgs"]
+            "AlertState", "AlertList", "Evidence", "LaunchArgs", "SampleArgs", "SampleStart",
+            "SampleText", "SampleDone"]
 
 
 def documented_tables(text: str) -> dict[str, set[str]]:

@@ -8,7 +8,7 @@ subscriptions, :class:`EventMsg` lines whose ``data`` type is given by ``event``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -156,6 +156,44 @@ class AlertList(Record, kw_only=True):
     bad_lines: int = 0
 
 
+class SampleStart(Record, kw_only=True):
+    """``sample``: the checkpoint is loaded and generation begins (what it runs on, the prompt's
+    token ids: end-of-text first, as a document starts in training)."""
+
+    run: str
+    checkpoint: str  # step-N
+    step: int
+    device: str  # "cpu", "cuda:0", ...
+    tokenizer: str  # "byte" | "gpt2"
+    seed: int
+    prompt_tokens: list[int] = []
+
+
+class SampleText(Record, kw_only=True):
+    """``sample``: new tokens and the text they complete (a character cut between two steps
+    comes with the step that ends it)."""
+
+    text: str
+    tokens: list[int]
+
+
+class SampleDone(Record, kw_only=True):
+    """``sample``: the whole answer; the stream ends after it. ``stop``: ``eot`` (the model
+    ended its document) or ``max_new_tokens``."""
+
+    run: str
+    checkpoint: str
+    step: int
+    device: str
+    seed: int
+    prompt: str
+    prompt_tokens: list[int]
+    text: str
+    tokens: list[int]
+    stop: Literal["eot", "max_new_tokens"]
+    seconds: float = 0.0  # loading excluded: prefill and decoding
+
+
 # event name -> the type of its ``data``
 EVENT_DATA: dict[str, Any] = {
     "status": RunView,
@@ -172,9 +210,12 @@ EVENT_DATA: dict[str, Any] = {
     "alerts": AlertList,
     "alert": AlertState,
     "error": ErrorInfo,
+    "sample_start": SampleStart,
+    "sample_text": SampleText,
+    "sample_done": SampleDone,
 }
 EventKind = Literal["status", "beats", "metrics", "summary", "log", "gap", "synced", "host", "runs", "run",
-                    "run_removed", "alerts", "alert", "error"]
+                    "run_removed", "alerts", "alert", "error", "sample_start", "sample_text", "sample_done"]
 
 
 class EventMsg(Record, kw_only=True):
@@ -431,6 +472,22 @@ class WriteCheckpointFileArgs(Args, kw_only=True, forbid_unknown_fields=True):
     offset: int
     data: bytes
     final: bool = False
+
+
+class SampleArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``sample``: generate from a run's checkpoint (default: its newest complete one) in a
+    process of its own. ``device``: None picks a GPU no process uses, else the CPU;
+    ``seed`` None: a random one (reported, to repeat the sample)."""
+
+    run: str
+    checkpoint: str | None = None  # "step-N" or "N"
+    prompt: str = ""
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 200
+    temperature: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] | None = None
+    device: str | None = None  # "cpu", "cuda", "cuda:N"
 
 
 class AlertsArgs(Args, kw_only=True, forbid_unknown_fields=True):

@@ -6,6 +6,7 @@ are text, not control tokens, so no tokenizer ever warns or refuses.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -25,6 +26,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> np.ndarray: ...
 
+    def token_bytes(self, ids: Sequence[int]) -> bytes: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes 0..255; end-of-text is 256 (so the model's vocab must be >= 257)."""
@@ -35,6 +38,11 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8", errors="replace"), dtype=np.uint8).astype(np.int32)
+
+    def token_bytes(self, ids: Sequence[int]) -> bytes:
+        """The bytes of generated ids; ids that are no byte (end-of-text, the vocab's padding)
+        have none. Bytes, not text: a character may be cut between two steps."""
+        return bytes(i for i in ids if 0 <= i < 256)
 
 
 class GPT2Tokenizer:
@@ -67,6 +75,10 @@ class GPT2Tokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._enc.encode_ordinary(text), dtype=np.int32)
+
+    def token_bytes(self, ids: Sequence[int]) -> bytes:
+        """The bytes of generated ids (end-of-text and the vocab's padding have none)."""
+        return self._enc.decode_bytes([i for i in ids if 0 <= i < GPT2_EOT])
 
 
 def build_tokenizer(cfg: DataConfig) -> Tokenizer:

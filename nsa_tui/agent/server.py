@@ -51,13 +51,14 @@ from nsa.contract.protocol import (
     Request,
     ResumeArgs,
     RunArgs,
+    SampleArgs,
     UnwatchArgs,
     WatchArgs,
     WatchHostArgs,
     WriteCheckpointFileArgs,
 )
 from nsa_tui import __version__
-from nsa_tui.agent import ckptfiles
+from nsa_tui.agent import ckptfiles, sample
 from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher, OpError, run_lock
 from nsa_tui.agent.preflight import preflight
@@ -126,6 +127,7 @@ class Agent:
             "preflight": (PreflightArgs, self.op_preflight), "checkpoints": (RunArgs, self.op_checkpoints),
             "read_checkpoint_file": (CheckpointFileArgs, self.op_read_checkpoint_file),
             "write_checkpoint_file": (WriteCheckpointFileArgs, self.op_write_checkpoint_file),
+            "sample": (SampleArgs, self.op_sample),
         }
 
     def send(self, msg: Any) -> None:
@@ -397,6 +399,14 @@ class Agent:
             return Evidence(run_id=a.run, alert=st.id, files=files, notes=notes)
 
         return await asyncio.to_thread(read)
+
+    async def op_sample(self, rid: Any, a: SampleArgs) -> dict[str, Any]:
+        """Checked here (no run, no checkpoint, an unknown step: the reply's error), then a
+        stream: the worker's ``sample_start``, ``sample_text``... and ``sample_done`` events."""
+        gpus = (await asyncio.to_thread(self.sampler.gpu.read))[0]
+        job = await asyncio.to_thread(sample.plan, self.store, a, gpus)
+        self._subscribe(rid, sample.run_worker(self.launcher.python, job, rid, self.send))
+        return {"sampling": a.run, "seed": job.job["seed"], "device": job.job["device"]}
 
     async def op_unwatch(self, rid: Any, a: UnwatchArgs) -> dict[str, bool]:
         task = self.subs.pop(a.sub, None)

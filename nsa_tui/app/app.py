@@ -307,6 +307,19 @@ class NsaApp(ViewActions, App[str | None]):
         ask = ConfirmScreen(title, body, yes=yes)
         self.push_screen(ask, partial(self._confirmed, op, run.host, run.run_id))
 
+    def action_sample(self) -> None:
+        """``p``: a prompt for the selected run; its host generates from the newest checkpoint."""
+        run = self._selected_or_warn("sample from")
+        if run is None:
+            return
+        svc = self._connected(run.host)
+        if svc is None or svc.client is None:
+            return
+        from nsa_tui.app.screens.sample import SampleScreen
+
+        client, run_id = svc.client, run.run_id
+        self.push_screen(SampleScreen(run.name, lambda prompt: client.sample(run_id, prompt=prompt)))
+
     def _focused_alert(self) -> Any:
         focused = self.focused
         return focused.selected() if isinstance(focused, AlertsPane) else None
