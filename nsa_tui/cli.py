@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsa.contract.rundir import ALERTS_JSONL, TRAIN_LOG
 from nsa_tui.cli_text import LineSplitter, alert_lines, runs_table
 from nsa_tui.runref import RunRefError, resolve
 
@@ -92,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("status", "status and current alerts"), ("kill", "stop a run (TERM, then KILL)"),
                        ("fallback", "stop and relaunch on one GPU from the newest checkpoint"),
                        ("resume", "relaunch a stopped run from its newest checkpoint"),
-                       ("dump", "stack dump of every rank"), ("logs", "the run's train.log"),
+                       ("dump", "stack dump of every rank"), ("logs", f"the run's {TRAIN_LOG}"),
                        ("archive", "hide a run that is not alive from the default run list"),
                        ("delete", "remove a run that is not alive (says how much it frees)")):
         sp = sub.add_parser(name, parents=[common], help=text)
@@ -189,7 +190,7 @@ async def _alerts(c: Any, args: argparse.Namespace) -> int:
         lst = await c.alerts(args.run, args.history)
         text = "\n".join(ln for st in lst.alerts for ln in alert_lines(st)) or "no alerts"
         if lst.bad_lines:
-            text += f"\n({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)"
+            text += f"\n({lst.bad_lines} malformed line(s) of {ALERTS_JSONL} skipped)"
         _emit(args, lst, text)
         return EXIT_OK
     from nsa.contract.io import to_builtins

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nsa.contract import RunStatus, StreamPos
+from nsa.contract.rundir import ALERTS_JSONL
 from nsa_tui import coordinator as co
 from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
 from nsa_tui.client import AgentError, HostClient
@@ -163,7 +164,7 @@ async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], h
         lst = got[host]
         lines += [f"[{host}] {ln}" for st in lst.alerts for ln in alert_lines(st)]
         if lst.bad_lines:
-            lines.append(f"[{host}] ({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)")
+            lines.append(f"[{host}] ({lst.bad_lines} malformed line(s) of {ALERTS_JSONL} skipped)")
     doc = {h: _builtins(got[h]) if h in got else {"error": f"unreachable: {unreachable[h]}"} for h in hosts}
     emit(doc, "\n".join(lines) or "no alerts")
     return 5 if unreachable else 0

@@ -11,6 +11,8 @@ panel imports it without torch.
 - ``series``: bounded metric summaries (metrics-summary.json);
 - ``protocol``: hello, requests, replies, events and the agent's view of a run;
 - ``io``: the one JSON encoder, atomic writer, JSONL appender and tail reader;
+- ``rundir``: the run directory's layout (every file name, :class:`RunDir`) and the rule for a
+  complete checkpoint;
 - ``appended``: appended files that rotate (``NSA_ROTATE_BYTES``) and the one reader that
   follows them, whose positions (:class:`StreamPos`) name the file's generation.
 """

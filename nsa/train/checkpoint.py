@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import pickle
-import re
 import shutil
 import threading
 import time
@@ -48,13 +47,21 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from nsa.contract import write_json_atomic
+from nsa.contract.rundir import (
+    CHECKPOINT_TMP_PREFIX,
+    CHECKPOINTS,
+    LATEST,
+    META_JSON,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_name,
+)
 
 # re-exported: the trainer and callers catch it as checkpoint.CheckpointError
 from nsa.train.checkpoint_error import CheckpointError as CheckpointError
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
-TMP_PREFIX = ".tmp-step-"
-META = "meta.json"
+TMP_PREFIX = CHECKPOINT_TMP_PREFIX
+META = META_JSON
 DCP_METADATA = ".metadata"
 # the model keys that do not change the weights (which kernels compute them)
 MODEL_KEYS_FREE = ("attention.backend",)
@@ -97,17 +104,6 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
-def complete_checkpoints(root: Path) -> list[Path]:
-    """``step-N`` directories that have their ``meta.json`` (written last), oldest first."""
-    found = []
-    if root.is_dir():
-        for p in root.iterdir():
-            m = STEP_DIR.match(p.name)
-            if m and p.is_dir() and (p / META).is_file():
-                found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
-
-
 def prune(root: Path, keep: int, protect: str) -> None:
     """Remove complete checkpoints beyond the newest ``keep`` (never ``protect``)."""
     for p in complete_checkpoints(root)[:-keep] if keep > 0 else []:
@@ -126,19 +122,8 @@ def remove_interrupted(root: Path, keep: Path | None = None) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def find_latest(root: Path) -> Path | None:
-    """The newest complete checkpoint under ``root``: ``latest`` if it is valid, else a scan."""
-    try:
-        name = (root / "latest").read_text().strip()
-        p = root / name
-        if STEP_DIR.match(name) and (p / META).is_file():
-            newest = complete_checkpoints(root)
-            if not newest or newest[-1] == p:
-                return p
-    except OSError:
-        pass
-    ckpts = complete_checkpoints(root)
-    return ckpts[-1] if ckpts else None
+# the one rule for a complete checkpoint is the contract's
+find_latest = latest_checkpoint
 
 
 def resolve(resume: str | None, run_dir: Path) -> Path | None:
@@ -147,11 +132,11 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
     if not resume:
         return None
     if resume == "auto":
-        return find_latest(run_dir / "checkpoints")
+        return find_latest(run_dir / CHECKPOINTS)
     p = Path(resume).expanduser()
     if (p / META).is_file():
         return p
-    for root in (p / "checkpoints", p):
+    for root in (p / CHECKPOINTS, p):
         found = find_latest(root)
         if found is not None:
             return found
@@ -283,7 +268,7 @@ class Checkpointer:
             remove_interrupted(self.root)  # a save killed half-way: its space back before this one
         t0 = time.time()
         stamp = broadcast_object(f"{int(t0 * 1000)}-{os.getpid()}", self.group)  # one name per node
-        tmp, final = self.root / f"{TMP_PREFIX}{step}-{stamp}", self.root / f"step-{step}"
+        tmp, final = self.root / f"{TMP_PREFIX}{step}-{stamp}", self.root / step_name(step)
         state, _groups = _tensor_state(model, optimizer)
         state.update(rng_tensors(rank, device))
         meta = {**meta, "step": step}
@@ -346,8 +331,8 @@ class Checkpointer:
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(self.root)
-        (self.root / ".latest.tmp").write_text(final.name + "\n")
-        os.replace(self.root / ".latest.tmp", self.root / "latest")
+        (self.root / f".{LATEST}.tmp").write_text(final.name + "\n")
+        os.replace(self.root / f".{LATEST}.tmp", self.root / LATEST)
         prune(self.root, self.keep, final.name)
         remove_interrupted(self.root)
         self.log(f"checkpoint {final} ({time.time() - t0:.1f} s)")
@@ -382,7 +367,8 @@ def load(path: Path, meta: dict[str, Any], model: nn.Module, optimizer: torch.op
     state, groups = _tensor_state(model, optimizer)
     old_world = int(meta["world_size"])
     src = min(rank, old_world - 1)  # a grown world: the new ranks take the last rank's RNG
-    rng = {k.replace(f"rank-{rank}/", f"rank-{src}/"): v for k, v in rng_tensors(rank, device).items()}
+    rng = {k.replace(f"rng/rank-{rank}/", f"rng/rank-{src}/", 1): v
+           for k, v in rng_tensors(rank, device).items()}
     if device.type == "cuda" and meta.get("device_type") != "cuda":
         rng = {k: v for k, v in rng.items() if not k.endswith("/cuda")}
     state.update(rng)

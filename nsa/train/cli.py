@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from nsa.contract.rundir import CHECKPOINTS, HEARTBEATS, RUN_JSON, STACKS, rank_of_file
+
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 SAVE_IN_FLIGHT_S = 120.0  # a failing rank waits at most this long for its checkpoint in flight
@@ -34,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="SECTION.KEY=VALUE",
                    help="override config values, e.g. --set train.steps=100 data.source=synthetic")
     p.add_argument("--parent-run", default=None, metavar="RUN_ID",
-                   help="the run this one continues (fallback/resume): recorded in run.json")
+                   help=f"the run this one continues (fallback/resume): recorded in {RUN_JSON}")
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="auto: newest complete checkpoint of this run directory (none: start fresh); "
                         "PATH: a checkpoint directory, or a run directory to take its newest from")
@@ -73,7 +75,7 @@ def other_run(run_dir: Path, run_id: str) -> str | None:
     (one directory, one run). Ranks of this run see their own id and go on."""
     from nsa.contract import read_json
 
-    data = read_json(run_dir / "run.json", dict[str, Any])  # any version's run.json names its run
+    data = read_json(run_dir / RUN_JSON, dict[str, Any])  # any version's run.json names its run
     other = data.get("run_id") if data else None
     if not other or other == run_id:
         return None
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     stop.install()
     stop_when_launcher_dies(launched)
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    dumper = StackDumper(run_dir / "stacks", rank)
+    dumper = StackDumper(run_dir / STACKS, rank)
     dumper.install()
 
     def log(msg: str) -> None:
@@ -224,7 +226,7 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
     if resume:
         log(f"resume from {resume} at step {trainer.step} ({trainer.tokens:,} tokens seen)")
     elif args.resume == "auto":
-        log(f"--resume auto: no checkpoint in {run_dir / 'checkpoints'}: starting from step 0")
+        log(f"--resume auto: no checkpoint in {run_dir / CHECKPOINTS}: starting from step 0")
     if trainer.resume_note:
         log(trainer.resume_note)
 
@@ -323,8 +325,8 @@ def first_peer_failure(run_dir: Path, me: int) -> str | None:
     from nsa.contract import Beat, Phase, last_record
 
     best: Beat | None = None
-    for path in (run_dir / "heartbeats").glob("rank-*.jsonl"):
-        if path.name == f"rank-{me}.jsonl":
+    for path in (run_dir / HEARTBEATS).iterdir() if (run_dir / HEARTBEATS).is_dir() else ():
+        if rank_of_file(path.name) in (None, me):
             continue
         beat = last_record(path, Beat)
         if beat is not None and beat.phase == Phase.FAILED and beat.error:

@@ -16,6 +16,7 @@ from torch import nn
 from nsa.config import Config, to_dict
 from nsa.contract import AttentionOps, EpochMetric, EvalMetric, GateShares, TrainMetric
 from nsa.contract.io import JsonlWriter
+from nsa.contract.rundir import CHECKPOINTS, RunDir
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
 from nsa.train.data import (
@@ -74,7 +75,7 @@ class Trainer:
         self.record, self.resume_path, self.log = record, resume, log
         self.faults = Faults(cfg.debug, info.rank)
         self.metrics = MetricsLog(run_dir) if info.is_main else None
-        self.debug_log = (JsonlWriter(run_dir / "debug" / f"rank-{info.rank}.jsonl")
+        self.debug_log = (JsonlWriter(RunDir(run_dir).debug(info.rank))
                           if cfg.debug.record_rank_state else None)
         self.step = 0
         self.tokens = 0
@@ -107,7 +108,7 @@ class Trainer:
         self.model = D.wrap(model, t.strategy, info, bf16=self.use_bf16)
         self.optimizer = build_optimizer(self.model, cfg, info.device)
         self.timeouts = D.Timeouts(t.pg_timeout_start_s, t.pg_timeout_s, self.log)
-        self.ckpt = ckpt.Checkpointer(self.run_dir / "checkpoints", t.keep_checkpoints,
+        self.ckpt = ckpt.Checkpointer(self.run_dir / CHECKPOINTS, t.keep_checkpoints,
                                       committer=info.local_rank == 0, use_async=t.checkpoint_async,
                                       timeout_s=t.pg_timeout_start_s, log=self.log if info.is_main else None,
                                       before_commit=self.faults.maybe_die_in_save)
@@ -195,7 +196,7 @@ class Trainer:
         if self.debug_log:
             self.debug_log.write({"loaded_step": int(meta["step"]), "param_digest": param_digest(self.model)})
         self.step, self.tokens = int(meta["step"]), int(meta["tokens"])
-        own = path.parent.resolve() == (self.run_dir / "checkpoints").resolve()
+        own = path.parent.resolve() == (self.run_dir / CHECKPOINTS).resolve()
         self.last_ckpt = path.name if own else str(path)  # the last good one until a new save
         positions = positions_from_json(meta["data_positions"])
         if own_streams(old_streams, w, info.rank) is None:

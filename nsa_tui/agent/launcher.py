@@ -36,6 +36,19 @@ from nsa.contract.protocol import (
     KillResult,
     LaunchResult,
 )
+from nsa.contract.rundir import (
+    CHECKPOINTS,
+    CONFIG_YAML,
+    LATEST,
+    LAUNCH_JSON,
+    LOCK,
+    META_JSON,
+    RELAUNCH_JSON,
+    RUN_JSON,
+    STOP_JSON,
+    TRAIN_LOG,
+    step_of,
+)
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
@@ -109,7 +122,7 @@ def validate_nodes(nodes: NodeLayout | None) -> None:
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Exclusive lock of one run (blocking): across agents, threads and requests alike."""
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -120,7 +133,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 @contextlib.asynccontextmanager
 async def run_lock_async(run_dir: Path) -> AsyncIterator[None]:
     """``run_lock`` for coroutines: waiting for it does not block the agent's event loop."""
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
         yield
@@ -244,7 +257,7 @@ class Launcher:
             os.chmod(run_dir, 0o700)
             text = Path(path).read_text()
         source = shown if config_text is not None else path  # recorded: the user's path, ~ expanded here
-        cfg_copy = run_dir / "config.yaml"
+        cfg_copy = run_dir / CONFIG_YAML
         fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -264,7 +277,7 @@ class Launcher:
             config_file=source,
             # applied only when the agent's own environment does not already pin GPUs
             cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
-        write_json_atomic(run_dir / "launch.json", launch)
+        write_json_atomic(run_dir / LAUNCH_JSON, launch)
         import nsa
 
         env = dict(os.environ, NSA_RUN_ID=run_id, NSA_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
@@ -280,7 +293,7 @@ class Launcher:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         argv = [self.python, "-m", "nsa_tui.agent.supervise", str(run_dir), "--", *command]
-        log_fd = os.open(run_dir / "train.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        log_fd = os.open(run_dir / TRAIN_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
@@ -291,7 +304,7 @@ class Launcher:
         self.children.append(proc)
         launch.launcher_pid = proc.pid
         launch.launcher_pgid = proc.pid  # a new session's leader leads its group
-        write_json_atomic(run_dir / "launch.json", launch)
+        write_json_atomic(run_dir / LAUNCH_JSON, launch)
         return LaunchResult(run_id=run_id, dir=str(run_dir), nproc=n, command=command, launcher_pid=proc.pid,
                             view=self.store.view(run_id, with_tail=False), parent_run=parent_run,
                             resume_from=resume_from)
@@ -310,12 +323,12 @@ class Launcher:
         of the run is still there a few seconds after the ranks are gone (or when no rank
         is up yet) gets TERM through the whole group.
         """
-        launch = read_json(run_dir / "launch.json", LaunchInfo)
+        launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
         pgid = launch.launcher_pgid if launch else None
         procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
         if not procs:
             return KillResult(run_id=run_id, was_running=False)
-        write_json_atomic(run_dir / "stop.json", StopInfo(ts=time.time()))
+        write_json_atomic(run_dir / STOP_JSON, StopInfo(ts=time.time()))
         ranks = [p for p in procs if p.rank is not None]
         if ranks:
             _signal_all(None, ranks, signal.SIGTERM)
@@ -351,7 +364,7 @@ class Launcher:
 
     def _done_before(self, run_dir: Path, op: str) -> LaunchResult | None:
         """The run an earlier ``op`` of this parent started, if any (the idempotent answer)."""
-        done = read_json(run_dir / "relaunch.json", Relaunch)
+        done = read_json(run_dir / RELAUNCH_JSON, Relaunch)
         if done is None or done.op != op:
             return None
         try:
@@ -377,7 +390,7 @@ class Launcher:
         if path is None:
             return None, {}
         try:
-            return str(path), json.loads((path / "meta.json").read_text())
+            return str(path), json.loads((path / META_JSON).read_text())
         except (OSError, ValueError):
             return str(path), {}
 
@@ -388,8 +401,8 @@ class Launcher:
         (``nproc`` per host, ``nodes`` hosts: a resume over several hosts)."""
         run_dir = self.store.run_dir(run_id)
         ckpt, meta = self._find_checkpoint(run_id, checkpoint)
-        launch = read_json(run_dir / "launch.json", LaunchInfo)
-        run = read_json(run_dir / "run.json", RunInfo)
+        launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+        run = read_json(run_dir / RUN_JSON, RunInfo)
         old = launch.overrides if launch else []
         overrides = [o for o in old if not o.startswith("train.grad_accum=")]
         nodes_now = launch.nodes.nnodes if launch and launch.nodes else 1
@@ -409,13 +422,13 @@ class Launcher:
                 accum = g // (b * new_world)
                 overrides.append(f"train.grad_accum={accum}")  # the same global batch
         elif op == "fallback":
-            cfg = validate_config(str(run_dir / "config.yaml"), old)
+            cfg = validate_config(str(run_dir / CONFIG_YAML), old)
             accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world // nproc
             overrides.append(f"train.grad_accum={accum}")
         name = launch.name if launch else (run.name if run else run_id)
         step = None
-        if ckpt is not None and Path(ckpt).name.startswith("step-") and Path(ckpt).name[5:].isdigit():
-            step = int(Path(ckpt).name[5:])
+        if ckpt is not None:
+            step = step_of(Path(ckpt).name)
         plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
                           name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
                           grad_accum=accum, global_batch=g, problem=problem,
@@ -427,8 +440,8 @@ class Launcher:
         run_dir = self.store.run_dir(run_id)
         procs = run_processes(run_id, run_dir=str(run_dir))
         if op == "kill":
-            run = read_json(run_dir / "run.json", RunInfo)
-            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            run = read_json(run_dir / RUN_JSON, RunInfo)
+            launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
             world = (run.world_size if run else None) or (launch.nproc if launch else 1)
             plan = ActionPlan(op="kill", run_id=run_id, alive=False, world_size=world, nproc=0)
         else:
@@ -437,7 +450,7 @@ class Launcher:
         plan.rank_pids = [p.pid for p in procs if p.rank is not None]
         if op == "kill":
             return plan
-        done = read_json(run_dir / "relaunch.json", Relaunch)
+        done = read_json(run_dir / RELAUNCH_JSON, Relaunch)
         if done is not None and done.op == op:
             plan.again = done.child_run
         elif plan.checkpoint is None:
@@ -454,14 +467,14 @@ class Launcher:
         plan, overrides = self._relaunch_args(run_id, nproc, op, checkpoint, nodes)
         ckpt = plan.checkpoint
         if ckpt is None:
-            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint ({CHECKPOINTS}/{LATEST})")
         if plan.problem:
             raise OpError("bad_request", plan.problem)
         res = self.launch(
-            str(run_dir / "config.yaml"), nproc=plan.nproc, overrides=overrides, name=plan.name,
+            str(run_dir / CONFIG_YAML), nproc=plan.nproc, overrides=overrides, name=plan.name,
             parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False, run_id=new_run_id, nodes=nodes,
         )
-        write_json_atomic(run_dir / "relaunch.json",
+        write_json_atomic(run_dir / RELAUNCH_JSON,
                           Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
         return res
 
@@ -505,7 +518,7 @@ class Launcher:
             done = self._done_before(run_dir, op)
             if done is not None:
                 return done
-            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
             if launch is not None and launch.nodes is not None:
                 raise OpError("bad_request", f"{run_id} runs over several hosts: one host's watchdog does "
                               "not relaunch it (nsa-tui fallback/resume with its hosts does)")

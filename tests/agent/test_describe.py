@@ -104,7 +104,8 @@ async def test_a_hub_source_without_network_is_refused(tmp_path: Path,
 def stopped_run(root: Path, run_id: str, world: int = 2, checkpoint: bool = True) -> Path:
     d = root / run_id
     (d / "checkpoints" / "step-30").mkdir(parents=True)
-    if checkpoint:
+    if checkpoint:  # complete: meta.json is there (written last by a save)
+        (d / "checkpoints" / "step-30" / "meta.json").write_text('{"step": 30}')
         (d / "checkpoints" / "latest").write_text("step-30")
     (d / "config.yaml").write_text((REPO / "configs" / "smoke-cpu.yaml").read_text())
     write_json_atomic(d / "launch.json", LaunchInfo(run_id=run_id, name="exp-resume", created=time.time(),
