@@ -36,6 +36,7 @@ from nsa.contract.records import (
     Archived,
     AttentionOps,
     Beat,
+    CheckpointMeta,
     CpuThreads,
     DeviceInfo,
     EpochMetric,
@@ -60,7 +61,8 @@ from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
 
 __all__ = [
     "AppendedReader", "StreamPos", "rotate_bytes",
-    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat", "CpuThreads",
+    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat",
+    "CheckpointMeta", "CpuThreads",
     "ContractError", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
     "Hello", "HostSample", "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder",
     "MetricsSummary", "NodeLayout", "PgTimeouts", "Phase", "Relaunch", "RunInfo", "RunStatus",

@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nsa.contract.io import read_json
+from nsa.contract.records import CheckpointMeta
+
 # -- files and subdirectories of <run-dir> -----------------------------------------------------
 RUN_JSON = "run.json"  # rank 0
 LAUNCH_JSON = "launch.json"  # agent
@@ -223,3 +226,9 @@ def latest_checkpoint(root: Path) -> Path | None:
         pass
     ckpts = complete_checkpoints(root)
     return ckpts[-1] if ckpts else None
+
+
+def read_checkpoint_meta(path: Path) -> CheckpointMeta | None:
+    """The ``meta.json`` of checkpoint directory ``path``; None when absent, half-written or not
+    a :class:`CheckpointMeta`."""
+    return read_json(path / META_JSON, CheckpointMeta)

@@ -28,7 +28,6 @@ The single-file format of earlier versions (``state.pt``) is still read (checkpo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import shutil
@@ -39,6 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -46,7 +46,7 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from nsa.contract import write_json_atomic
+from nsa.contract import CheckpointMeta, ContractError, decode, write_json_atomic
 from nsa.contract.rundir import (
     CHECKPOINT_TMP_PREFIX,
     CHECKPOINTS,
@@ -143,10 +143,15 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
     raise CheckpointError(f"--resume {resume}: no complete checkpoint there")
 
 
-def read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path) -> CheckpointMeta:
+    """The checkpoint's meta.json, typed; CheckpointError when it is missing or not one."""
     try:
-        return json.loads((path / META).read_text())
-    except (OSError, ValueError) as exc:
+        data = (path / META).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read {META} ({exc})") from exc
+    try:
+        return decode(data, CheckpointMeta, str(path / META))
+    except ContractError as exc:
         raise CheckpointError(f"{path}: cannot read {META} ({exc})") from exc
 
 
@@ -155,9 +160,9 @@ def is_legacy(path: Path) -> bool:
     return (path / "state.pt").is_file() and not (path / DCP_METADATA).is_file()
 
 
-def missing_files(path: Path, meta: dict[str, Any]) -> list[str]:
+def missing_files(path: Path, meta: CheckpointMeta) -> list[str]:
     """Files of the checkpoint that are not in ``path`` (shards written on another node)."""
-    return [f for f in meta.get("files", []) if not (path / f).is_file()]
+    return [f for f in meta.files if not (path / f).is_file()]
 
 
 # -- the model config must be the same -------------------------------------------------------
@@ -185,8 +190,8 @@ def model_config_differences(saved: dict[str, Any] | None, mine: dict[str, Any])
     return out
 
 
-def check_model_config(path: Path, meta: dict[str, Any], model_cfg: dict[str, Any]) -> None:
-    saved = (meta.get("config") or {}).get("model")
+def check_model_config(path: Path, meta: CheckpointMeta, model_cfg: dict[str, Any]) -> None:
+    saved = (meta.config or {}).get("model")
     diffs = model_config_differences(saved, model_cfg)
     if diffs:
         raise CheckpointError(f"{path} was written by another model config; differing keys (saved -> this "
@@ -260,7 +265,7 @@ class Checkpointer:
         self.pending: _Pending | None = None
         self.last_saved: str | None = None  # the newest committed checkpoint of this run
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: CheckpointMeta,
              rank: int, device: torch.device, block: bool = False) -> None:
         """Write step ``step``. ``block``: return only once it is committed (a stop, the end)."""
         self.wait()  # one save at a time: the previous one is committed first
@@ -271,7 +276,7 @@ class Checkpointer:
         tmp, final = self.root / f"{TMP_PREFIX}{step}-{stamp}", self.root / step_name(step)
         state, _groups = _tensor_state(model, optimizer)
         state.update(rng_tensors(rank, device))
-        meta = {**meta, "step": step}
+        meta = msgspec.structs.replace(meta, step=step)
         if self.use_async and not block:
             pending = _Pending(final)
 
@@ -318,14 +323,14 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {p.final.name} failed while being written: "
                                   f"{type(p.error).__name__}: {p.error}") from p.error
 
-    def _commit(self, tmp: Path, final: Path, meta: dict[str, Any], metadata: Any, t0: float) -> None:
+    def _commit(self, tmp: Path, final: Path, meta: CheckpointMeta, metadata: Any, t0: float) -> None:
         """DCP has written every shard and ``.metadata``: write meta.json, rename, point latest."""
-        self.before_commit(int(meta["step"]))
+        self.before_commit(meta.step)
         self.last_saved = final.name
         if not self.committer:
             return
         files = sorted({info.relative_path for info in metadata.storage_data.values()} | {DCP_METADATA})
-        write_json_atomic(tmp / META, {**meta, "files": files, "saved_at": time.time()})
+        write_json_atomic(tmp / META, msgspec.structs.replace(meta, files=files, saved_at=time.time()))
         _fsync_dir(tmp)
         if final.exists():  # the same step saved again (e.g. a stop right after a save)
             shutil.rmtree(final)
@@ -349,7 +354,7 @@ def broadcast_object(obj: Any, group: Any = None) -> Any:
 
 
 # -- load -------------------------------------------------------------------------------------
-def load(path: Path, meta: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+def load(path: Path, meta: CheckpointMeta, model: nn.Module, optimizer: torch.optim.Optimizer,
          rank: int, device: torch.device) -> str | None:
     """Load model, optimizer and RNG into the (wrapped) model on every rank: DCP reshards the
     saved world size onto this one. Collective. Returns a note for the log, or None."""
@@ -365,11 +370,11 @@ def load(path: Path, meta: dict[str, Any], model: nn.Module, optimizer: torch.op
             "gather them into this directory first, or keep checkpoints on a shared filesystem; "
             "docs/multi-node.md)")
     state, groups = _tensor_state(model, optimizer)
-    old_world = int(meta["world_size"])
+    old_world = meta.world_size
     src = min(rank, old_world - 1)  # a grown world: the new ranks take the last rank's RNG
     rng = {k.replace(f"rng/rank-{rank}/", f"rng/rank-{src}/", 1): v
            for k, v in rng_tensors(rank, device).items()}
-    if device.type == "cuda" and meta.get("device_type") != "cuda":
+    if device.type == "cuda" and meta.device_type != "cuda":
         rng = {k: v for k, v in rng.items() if not k.endswith("/cuda")}
     state.update(rng)
     try:

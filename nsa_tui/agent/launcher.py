@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -28,7 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import nsa_tui
-from nsa.contract import LaunchInfo, NodeLayout, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
+from nsa.contract import (
+    CheckpointMeta,
+    LaunchInfo,
+    NodeLayout,
+    Relaunch,
+    RunInfo,
+    StopInfo,
+    read_json,
+    write_json_atomic,
+)
 from nsa.contract.protocol import (
     ActionPlan,
     ConfigSummary,
@@ -42,11 +50,11 @@ from nsa.contract.rundir import (
     LATEST,
     LAUNCH_JSON,
     LOCK,
-    META_JSON,
     RELAUNCH_JSON,
     RUN_JSON,
     STOP_JSON,
     TRAIN_LOG,
+    read_checkpoint_meta,
     step_of,
 )
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
@@ -376,9 +384,9 @@ class Launcher:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, dict[str, Any]]:
+    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, CheckpointMeta | None]:
         """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one;
-        (None, {}) when there is none."""
+        (None, None) when there is none (meta None: unreadable)."""
         if name:
             try:
                 path: Path | None = self.store.checkpoint_dir(run_id, name)
@@ -388,11 +396,8 @@ class Launcher:
             latest = self.store.latest_checkpoint(run_id)
             path = Path(latest) if latest else None
         if path is None:
-            return None, {}
-        try:
-            return str(path), json.loads((path / META_JSON).read_text())
-        except (OSError, ValueError):
-            return str(path), {}
+            return None, None
+        return str(path), read_checkpoint_meta(path)
 
     def _relaunch_args(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
                        nodes: NodeLayout | None = None) -> tuple[ActionPlan, list[str]]:
@@ -406,12 +411,12 @@ class Launcher:
         old = launch.overrides if launch else []
         overrides = [o for o in old if not o.startswith("train.grad_accum=")]
         nodes_now = launch.nodes.nnodes if launch and launch.nodes else 1
-        world = (run.world_size if run else None) or int(meta.get("world_size") or 0) or (
+        world = (run.world_size if run else None) or (meta.world_size if meta else 0) or (
             (launch.nproc if launch else 1) * nodes_now)
         nproc = nproc or (1 if op == "fallback" else world)
         new_world = nproc * (nodes.nnodes if nodes else 1)
-        g = meta.get("global_batch") or (run.global_batch if run else None)
-        b = meta.get("batch_size") or (run.batch_size if run else None)
+        g = (meta.global_batch if meta else None) or (run.global_batch if run else None)
+        b = (meta.batch_size if meta else None) or (run.batch_size if run else None)
         accum: int | None = None
         problem = None
         if g and b:

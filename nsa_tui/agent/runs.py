@@ -22,13 +22,13 @@ from nsa.contract.rundir import (
     EXIT_JSON,
     HEARTBEATS,
     LAUNCH_JSON,
-    META_JSON,
     RUN_JSON,
     STOP_JSON,
     TRAIN_LOG,
     is_complete_checkpoint,
     latest_checkpoint,
     rank_of_file,
+    read_checkpoint_meta,
     step_of,
 )
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
@@ -207,8 +207,6 @@ class RunStore:
     def checkpoints(self, run_id: str) -> list[tuple[str, int, list[tuple[str, int]], list[str]]]:
         """Complete checkpoints of the run here, oldest first: (name, step, [(file, size) here],
         files the checkpoint needs (meta.json's ``files``))."""
-        import json
-
         root = self.run_dir(run_id) / CHECKPOINTS
         out: list[tuple[str, int, list[tuple[str, int]], list[str]]] = []
         try:
@@ -217,13 +215,12 @@ class RunStore:
             return out
         for e in entries:
             step = step_of(e.name)
-            meta_path = Path(e.path) / META_JSON
             if step is None or not e.is_dir() or not is_complete_checkpoint(Path(e.path)):
                 continue
-            try:
-                needs = [str(f) for f in json.loads(meta_path.read_text()).get("files", [])]
-            except (OSError, ValueError, AttributeError):
+            meta = read_checkpoint_meta(Path(e.path))
+            if meta is None:
                 continue
+            needs = meta.files
             here = [(f.name, f.stat(follow_symlinks=False).st_size) for f in os.scandir(e.path)
                     if f.is_file(follow_symlinks=False)]  # a link is never read (agent/ckptfiles.py)
             out.append((e.name, step, sorted(here), needs))

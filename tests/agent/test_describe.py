@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nsa.config import load_config
-from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, write_json_atomic
+from nsa.contract import Beat, CheckpointMeta, LaunchInfo, Phase, RunInfo, RunStatus, write_json_atomic
 from nsa.size import param_count
 from nsa_tui.agent.dump import _missing_ranks
 from nsa_tui.client import AgentError, HostClient
@@ -105,7 +105,9 @@ def stopped_run(root: Path, run_id: str, world: int = 2, checkpoint: bool = True
     d = root / run_id
     (d / "checkpoints" / "step-30").mkdir(parents=True)
     if checkpoint:  # complete: meta.json is there (written last by a save)
-        (d / "checkpoints" / "step-30" / "meta.json").write_text('{"step": 30}')
+        write_json_atomic(d / "checkpoints" / "step-30" / "meta.json", CheckpointMeta(
+            step=30, tokens=0, world_size=world, grad_accum=1, batch_size=2, global_batch=2 * world,
+            seq_len=64, n_streams=world, data_positions={}))
         (d / "checkpoints" / "latest").write_text("step-30")
     (d / "config.yaml").write_text((REPO / "configs" / "smoke-cpu.yaml").read_text())
     write_json_atomic(d / "launch.json", LaunchInfo(run_id=run_id, name="exp-resume", created=time.time(),
