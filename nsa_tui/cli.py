@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from nsa.contract.rundir import ALERTS_JSONL, TRAIN_LOG
+from nsa.contract.status import UNHEALTHY_STATUSES
 from nsa_tui.cli_text import LineSplitter, alert_lines, runs_table
 from nsa_tui.runref import RunRefError, resolve
 
@@ -157,7 +158,6 @@ async def _ask_host_key(host: str, fingerprint: str) -> bool:
 async def _status(c: Any, args: argparse.Namespace) -> int:
     """The run's view, every rank's newest beat and the alerts that hold now: one bounded request
     (O(ranks), whatever the run's age)."""
-    from nsa.contract import RunStatus
     from nsa_tui.alerts import AlertDetector
     from nsa_tui.cli_text import status_text
 
@@ -179,8 +179,7 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
         alerts = [st.alert for st in recorded.alerts if st.state != "resolved"]
     rep.alerts = alerts
     _emit(args, rep, status_text(rep, alerts, now, det.skew()))
-    unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
-    bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
+    bad = any(a.severity == "critical" for a in alerts) or rep.run.status in UNHEALTHY_STATUSES
     return EXIT_UNHEALTHY if bad else EXIT_OK
 
 

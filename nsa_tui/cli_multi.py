@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nsa.contract import RunStatus, StreamPos
+from nsa.contract import UNHEALTHY_STATUSES, StreamPos
 from nsa.contract.rundir import ALERTS_JSONL
 from nsa_tui import coordinator as co
 from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
@@ -91,7 +91,7 @@ async def _status(clients: dict[str, HostClient], unreachable: dict[str, str], h
                       "run": _builtins(p.view) if p.view is not None else None} for p in found],
            "alerts": [_builtins(a) for a in alerts]}
     emit(doc, _text_of(merged, now, alerts, ages))
-    bad = merged.status in (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST) or merged.lost or any(
+    bad = merged.status in UNHEALTHY_STATUSES or merged.lost or any(
         a.severity == "critical" for a in alerts)
     return 6 if bad else 0
 

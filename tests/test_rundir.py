@@ -60,3 +60,14 @@ def test_every_version_of_meta_json_reads_as_the_struct(tmp_path: Path) -> None:
     assert meta is not None and meta.global_batch == 4 and meta.files == [] and meta.device_type is None
     (tmp_path / "meta.json").write_text('{"step": 5}')  # not a checkpoint the trainer wrote
     assert read_checkpoint_meta(tmp_path) is None
+
+
+def test_the_status_sets_agree_with_the_status_methods() -> None:
+    from nsa.contract import FAILED_STATUSES, LIVE_STATUSES, TERMINAL_STATUSES, UNHEALTHY_STATUSES, RunStatus
+
+    assert LIVE_STATUSES == {s for s in RunStatus if s.is_alive()}
+    assert TERMINAL_STATUSES == {s for s in RunStatus if s.is_terminal()}
+    assert FAILED_STATUSES == {RunStatus.CRASHED, RunStatus.FAILED}
+    assert FAILED_STATUSES < UNHEALTHY_STATUSES <= TERMINAL_STATUSES
+    assert UNHEALTHY_STATUSES - FAILED_STATUSES == {RunStatus.LOST}
+

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from nsa.contract import (
+    FAILED_STATUSES,
     Alert,
     LaunchInfo,
     Relaunch,
-    RunStatus,
     RunView,
     StopInfo,
     read_json,
@@ -129,7 +129,7 @@ class PolicyRunner:
         ended = next((a for a in alerts if a.kind in ("crash", "nan", "disk_full")), None)
         status = view.status
         hang = self.hang is not None
-        crashed = status in (RunStatus.CRASHED, RunStatus.FAILED) and ended is not None
+        crashed = status in FAILED_STATUSES and ended is not None
         if view.stop_requested and not hang:
             return  # a person stopped it: nothing failed
         if not (hang or crashed):

@@ -13,7 +13,17 @@ import re
 import time
 from pathlib import Path
 
-from nsa.contract import Beat, ExitInfo, LaunchInfo, RunInfo, RunStatus, RunView, last_record, read_json
+from nsa.contract import (
+    FAILED_STATUSES,
+    Beat,
+    ExitInfo,
+    LaunchInfo,
+    RunInfo,
+    RunStatus,
+    RunView,
+    last_record,
+    read_json,
+)
 from nsa.contract.appended import rotated_path
 from nsa.contract.io import private_dir, tail_lines
 from nsa.contract.rundir import (
@@ -184,7 +194,7 @@ class RunStore:
                            nnodes=nodes.nnodes if nodes else 1,
                            parent_run=launch.parent_run if launch else None)
         tail = []
-        if with_tail and status in (RunStatus.CRASHED, RunStatus.FAILED):
+        if with_tail and status in FAILED_STATUSES:
             tail = tail_lines(d / TRAIN_LOG, LOG_TAIL_LINES, 65536)
         return RunView(run_id=run_id, dir=str(d), name=(launch.name if launch else "") or info.name or run_id,
                        status=status, info=info, launch=launch, exit=exited, alive=alive,

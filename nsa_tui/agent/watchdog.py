@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from nsa.contract import (
+    FAILED_STATUSES,
     Alert,
     AlertEvent,
     Beat,
@@ -260,7 +261,7 @@ class Watchdog:
                            status=RunStatus.STARTING, world_size=launch.nproc if launch else 1,
                            parent_run=launch.parent_run if launch else None)
         tail: list[str] = []
-        if status in (RunStatus.CRASHED, RunStatus.FAILED):
+        if status in FAILED_STATUSES:
             if self._tail_cache[0] != status or self.exit is not None:
                 self._tail_cache = (status, tail_lines(self.run_dir / TRAIN_LOG, LOG_TAIL_LINES, 65536))
             tail = self._tail_cache[1]
