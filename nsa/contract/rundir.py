@@ -232,3 +232,22 @@ def read_checkpoint_meta(path: Path) -> CheckpointMeta | None:
     """The ``meta.json`` of checkpoint directory ``path``; None when absent, half-written or not
     a :class:`CheckpointMeta`."""
     return read_json(path / META_JSON, CheckpointMeta)
+
+
+# -- the global batch ----------------------------------------------------------------------------
+def global_batch(batch_size: int, world_size: int, grad_accum: int) -> int:
+    """Sequences per optimizer step: ``batch_size`` per rank and micro-step, over every rank and
+    micro-step."""
+    return batch_size * world_size * grad_accum
+
+
+def grad_accum_for(global_batch: int, batch_size: int, world_size: int) -> int | None:
+    """The gradient accumulation that keeps ``global_batch`` on ``world_size`` ranks, or None when
+    it cannot (not a multiple of ``batch_size`` x ``world_size``). Why one rule: a resume, a
+    fallback and the plan shown before either must agree, or the plan promises a batch the
+    trainer then refuses or silently changes."""
+    per_step = batch_size * world_size
+    if per_step <= 0 or global_batch <= 0 or global_batch % per_step:
+        return None
+    return global_batch // per_step
+

@@ -16,7 +16,7 @@ from torch import nn
 from nsa.config import Config, to_dict
 from nsa.contract import AttentionOps, CheckpointMeta, EpochMetric, EvalMetric, GateShares, TrainMetric
 from nsa.contract.io import JsonlWriter
-from nsa.contract.rundir import CHECKPOINTS, RunDir
+from nsa.contract.rundir import CHECKPOINTS, RunDir, global_batch, grad_accum_for
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
 from nsa.train.data import (
@@ -117,7 +117,7 @@ class Trainer:
         self.resume_note: str | None = None
         if self.resume_path is not None:
             positions = self._load_checkpoint(self.resume_path)
-        self.global_batch = t.batch_size * info.world_size * self.grad_accum
+        self.global_batch = global_batch(t.batch_size, info.world_size, self.grad_accum)
         self._setup_data(positions)
         return {"param_count": self.param_count, "grad_accum": self.grad_accum,
                 "attention_ops": self.attention_ops, "global_batch": self.global_batch,
@@ -172,11 +172,12 @@ class Trainer:
                 raise ckpt.CheckpointError(f"{path}: saved with train.{key}={saved}, this run has "
                                            f"{mine}; resume needs the same value")
         g, b, w = meta.global_batch, cfg.train.batch_size, info.world_size
-        if g % (b * w):
+        accum = grad_accum_for(g, b, w)
+        if accum is None:
             raise ckpt.CheckpointError(
                 f"{path}: global batch {g} is not a multiple of batch_size {b} x world {w}: "
                 "cannot keep the global batch on this world size")
-        self.grad_accum = g // (b * w)
+        self.grad_accum = accum
         old_streams = meta.n_streams
         if own_streams(old_streams, w, info.rank) is None and cfg.data.source in STREAMED_SOURCES:
             # A streamed source has no global document index (split_dataset_by_node shards by
@@ -208,7 +209,7 @@ class Trainer:
             self.n_streams, self.micro_per_stream = w, self.grad_accum
             return new
         self.n_streams = old_streams
-        self.micro_per_stream = g // (b * old_streams)
+        self.micro_per_stream = g // (b * old_streams)  # micro-batches of each saved stream per step
         return positions
 
     def _setup_data(self, positions: dict[int, StreamPos]) -> None:

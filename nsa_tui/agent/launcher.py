@@ -54,6 +54,8 @@ from nsa.contract.rundir import (
     RUN_JSON,
     STOP_JSON,
     TRAIN_LOG,
+    global_batch,
+    grad_accum_for,
     read_checkpoint_meta,
     step_of,
 )
@@ -417,19 +419,19 @@ class Launcher:
         new_world = nproc * (nodes.nnodes if nodes else 1)
         g = (meta.global_batch if meta else None) or (run.global_batch if run else None)
         b = (meta.batch_size if meta else None) or (run.batch_size if run else None)
+        if not (g and b) and op == "fallback":  # no record of the batch: the config's, on the old world
+            cfg = validate_config(str(run_dir / CONFIG_YAML), old)
+            b = b or cfg.train.batch_size
+            g = g or global_batch(b, world, (run.grad_accum if run else None) or cfg.train.grad_accum)
         accum: int | None = None
         problem = None
         if g and b:
-            if g % (b * new_world):
+            accum = grad_accum_for(g, b, new_world)
+            if accum is None:
                 problem = (f"global batch {g} is not a multiple of batch_size {b} x {new_world} rank(s): "
                            f"{op} cannot keep it")
             else:
-                accum = g // (b * new_world)
                 overrides.append(f"train.grad_accum={accum}")  # the same global batch
-        elif op == "fallback":
-            cfg = validate_config(str(run_dir / CONFIG_YAML), old)
-            accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world // nproc
-            overrides.append(f"train.grad_accum={accum}")
         name = launch.name if launch else (run.name if run else run_id)
         step = None
         if ckpt is not None:

@@ -152,3 +152,26 @@ def test_a_dump_names_each_missing_rank_and_why(tmp_path: Path) -> None:
     assert why[2].startswith("no live process of rank 2 on this host; its last heartbeat")
     assert "phase failed at step 17: rank 2 failed at step 18: RuntimeError: boom" in why[2]
     assert why[3] == "no process and no heartbeat of rank 3 on this host (never started here)"
+
+
+@pytest.mark.parametrize("record", ["meta.json", "run.json and the config only"])
+def test_a_fallback_keeps_the_global_batch_or_refuses(tmp_path: Path, record: str) -> None:
+    """One rule (grad_accum = global batch / (batch_size x ranks)) for every way the agent learns
+    the batch: a 3-rank run (global batch 6) cannot fall back to 2 ranks without changing it,
+    and goes to 1 rank with grad_accum 3, whether meta.json or only run.json and the config
+    say what the batch was."""
+    from nsa_tui.agent.launcher import Launcher
+    from nsa_tui.agent.runs import RunStore
+
+    rid = "20260101-000000-exp-0003"
+    d = stopped_run(tmp_path, rid, world=3)
+    if record != "meta.json":  # a checkpoint without a readable batch, a run.json without it
+        (d / "checkpoints" / "step-30" / "meta.json").write_text('{"step": 30}')
+        write_json_atomic(d / "run.json", RunInfo(run_id=rid, name="exp", status=RunStatus.STOPPED,
+                                                  world_size=3, grad_accum=1, step=31))
+    launcher = Launcher(RunStore(tmp_path))
+    two = launcher.plan(rid, "fallback", nproc=2)
+    assert two.problem is not None and "global batch 6 is not a multiple of batch_size 2 x 2" in two.problem
+    assert two.grad_accum is None
+    one = launcher.plan(rid, "fallback", nproc=1)
+    assert (one.problem, one.grad_accum, one.global_batch) == (None, 3, 6)
