@@ -320,7 +320,7 @@ async def _run_command(args: argparse.Namespace) -> int:
 async def _resolve_run(c: Any, ref: str) -> str:
     """A run given by its id, a unique id prefix or its name (nsa_tui/runref.py). An id the
     list does not hold goes to the agent as given (it answers for it)."""
-    from nsa_tui.agent.runs import RUN_ID_RE
+    from nsa.contract.rundir import RUN_ID_RE
 
     runs = await c.runs()
     try:

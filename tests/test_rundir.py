@@ -71,3 +71,44 @@ def test_the_status_sets_agree_with_the_status_methods() -> None:
     assert FAILED_STATUSES < UNHEALTHY_STATUSES <= TERMINAL_STATUSES
     assert UNHEALTHY_STATUSES - FAILED_STATUSES == {RunStatus.LOST}
 
+
+def test_a_new_run_id_has_the_one_format_and_old_ids_still_list(tmp_path: Path) -> None:
+    from nsa.contract import RunInfo, RunStatus, write_json_atomic
+    from nsa.contract.rundir import NEW_RUN_ID_RE, RUN_ID_RE, new_run_id
+    from nsa_tui.agent.runs import RunStore
+
+    new = new_run_id("my run/1", when=0.0, token="abcd")
+    assert new == "19700101-000000-my-run-1-abcd" and NEW_RUN_ID_RE.match(new) and RUN_ID_RE.match(new)
+    assert NEW_RUN_ID_RE.match(new_run_id("x" * 90)) and NEW_RUN_ID_RE.match(new_run_id("//"))
+    old = ["exp-20250101-120000-a1b2c3", "exp-1a2b3c4d5e"]  # the trainer's earlier formats
+    for rid in [new, *old]:
+        (tmp_path / rid).mkdir()
+        write_json_atomic(RunDir(tmp_path / rid).run_json,
+                          RunInfo(run_id=rid, name="exp", status=RunStatus.FINISHED))
+    store = RunStore(tmp_path)
+    assert sorted(store.ids()) == sorted([new, *old])
+    assert [store.view(rid).info.run_id for rid in old] == old  # type: ignore[union-attr]
+
+
+def test_the_ranks_of_one_torchrun_agree_on_a_new_id_without_talking() -> None:
+    """Two processes of one parent with one rendezvous id (two ranks of one torchrun) compute
+    the same id, of the one format; a --rdzv-id that is a run id is taken as it is."""
+    import os
+    import subprocess
+    import sys
+
+    from nsa.contract.rundir import NEW_RUN_ID_RE
+
+    code = "from nsa.train.cli import run_id_for; print(run_id_for('smoke'))"
+    env = {k: v for k, v in os.environ.items() if k != "NSA_RUN_ID"}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+
+    def rank_id(elastic: str) -> str:
+        out = subprocess.run([sys.executable, "-c", code], env={**env, "TORCHELASTIC_RUN_ID": elastic},
+                             capture_output=True, text=True, check=True, cwd=root)
+        return out.stdout.strip()
+
+    a, b = rank_id("rdzv-1"), rank_id("rdzv-1")
+    assert a == b and NEW_RUN_ID_RE.match(a) and "-smoke-" in a, (a, b)
+    assert rank_id("20260101-000000-exp-0a1b") == "20260101-000000-exp-0a1b"

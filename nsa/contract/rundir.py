@@ -1,15 +1,24 @@
-"""The run directory's layout: every file and subdirectory name, in one place.
+"""The run directory, owned here: its layout and the rules every side applies to it.
 
 The trainer writes a run directory and the agent, watchdog, CLI and panel read it; when each
-of them spells a file name of its own, one rename leaves a reader looking at a file that is
-never written. Every other module asks this one for a path (``RunDir(path).run_json``) or a
-name (``RUN_JSON``); tests/test_rundir_names.py fails when a name is spelled elsewhere.
-docs/run-directory.md describes the same layout.
+of them spells a file name or a rule of its own, one change leaves a reader looking at a
+file that is never written, or a plan that the trainer then refuses. Here, once:
+
+- every file and subdirectory name, and :class:`RunDir` (the paths of one run directory);
+  tests/test_rundir_names.py fails when a module outside nsa/contract spells a name;
+- the rule for a complete checkpoint (``step-N`` with its meta.json, written last) and the
+  typed reading of meta.json (:class:`~nsa.contract.records.CheckpointMeta`);
+- the global-batch rule (``global_batch``, ``grad_accum_for``);
+- run ids: the one format of a new id (``new_run_id``) and every id a directory may have.
+
+docs/run-directory.md describes the same.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
+import time
 from pathlib import Path
 
 from nsa.contract.io import read_json
@@ -251,3 +260,25 @@ def grad_accum_for(global_batch: int, batch_size: int, world_size: int) -> int |
         return None
     return global_batch // per_step
 
+
+# -- run ids -------------------------------------------------------------------------------------
+# Every id a run directory may have (new ones and those of earlier versions): it names a
+# directory of the runs root, so it cannot hold "/" or start with ".".
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The one format of a new run id: UTC time first, so ids sort by age; the name, so a listing
+# says what ran; a random or derived token, so two runs started in one second never clash.
+NEW_RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9._-]{1,40}-[0-9a-f]{4}$")
+
+
+def name_slug(name: str) -> str:
+    """The part of a run id that names the run: letters, digits, ``._-``, at most 40 characters."""
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+    return (s or "run")[:40]
+
+
+def new_run_id(name: str, when: float | None = None, token: str | None = None) -> str:
+    """``<UTC yyyymmdd-HHMMSS>-<name slug>-<4 hex>``: a new run's id. ``when`` (default now) and
+    ``token`` (default random) are given by callers whose processes must agree on one id
+    without talking (the ranks of one torchrun)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if when is None else when))
+    return f"{stamp}-{name_slug(name)}-{token if token is not None else secrets.token_hex(2)}"

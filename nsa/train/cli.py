@@ -16,12 +16,19 @@ import socket
 import sys
 import time
 import traceback
-import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from nsa.contract.rundir import CHECKPOINTS, HEARTBEATS, RUN_JSON, STACKS, rank_of_file
+from nsa.contract.rundir import (
+    CHECKPOINTS,
+    HEARTBEATS,
+    NEW_RUN_ID_RE,
+    RUN_JSON,
+    STACKS,
+    new_run_id,
+    rank_of_file,
+)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -44,15 +51,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_id_for(name: str) -> str:
-    """NSA_RUN_ID (set by the agent), else one id shared by every rank without talking:
-    derived from torchrun's rendezvous id, or fresh for a single process."""
+    """NSA_RUN_ID (set by the agent), else a new id of the one format (``new_run_id``) that every
+    rank of a torchrun computes alike without talking: ``--rdzv-id`` when it is such an id
+    (every host then has it), else the start time of torchrun's agent (the ranks' parent) and
+    a token from the rendezvous id; a fresh one for a single process."""
     rid = os.environ.get("NSA_RUN_ID")
     if rid:
         return rid
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
-        return f"{name}-{hashlib.sha1(elastic.encode()).hexdigest()[:10]}"
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        if NEW_RUN_ID_RE.match(elastic):
+            return elastic
+        return new_run_id(name, when=parent_started(), token=hashlib.sha1(elastic.encode()).hexdigest()[:4])
+    return new_run_id(name)
+
+
+def parent_started() -> float:
+    """When this process's parent started (Unix seconds, from /proc): the same for every rank
+    torchrun's agent started; 0.0 where /proc cannot tell (the ranks still agree)."""
+    try:
+        fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime: clock ticks after boot
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
 
 
 def versions() -> dict[str, str | None]:

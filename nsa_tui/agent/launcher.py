@@ -17,7 +17,6 @@ import contextlib
 import fcntl
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
@@ -51,32 +50,24 @@ from nsa.contract.rundir import (
     LAUNCH_JSON,
     LOCK,
     RELAUNCH_JSON,
+    RUN_ID_RE,
     RUN_JSON,
     STOP_JSON,
     TRAIN_LOG,
     global_batch,
     grad_accum_for,
+    new_run_id,
     read_checkpoint_meta,
     step_of,
 )
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
-from nsa_tui.agent.runs import RUN_ID_RE, RunStore
+from nsa_tui.agent.runs import RunStore
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
-
-
-def _slug(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
-    return (s or "run")[:40]
-
-
-def new_run_id(name: str) -> str:
-    """UTC time first so ids sort by age; a random suffix so two launches never clash."""
-    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_slug(name)}-{secrets.token_hex(2)}"
 
 
 def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:

@@ -9,7 +9,6 @@ age: small JSON files, a /proc scan shared by every caller, and the last lines o
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from nsa.contract.rundir import (
     EXIT_JSON,
     HEARTBEATS,
     LAUNCH_JSON,
+    RUN_ID_RE,
     RUN_JSON,
     STOP_JSON,
     TRAIN_LOG,
@@ -43,7 +43,6 @@ from nsa.contract.rundir import (
 )
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LOG_TAIL_LINES = 150
 
 
