@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from nsa.config import load_config
+from nsa.contract import CheckpointMeta
 from nsa.model import build_model
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
@@ -94,7 +95,8 @@ def main() -> None:
 
         sync = ckpt.Checkpointer(Path(root) / "dcp", keep=1, committer=info.local_rank == 0, use_async=False,
                                  timeout_s=600)
-        timed("dcp-sync save", lambda: sync.save(i, model, opt, meta, rank, info.device, block=True))
+        typed = CheckpointMeta(step=i, **meta)
+        timed("dcp-sync save", lambda: sync.save(i, model, opt, typed, rank, info.device, block=True))
         path = Path(root) / "dcp" / f"step-{i}"
         m = ckpt.read_meta(path)
         timed("dcp load", lambda: ckpt.load(path, m, model, opt, rank, info.device))
@@ -104,7 +106,7 @@ def main() -> None:
                                 use_async=True, timeout_s=600)
         dist.barrier()
         t0 = time.perf_counter()
-        asy.save(i, model, opt, meta, rank, info.device)
+        asy.save(i, model, opt, typed, rank, info.device)
         results.setdefault("dcp-async save, blocked", []).append(time.perf_counter() - t0)
         asy.wait()
         dist.barrier()

@@ -26,8 +26,9 @@ from nsa.contract import Alert, AlertEvent, JsonlWriter, decode_lines
 from nsa.contract.appended import AppendedReader
 from nsa.contract.io import LineStats
 from nsa.contract.protocol import AlertState
+from nsa.contract.rundir import ALERTS_JSONL
 
-ALERTS_FILE = "alerts.jsonl"
+ALERTS_FILE = ALERTS_JSONL
 LOG_TAIL_MAX = 15
 LINE_CHARS_MAX = 300
 

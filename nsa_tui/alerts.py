@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
 
 from nsa.contract import (
+    FAILED_STATUSES,
     Alert,
     Beat,
     EvalMetric,
@@ -339,7 +340,7 @@ class AlertDetector:
         out: list[Alert] = []
         tail = (list(view.log_tail) if view is not None else []) or list(run.log)
         step = view.info.step if view is not None else None
-        if view is not None and status in (RunStatus.CRASHED, RunStatus.FAILED):
+        if view is not None and status in FAILED_STATUSES:
             out.append(self._ended_alert(run_id, run, view, tail))
         elif status == RunStatus.LOST:
             out.append(self._alert("lost", "warning", run_id, run, last_step=step,

@@ -140,7 +140,7 @@ async def _run_command(args: argparse.Namespace) -> int:
 async def _resolve_run(clients: dict[str, Any], ref: str) -> str:
     """A run given by its id, a unique id prefix or its name (nsa_tui/runref.py), among every
     host's runs. An id no list holds goes to the agents as given (they answer for it)."""
-    from nsa_tui.agent.runs import RUN_ID_RE
+    from nsa.contract.rundir import RUN_ID_RE
 
     lists = await asyncio.gather(*(c.runs() for c in clients.values()), return_exceptions=True)
     if all(isinstance(x, BaseException) for x in lists):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from nsa.contract.rundir import TRAIN_LOG
 from nsa_tui import cli_sample
 
 HOSTS = "local, an SSH destination, or H1,H2,... (one run over several hosts)"
@@ -61,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
     for name, text in (("status", "status and current alerts"), ("kill", "stop a run (TERM, then KILL)"),
                        ("fallback", "stop and relaunch on one GPU from the newest checkpoint"),
                        ("resume", "relaunch a stopped run from its newest checkpoint"),
-                       ("dump", "stack dump of every rank"), ("logs", "the run's train.log"),
+                       ("dump", "stack dump of every rank"), ("logs", f"the run's {TRAIN_LOG}"),
                        ("archive", "hide a run that is not alive from the default run list"),
                        ("delete", "remove a run that is not alive (says how much it frees)")):
         sp = sub.add_parser(name, parents=[common], help=text)

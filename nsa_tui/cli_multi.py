@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsa.contract import RunStatus, StreamPos
+from nsa.contract import UNHEALTHY_STATUSES, StreamPos
+from nsa.contract.rundir import ALERTS_JSONL
 from nsa_tui import coordinator as co
 from nsa_tui.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE, emit, exit_for, fail
 from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
@@ -92,7 +93,7 @@ async def _status(clients: dict[str, HostClient], unreachable: dict[str, str], h
                       "run": _builtins(p.view) if p.view is not None else None} for p in found],
            "alerts": [_builtins(a) for a in alerts]}
     emit(args, doc, _text_of(merged, now, alerts, ages))
-    bad = merged.status in (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST) or merged.lost or any(
+    bad = merged.status in UNHEALTHY_STATUSES or merged.lost or any(
         a.severity == "critical" for a in alerts)
     return EXIT_UNHEALTHY if bad else EXIT_OK
 
@@ -165,7 +166,7 @@ async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], h
         lst = got[host]
         lines += [f"[{host}] {ln}" for st in lst.alerts for ln in alert_lines(st)]
         if lst.bad_lines:
-            lines.append(f"[{host}] ({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)")
+            lines.append(f"[{host}] ({lst.bad_lines} malformed line(s) of {ALERTS_JSONL} skipped)")
     doc = {h: _builtins(got[h]) if h in got else {"error": f"unreachable: {unreachable[h]}"} for h in hosts}
     emit(args, doc, "\n".join(lines) or "no alerts")
     return EXIT_UNREACHABLE if unreachable else EXIT_OK

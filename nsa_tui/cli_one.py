@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsa.contract.rundir import ALERTS_JSONL
+from nsa.contract.status import UNHEALTHY_STATUSES
 from nsa_tui import cli_sample
 from nsa_tui.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, emit, fail
 from nsa_tui.cli_text import LineSplitter, alert_lines, runs_table
@@ -26,7 +28,6 @@ def said_yes(answer: str) -> bool:
 async def _status(c: Any, args: argparse.Namespace) -> int:
     """The run's view, every rank's newest beat and the alerts that hold now: one bounded request
     (O(ranks), whatever the run's age)."""
-    from nsa.contract import RunStatus
     from nsa_tui.alerts import AlertDetector
     from nsa_tui.cli_text import status_text
 
@@ -48,8 +49,7 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
         alerts = [st.alert for st in recorded.alerts if st.state != "resolved"]
     rep.alerts = alerts
     emit(args, rep, status_text(rep, alerts, now, det.skew()))
-    unhealthy = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
-    bad = any(a.severity == "critical" for a in alerts) or rep.run.status in unhealthy
+    bad = any(a.severity == "critical" for a in alerts) or rep.run.status in UNHEALTHY_STATUSES
     return EXIT_UNHEALTHY if bad else EXIT_OK
 
 
@@ -59,7 +59,7 @@ async def _alerts(c: Any, args: argparse.Namespace) -> int:
         lst = await c.alerts(args.run, args.history)
         text = "\n".join(ln for st in lst.alerts for ln in alert_lines(st)) or "no alerts"
         if lst.bad_lines:
-            text += f"\n({lst.bad_lines} malformed line(s) of alerts.jsonl skipped)"
+            text += f"\n({lst.bad_lines} malformed line(s) of {ALERTS_JSONL} skipped)"
         emit(args, lst, text)
         return EXIT_OK
     from nsa.contract.io import to_builtins

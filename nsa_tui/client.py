@@ -91,6 +91,7 @@ from nsa.contract.protocol import (
     LogChunk,
     PreflightResult,
 )
+from nsa.contract.rundir import METRICS_JSONL, TRAIN_LOG
 from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
 
@@ -489,10 +490,10 @@ class HostClient:
         return await self.request("delete", DeleteResult, run=run_id, dry_run=dry_run)
 
     async def read_log(self, run_id: str, offset: int = 0, max_bytes: int = 1 << 20,
-                       file: str = "train.log") -> LogChunk:
+                       file: str = TRAIN_LOG) -> LogChunk:
         """A piece of the run's train.log (or, ``file="metrics.jsonl"``, of its metrics lines)."""
         args: dict[str, Any] = {"run": run_id, "offset": offset, "max_bytes": max_bytes}
-        if file != "train.log":
+        if file != TRAIN_LOG:
             args["file"] = file
         return await self.request("read_log", LogChunk, **args)
 
@@ -502,7 +503,7 @@ class HostClient:
         out: list[Metric] = []
         offset, carry = 0, b""
         while True:
-            chunk = await self.read_log(run_id, offset, 4 << 20, file="metrics.jsonl")
+            chunk = await self.read_log(run_id, offset, 4 << 20, file=METRICS_JSONL)
             data = carry + chunk.text.encode()
             lines = data.split(b"\n")
             carry = lines.pop()  # a line still being written waits for its newline

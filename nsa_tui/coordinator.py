@@ -23,7 +23,8 @@ from typing import Any
 
 from nsa.contract import NodeLayout
 from nsa.contract.protocol import DumpResult, KillResult, LaunchResult, PreflightResult
-from nsa_tui.agent.launcher import new_run_id, relaunch_name
+from nsa.contract.rundir import new_run_id
+from nsa_tui.agent.launcher import relaunch_name
 from nsa_tui.client import AgentError, HostClient, read_config_text
 from nsa_tui.multihost import Part, hosts_of, primary_of
 from nsa_tui.transport import TransportError

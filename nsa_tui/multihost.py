@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nsa.contract import Beat, Metric, RunInfo, RunStatus, RunView
+from nsa.contract import UNHEALTHY_STATUSES, Beat, Metric, RunInfo, RunStatus, RunView
 
-BAD = (RunStatus.CRASHED, RunStatus.FAILED, RunStatus.LOST)
+BAD = UNHEALTHY_STATUSES
 
 
 @dataclass

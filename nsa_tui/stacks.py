@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from nsa.contract.protocol import DumpResult
+from nsa.contract.rundir import rank_of_stack_file
 
 _FH_HEAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _SPY_HEAD = re.compile(r"^Thread \d+ \(\w+\)")
@@ -54,8 +55,7 @@ def main_thread_first(text: str) -> str:
 
 
 def _rank_of(name: str) -> int | None:
-    m = re.search(r"rank-(\d+)-", name)
-    return int(m.group(1)) if m else None
+    return rank_of_stack_file(name.rpartition("/")[2])
 
 
 def dump_text(res: DumpResult) -> str:

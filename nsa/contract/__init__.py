@@ -5,12 +5,15 @@ client, panel and CLI show (docs/run-directory.md and docs/agent-protocol.md des
 same; tests/test_contract_docs.py checks that they agree). Depends on msgspec only: the
 panel imports it without torch.
 
-- ``status``: :class:`RunStatus` (with its order and ``is_terminal``), :class:`Phase`;
+- ``status``: :class:`RunStatus` (with its order and ``is_terminal``), the status sets
+  (``LIVE_STATUSES``, ``TERMINAL_STATUSES``, ``FAILED_STATUSES``, ``UNHEALTHY_STATUSES``), :class:`Phase`;
 - ``records``: run.json, launch.json, exit.json, stop.json, relaunch.json, archived.json, heartbeats,
   metrics lines, host samples, alerts;
 - ``series``: bounded metric summaries (metrics-summary.json);
 - ``protocol``: hello, requests, replies, events and the agent's view of a run;
 - ``io``: the one JSON encoder, atomic writer, JSONL appender and tail reader;
+- ``rundir``: the run directory's layout (every file name, :class:`RunDir`) and the rule for a
+  complete checkpoint;
 - ``appended``: appended files that rotate (``NSA_ROTATE_BYTES``) and the one reader that
   follows them, whose positions (:class:`StreamPos`) name the file's generation.
 """
@@ -34,6 +37,7 @@ from nsa.contract.records import (
     Archived,
     AttentionOps,
     Beat,
+    CheckpointMeta,
     CpuThreads,
     DeviceInfo,
     EpochMetric,
@@ -54,11 +58,21 @@ from nsa.contract.records import (
     on_gpu,
 )
 from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
-from nsa.contract.status import TRAINER_STATUSES, Phase, RunStatus
+from nsa.contract.status import (
+    FAILED_STATUSES,
+    LIVE_STATUSES,
+    TERMINAL_STATUSES,
+    TRAINER_STATUSES,
+    UNHEALTHY_STATUSES,
+    Phase,
+    RunStatus,
+)
 
 __all__ = [
     "AppendedReader", "StreamPos", "rotate_bytes",
-    "PROTOCOL", "TRAINER_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat", "CpuThreads",
+    "PROTOCOL", "TRAINER_STATUSES", "FAILED_STATUSES", "LIVE_STATUSES", "TERMINAL_STATUSES",
+    "UNHEALTHY_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat",
+    "CheckpointMeta", "CpuThreads",
     "ContractError", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
     "Hello", "HostSample", "JsonlWriter", "LaunchInfo", "LineStats", "Metric", "MetricsFolder",
     "MetricsSummary", "NodeLayout", "PgTimeouts", "Phase", "Relaunch", "RunInfo", "RunStatus",

@@ -166,6 +166,29 @@ class Archived(Record, kw_only=True):
     by: str = "nsa-tui agent"
 
 
+# -- checkpoints/step-N/meta.json (rank 0, or each node's local rank 0) ----------------------
+class CheckpointMeta(Record, kw_only=True):
+    """checkpoints/step-N/meta.json, written last by a save (the checkpoint is complete when it is
+    there). Why typed: the trainer resumes from it and the agent plans a fallback or resume from
+    it; both read the same fields. Every version of the trainer wrote the fields without default."""
+
+    step: int
+    tokens: int
+    world_size: int
+    grad_accum: int
+    batch_size: int  # per rank and micro-step
+    global_batch: int  # batch_size x world_size x grad_accum: what a resume keeps
+    seq_len: int
+    n_streams: int  # data streams (one per rank of the saving run)
+    data_positions: dict[str, dict[str, int]]  # stream -> {epoch, doc, offset}
+    config: dict[str, Any] | None = None  # the resolved config
+    run_id: str | None = None
+    strategy: str | None = None  # "ddp" | "fsdp"
+    device_type: str | None = None  # "cuda" | "cpu" (absent before the DCP format)
+    files: list[str] = []  # every file of the checkpoint (absent in the single-file format)
+    saved_at: float | None = None
+
+
 # -- heartbeats/rank-R.jsonl (every rank) -----------------------------------------------------
 class DeviceInfo(Record, kw_only=True):
     type: str = "cpu"  # "cpu" | "cuda"

@@ -36,7 +36,7 @@ class RunStatus(str, Enum):
 
     def is_alive(self) -> bool:
         """Processes of the run are (or are about to be) up."""
-        return self in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
+        return self in LIVE_STATUSES
 
     def advance(self, new: RunStatus) -> RunStatus:
         """The status after an update to ``new``: never backwards (a late or racing report of an
@@ -56,6 +56,15 @@ _ORDER = {
     RunStatus.CRASHED: _END,
     RunStatus.LOST: _END,
 }
+
+# The sets every side asks about; spelled here once, so the CLI's exit code, the alerts, the
+# watchdog and the panel's colours cannot disagree about which runs went wrong.
+LIVE_STATUSES: frozenset[RunStatus] = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING})
+TERMINAL_STATUSES: frozenset[RunStatus] = frozenset(s for s, o in _ORDER.items() if o == _END)
+# Ended by a failure: the log tail and the evidence say why.
+FAILED_STATUSES: frozenset[RunStatus] = frozenset({RunStatus.CRASHED, RunStatus.FAILED})
+# A user must look (``nsa-tui status`` exits non-zero): a failure, or a run the host lost.
+UNHEALTHY_STATUSES: frozenset[RunStatus] = FAILED_STATUSES | {RunStatus.LOST}
 
 # What the trainer itself may write into run.json.
 TRAINER_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.STOPPED,

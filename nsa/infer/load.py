@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from nsa.config import Config, config_from_dict
+from nsa.contract.records import CheckpointMeta
+from nsa.contract.rundir import CHECKPOINTS, META_JSON, step_name, step_of
 from nsa.model.transformer import Transformer, build_model
 from nsa.train.checkpoint import (
-    STEP_DIR,
     CheckpointError,
     SafeReader,
     complete_checkpoints,
@@ -36,35 +36,36 @@ class NoCheckpoint(CheckpointError):
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """The steps of the run's complete checkpoints, oldest first."""
-    return [int(STEP_DIR.match(p.name).group(1)) for p in complete_checkpoints(run_dir / "checkpoints")]  # type: ignore[union-attr]
+    steps = (step_of(p.name) for p in complete_checkpoints(run_dir / CHECKPOINTS))
+    return [s for s in steps if s is not None]
 
 
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     """``checkpoints/step-<step>`` of the run (None: the newest complete one). A run without
     one, or a step it does not have, is a NoCheckpoint naming the steps that exist."""
-    ckpts = complete_checkpoints(run_dir / "checkpoints")
+    ckpts = complete_checkpoints(run_dir / CHECKPOINTS)
     if not ckpts:
         raise NoCheckpoint(f"{run_dir.name} has no complete checkpoint yet (one is written every "
                               "train.save_every steps)")
     if step is None:
         return ckpts[-1]
     for p in ckpts:
-        if p.name == f"step-{step}":
+        if p.name == step_name(step):
             return p
     steps = ", ".join(str(s) for s in checkpoint_steps(run_dir))
     raise NoCheckpoint(f"{run_dir.name} has no checkpoint at step {step}; its checkpoints are at "
                           f"steps {steps}")
 
 
-def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[Transformer, Config, dict[str, Any]]:
+def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[Transformer, Config, CheckpointMeta]:
     """(the model with the checkpoint's weights, in eval mode on ``device``; the run's config;
     meta.json). Off CUDA the attention backend is the reference (weights-neutral)."""
     device = torch.device(device)
     meta = read_meta(path)
-    raw = meta.get("config")
+    raw = meta.config
     if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: meta.json holds no config: cannot build the model it was written by")
-    cfg = config_from_dict(raw, f"{path}/meta.json")
+        raise CheckpointError(f"{path}: {META_JSON} holds no config: cannot build the model that wrote it")
+    cfg = config_from_dict(raw, str(path / META_JSON))
     if device.type != "cuda" and cfg.model.attention.backend == "triton":
         cfg.model.attention = dataclasses.replace(cfg.model.attention, backend="reference")
     model = build_model(cfg.model)

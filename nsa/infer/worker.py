@@ -52,7 +52,7 @@ def run(job: Job) -> None:
     model, cfg, meta = load_model(path, job.device)
     tok = build_tokenizer(cfg.data)
     prompt_tokens = [tok.eot, *(int(t) for t in tok.encode(job.prompt))]
-    step = int(meta.get("step", 0))
+    step = meta.step
     device = str(next(model.parameters()).device)
     _emit("sample_start", SampleStart(run=job.run, checkpoint=path.name, step=step, device=device,
                                       tokenizer=tok.name, seed=job.seed, prompt_tokens=prompt_tokens))

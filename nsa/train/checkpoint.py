@@ -28,10 +28,8 @@ The single-file format of earlier versions (``state.pt``) is still read (checkpo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
-import re
 import shutil
 import threading
 import time
@@ -40,6 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -47,14 +46,22 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from nsa.contract import write_json_atomic
+from nsa.contract import CheckpointMeta, ContractError, decode, write_json_atomic
+from nsa.contract.rundir import (
+    CHECKPOINT_TMP_PREFIX,
+    CHECKPOINTS,
+    LATEST,
+    META_JSON,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_name,
+)
 
 # re-exported: the trainer and callers catch it as checkpoint.CheckpointError
 from nsa.train.checkpoint_error import CheckpointError as CheckpointError
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
-TMP_PREFIX = ".tmp-step-"
-META = "meta.json"
+TMP_PREFIX = CHECKPOINT_TMP_PREFIX
+META = META_JSON
 DCP_METADATA = ".metadata"
 # the model keys that do not change the weights (which kernels compute them)
 MODEL_KEYS_FREE = ("attention.backend",)
@@ -97,17 +104,6 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
-def complete_checkpoints(root: Path) -> list[Path]:
-    """``step-N`` directories that have their ``meta.json`` (written last), oldest first."""
-    found = []
-    if root.is_dir():
-        for p in root.iterdir():
-            m = STEP_DIR.match(p.name)
-            if m and p.is_dir() and (p / META).is_file():
-                found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
-
-
 def prune(root: Path, keep: int, protect: str) -> None:
     """Remove complete checkpoints beyond the newest ``keep`` (never ``protect``)."""
     for p in complete_checkpoints(root)[:-keep] if keep > 0 else []:
@@ -126,19 +122,8 @@ def remove_interrupted(root: Path, keep: Path | None = None) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def find_latest(root: Path) -> Path | None:
-    """The newest complete checkpoint under ``root``: ``latest`` if it is valid, else a scan."""
-    try:
-        name = (root / "latest").read_text().strip()
-        p = root / name
-        if STEP_DIR.match(name) and (p / META).is_file():
-            newest = complete_checkpoints(root)
-            if not newest or newest[-1] == p:
-                return p
-    except OSError:
-        pass
-    ckpts = complete_checkpoints(root)
-    return ckpts[-1] if ckpts else None
+# the one rule for a complete checkpoint is the contract's
+find_latest = latest_checkpoint
 
 
 def resolve(resume: str | None, run_dir: Path) -> Path | None:
@@ -147,21 +132,26 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
     if not resume:
         return None
     if resume == "auto":
-        return find_latest(run_dir / "checkpoints")
+        return find_latest(run_dir / CHECKPOINTS)
     p = Path(resume).expanduser()
     if (p / META).is_file():
         return p
-    for root in (p / "checkpoints", p):
+    for root in (p / CHECKPOINTS, p):
         found = find_latest(root)
         if found is not None:
             return found
     raise CheckpointError(f"--resume {resume}: no complete checkpoint there")
 
 
-def read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path) -> CheckpointMeta:
+    """The checkpoint's meta.json, typed; CheckpointError when it is missing or not one."""
     try:
-        return json.loads((path / META).read_text())
-    except (OSError, ValueError) as exc:
+        data = (path / META).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read {META} ({exc})") from exc
+    try:
+        return decode(data, CheckpointMeta, str(path / META))
+    except ContractError as exc:
         raise CheckpointError(f"{path}: cannot read {META} ({exc})") from exc
 
 
@@ -170,9 +160,9 @@ def is_legacy(path: Path) -> bool:
     return (path / "state.pt").is_file() and not (path / DCP_METADATA).is_file()
 
 
-def missing_files(path: Path, meta: dict[str, Any]) -> list[str]:
+def missing_files(path: Path, meta: CheckpointMeta) -> list[str]:
     """Files of the checkpoint that are not in ``path`` (shards written on another node)."""
-    return [f for f in meta.get("files", []) if not (path / f).is_file()]
+    return [f for f in meta.files if not (path / f).is_file()]
 
 
 # -- the model config must be the same -------------------------------------------------------
@@ -200,8 +190,8 @@ def model_config_differences(saved: dict[str, Any] | None, mine: dict[str, Any])
     return out
 
 
-def check_model_config(path: Path, meta: dict[str, Any], model_cfg: dict[str, Any]) -> None:
-    saved = (meta.get("config") or {}).get("model")
+def check_model_config(path: Path, meta: CheckpointMeta, model_cfg: dict[str, Any]) -> None:
+    saved = (meta.config or {}).get("model")
     diffs = model_config_differences(saved, model_cfg)
     if diffs:
         raise CheckpointError(f"{path} was written by another model config; differing keys (saved -> this "
@@ -275,7 +265,7 @@ class Checkpointer:
         self.pending: _Pending | None = None
         self.last_saved: str | None = None  # the newest committed checkpoint of this run
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: CheckpointMeta,
              rank: int, device: torch.device, block: bool = False) -> None:
         """Write step ``step``. ``block``: return only once it is committed (a stop, the end)."""
         self.wait()  # one save at a time: the previous one is committed first
@@ -283,10 +273,10 @@ class Checkpointer:
             remove_interrupted(self.root)  # a save killed half-way: its space back before this one
         t0 = time.time()
         stamp = broadcast_object(f"{int(t0 * 1000)}-{os.getpid()}", self.group)  # one name per node
-        tmp, final = self.root / f"{TMP_PREFIX}{step}-{stamp}", self.root / f"step-{step}"
+        tmp, final = self.root / f"{TMP_PREFIX}{step}-{stamp}", self.root / step_name(step)
         state, _groups = _tensor_state(model, optimizer)
         state.update(rng_tensors(rank, device))
-        meta = {**meta, "step": step}
+        meta = msgspec.structs.replace(meta, step=step)
         if self.use_async and not block:
             pending = _Pending(final)
 
@@ -333,21 +323,21 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {p.final.name} failed while being written: "
                                   f"{type(p.error).__name__}: {p.error}") from p.error
 
-    def _commit(self, tmp: Path, final: Path, meta: dict[str, Any], metadata: Any, t0: float) -> None:
+    def _commit(self, tmp: Path, final: Path, meta: CheckpointMeta, metadata: Any, t0: float) -> None:
         """DCP has written every shard and ``.metadata``: write meta.json, rename, point latest."""
-        self.before_commit(int(meta["step"]))
+        self.before_commit(meta.step)
         self.last_saved = final.name
         if not self.committer:
             return
         files = sorted({info.relative_path for info in metadata.storage_data.values()} | {DCP_METADATA})
-        write_json_atomic(tmp / META, {**meta, "files": files, "saved_at": time.time()})
+        write_json_atomic(tmp / META, msgspec.structs.replace(meta, files=files, saved_at=time.time()))
         _fsync_dir(tmp)
         if final.exists():  # the same step saved again (e.g. a stop right after a save)
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(self.root)
-        (self.root / ".latest.tmp").write_text(final.name + "\n")
-        os.replace(self.root / ".latest.tmp", self.root / "latest")
+        (self.root / f".{LATEST}.tmp").write_text(final.name + "\n")
+        os.replace(self.root / f".{LATEST}.tmp", self.root / LATEST)
         prune(self.root, self.keep, final.name)
         remove_interrupted(self.root)
         self.log(f"checkpoint {final} ({time.time() - t0:.1f} s)")
@@ -364,7 +354,7 @@ def broadcast_object(obj: Any, group: Any = None) -> Any:
 
 
 # -- load -------------------------------------------------------------------------------------
-def load(path: Path, meta: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+def load(path: Path, meta: CheckpointMeta, model: nn.Module, optimizer: torch.optim.Optimizer,
          rank: int, device: torch.device) -> str | None:
     """Load model, optimizer and RNG into the (wrapped) model on every rank: DCP reshards the
     saved world size onto this one. Collective. Returns a note for the log, or None."""
@@ -380,10 +370,11 @@ def load(path: Path, meta: dict[str, Any], model: nn.Module, optimizer: torch.op
             "gather them into this directory first, or keep checkpoints on a shared filesystem; "
             "docs/multi-node.md)")
     state, groups = _tensor_state(model, optimizer)
-    old_world = int(meta["world_size"])
+    old_world = meta.world_size
     src = min(rank, old_world - 1)  # a grown world: the new ranks take the last rank's RNG
-    rng = {k.replace(f"rank-{rank}/", f"rank-{src}/"): v for k, v in rng_tensors(rank, device).items()}
-    if device.type == "cuda" and meta.get("device_type") != "cuda":
+    rng = {k.replace(f"rng/rank-{rank}/", f"rng/rank-{src}/", 1): v
+           for k, v in rng_tensors(rank, device).items()}
+    if device.type == "cuda" and meta.device_type != "cuda":
         rng = {k: v for k, v in rng.items() if not k.endswith("/cuda")}
     state.update(rng)
     try:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from nsa.contract import write_json_atomic
+from nsa.contract.rundir import META_JSON
 from nsa.train.checkpoint_error import CheckpointError
 
 
@@ -35,7 +36,7 @@ def save_single_file(final: Path, model: nn.Module, optimizer: torch.optim.Optim
         tmp.mkdir(parents=True)
         torch.save({"model": model_sd, "optimizer": optim_sd}, tmp / "state.pt")
         torch.save([{"torch": torch.get_rng_state()}], tmp / "ranks.pt")
-        write_json_atomic(tmp / "meta.json", {**meta, "saved_at": time.time()})
+        write_json_atomic(tmp / META_JSON, {**meta, "saved_at": time.time()})
         os.rename(tmp, final)
     dist.barrier()
 

@@ -16,10 +16,19 @@ import socket
 import sys
 import time
 import traceback
-import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from nsa.contract.rundir import (
+    CHECKPOINTS,
+    HEARTBEATS,
+    NEW_RUN_ID_RE,
+    RUN_JSON,
+    STACKS,
+    new_run_id,
+    rank_of_file,
+)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -34,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="SECTION.KEY=VALUE",
                    help="override config values, e.g. --set train.steps=100 data.source=synthetic")
     p.add_argument("--parent-run", default=None, metavar="RUN_ID",
-                   help="the run this one continues (fallback/resume): recorded in run.json")
+                   help=f"the run this one continues (fallback/resume): recorded in {RUN_JSON}")
     p.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="auto: newest complete checkpoint of this run directory (none: start fresh); "
                         "PATH: a checkpoint directory, or a run directory to take its newest from")
@@ -42,15 +51,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_id_for(name: str) -> str:
-    """NSA_RUN_ID (set by the agent), else one id shared by every rank without talking:
-    derived from torchrun's rendezvous id, or fresh for a single process."""
+    """NSA_RUN_ID (set by the agent), else a new id of the one format (``new_run_id``) that every
+    rank of a torchrun computes alike without talking: ``--rdzv-id`` when it is such an id
+    (every host then has it), else the start time of torchrun's agent (the ranks' parent) and
+    a token from the rendezvous id; a fresh one for a single process."""
     rid = os.environ.get("NSA_RUN_ID")
     if rid:
         return rid
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
-        return f"{name}-{hashlib.sha1(elastic.encode()).hexdigest()[:10]}"
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        if NEW_RUN_ID_RE.match(elastic):
+            return elastic
+        return new_run_id(name, when=parent_started(), token=hashlib.sha1(elastic.encode()).hexdigest()[:4])
+    return new_run_id(name)
+
+
+def parent_started() -> float:
+    """When this process's parent started (Unix seconds, from /proc): the same for every rank
+    torchrun's agent started; 0.0 where /proc cannot tell (the ranks still agree)."""
+    try:
+        fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime: clock ticks after boot
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
 
 
 def versions() -> dict[str, str | None]:
@@ -73,7 +99,7 @@ def other_run(run_dir: Path, run_id: str) -> str | None:
     (one directory, one run). Ranks of this run see their own id and go on."""
     from nsa.contract import read_json
 
-    data = read_json(run_dir / "run.json", dict[str, Any])  # any version's run.json names its run
+    data = read_json(run_dir / RUN_JSON, dict[str, Any])  # any version's run.json names its run
     other = data.get("run_id") if data else None
     if not other or other == run_id:
         return None
@@ -126,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     stop.install()
     stop_when_launcher_dies(launched)
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    dumper = StackDumper(run_dir / "stacks", rank)
+    dumper = StackDumper(run_dir / STACKS, rank)
     dumper.install()
 
     def log(msg: str) -> None:
@@ -224,7 +250,7 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
     if resume:
         log(f"resume from {resume} at step {trainer.step} ({trainer.tokens:,} tokens seen)")
     elif args.resume == "auto":
-        log(f"--resume auto: no checkpoint in {run_dir / 'checkpoints'}: starting from step 0")
+        log(f"--resume auto: no checkpoint in {run_dir / CHECKPOINTS}: starting from step 0")
     if trainer.resume_note:
         log(trainer.resume_note)
 
@@ -323,8 +349,8 @@ def first_peer_failure(run_dir: Path, me: int) -> str | None:
     from nsa.contract import Beat, Phase, last_record
 
     best: Beat | None = None
-    for path in (run_dir / "heartbeats").glob("rank-*.jsonl"):
-        if path.name == f"rank-{me}.jsonl":
+    for path in (run_dir / HEARTBEATS).iterdir() if (run_dir / HEARTBEATS).is_dir() else ():
+        if rank_of_file(path.name) in (None, me):
             continue
         beat = last_record(path, Beat)
         if beat is not None and beat.phase == Phase.FAILED and beat.error:

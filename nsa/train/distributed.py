@@ -22,6 +22,7 @@ from torch import nn
 
 from nsa.config import TrainConfig
 from nsa.contract import DeviceInfo
+from nsa.contract.rundir import NCCL
 
 
 @dataclass
@@ -77,7 +78,7 @@ def device_record(device: torch.device) -> DeviceInfo:
 def enable_flight_recorder(run_dir: Path) -> None:
     """NCCL flight recorder: keep a trace of recent collectives and dump it on a timeout
     (and on demand by writing to ``nccl/pipe_<rank>.pipe``). Set before the group exists."""
-    nccl = run_dir / "nccl"
+    nccl = run_dir / NCCL
     nccl.mkdir(exist_ok=True)
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "20000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from nsa.config import DebugConfig
+from nsa.contract.rundir import pending_stack_file, stack_file
 
 EXIT_DIED = 9  # debug.die_in_save_at_step
 
@@ -76,7 +77,7 @@ class StackDumper:
 
     def __init__(self, stacks_dir: Path, rank: int) -> None:
         self.dir, self.rank = stacks_dir, rank
-        self.pending = stacks_dir / f".rank-{rank}.pending"
+        self.pending = stacks_dir / pending_stack_file(rank)
         self._file: TextIO | None = None
         self._stop = threading.Event()
 
@@ -99,7 +100,7 @@ class StackDumper:
                     continue
                 time.sleep(0.1)  # the C handler writes in microseconds; let it finish
                 ms = int(time.time() * 1000)
-                final = self.dir / f"rank-{self.rank}-{ms}.txt"
+                final = self.dir / stack_file(self.rank, ms)
                 os.replace(self.pending, final)
                 self._arm()
             except Exception:

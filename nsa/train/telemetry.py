@@ -36,10 +36,17 @@ from nsa.contract import (
 )
 from nsa.contract.appended import DEFAULT_ROTATE_BYTES, RotatingJsonl
 from nsa.contract.io import JsonlWriter, decode_lines, private_dir, read_lines, write_json_in_place
+from nsa.contract.rundir import (
+    METRICS_JSONL,
+    METRICS_SUMMARY_JSON,
+    RUN_JSON,
+    TRAINER_SUBDIRS,
+    RunDir,
+)
 
 HEARTBEAT_ROTATE_BYTES = DEFAULT_ROTATE_BYTES  # without NSA_ROTATE_BYTES
 SUMMARY_EVERY_S = 10.0
-SUBDIRS = ("heartbeats", "stacks", "checkpoints")
+SUBDIRS = TRAINER_SUBDIRS
 
 
 def ensure_run_dir(run_dir: Path) -> Path:
@@ -56,7 +63,7 @@ class Heartbeat:
 
     def __init__(self, run_dir: Path, run_id: str, rank: int, local_rank: int, world_size: int,
                  device: DeviceInfo, interval_s: float, rotate_bytes: int | None = None) -> None:
-        self.writer = RotatingJsonl(run_dir / "heartbeats" / f"rank-{rank}.jsonl", rotate_bytes)
+        self.writer = RotatingJsonl(RunDir(run_dir).heartbeat(rank), rotate_bytes)
         self.run_id, self.rank, self.local_rank, self.world_size = run_id, rank, local_rank, world_size
         self.pid, self.host, self.device = os.getpid(), socket.gethostname(), device
         self.interval_s = interval_s
@@ -108,7 +115,7 @@ class RunRecord:
     """run.json, owned by rank 0: identity, resolved config, status, progress."""
 
     def __init__(self, run_dir: Path, info: RunInfo) -> None:
-        self.path = run_dir / "run.json"
+        self.path = run_dir / RUN_JSON
         now = time.time()
         self.info = msgspec.structs.replace(info, status=RunStatus.STARTING, started_at=now, updated_at=now)
         self._last_write = 0.0
@@ -153,8 +160,8 @@ class MetricsLog:
     age without reading all of it."""
 
     def __init__(self, run_dir: Path, every_s: float = SUMMARY_EVERY_S) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self.summary_path = run_dir / "metrics-summary.json"
+        self.path = run_dir / METRICS_JSONL
+        self.summary_path = run_dir / METRICS_SUMMARY_JSON
         self.every_s = every_s
         self.folder = MetricsFolder(summary=read_json(self.summary_path, MetricsSummary))
         self._catch_up()

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nsa.config import Config, to_dict
-from nsa.contract import AttentionOps, EpochMetric, EvalMetric, GateShares, TrainMetric
+from nsa.contract import AttentionOps, CheckpointMeta, EpochMetric, EvalMetric, GateShares, TrainMetric
 from nsa.contract.io import JsonlWriter
+from nsa.contract.rundir import CHECKPOINTS, RunDir, global_batch, grad_accum_for
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
 from nsa.train.data import (
@@ -74,7 +75,7 @@ class Trainer:
         self.record, self.resume_path, self.log = record, resume, log
         self.faults = Faults(cfg.debug, info.rank)
         self.metrics = MetricsLog(run_dir) if info.is_main else None
-        self.debug_log = (JsonlWriter(run_dir / "debug" / f"rank-{info.rank}.jsonl")
+        self.debug_log = (JsonlWriter(RunDir(run_dir).debug(info.rank))
                           if cfg.debug.record_rank_state else None)
         self.step = 0
         self.tokens = 0
@@ -107,7 +108,7 @@ class Trainer:
         self.model = D.wrap(model, t.strategy, info, bf16=self.use_bf16)
         self.optimizer = build_optimizer(self.model, cfg, info.device)
         self.timeouts = D.Timeouts(t.pg_timeout_start_s, t.pg_timeout_s, self.log)
-        self.ckpt = ckpt.Checkpointer(self.run_dir / "checkpoints", t.keep_checkpoints,
+        self.ckpt = ckpt.Checkpointer(self.run_dir / CHECKPOINTS, t.keep_checkpoints,
                                       committer=info.local_rank == 0, use_async=t.checkpoint_async,
                                       timeout_s=t.pg_timeout_start_s, log=self.log if info.is_main else None,
                                       before_commit=self.faults.maybe_die_in_save)
@@ -116,7 +117,7 @@ class Trainer:
         self.resume_note: str | None = None
         if self.resume_path is not None:
             positions = self._load_checkpoint(self.resume_path)
-        self.global_batch = t.batch_size * info.world_size * self.grad_accum
+        self.global_batch = global_batch(t.batch_size, info.world_size, self.grad_accum)
         self._setup_data(positions)
         return {"param_count": self.param_count, "grad_accum": self.grad_accum,
                 "attention_ops": self.attention_ops, "global_batch": self.global_batch,
@@ -165,17 +166,19 @@ class Trainer:
         cfg, info = self.cfg, self.info
         meta = ckpt.read_meta(path)
         ckpt.check_model_config(path, meta, to_dict(cfg.model))
-        for key, mine in (("batch_size", cfg.train.batch_size), ("seq_len", cfg.train.seq_len)):
-            if meta[key] != mine:
-                raise ckpt.CheckpointError(f"{path}: saved with train.{key}={meta[key]}, this run has "
+        for key, saved, mine in (("batch_size", meta.batch_size, cfg.train.batch_size),
+                                 ("seq_len", meta.seq_len, cfg.train.seq_len)):
+            if saved != mine:
+                raise ckpt.CheckpointError(f"{path}: saved with train.{key}={saved}, this run has "
                                            f"{mine}; resume needs the same value")
-        g, b, w = meta["global_batch"], cfg.train.batch_size, info.world_size
-        if g % (b * w):
+        g, b, w = meta.global_batch, cfg.train.batch_size, info.world_size
+        accum = grad_accum_for(g, b, w)
+        if accum is None:
             raise ckpt.CheckpointError(
                 f"{path}: global batch {g} is not a multiple of batch_size {b} x world {w}: "
                 "cannot keep the global batch on this world size")
-        self.grad_accum = g // (b * w)
-        old_streams = int(meta["n_streams"])
+        self.grad_accum = accum
+        old_streams = meta.n_streams
         if own_streams(old_streams, w, info.rank) is None and cfg.data.source in STREAMED_SOURCES:
             # A streamed source has no global document index (split_dataset_by_node shards by
             # file or interleaves, and validation counts each stream's own documents), so
@@ -185,19 +188,19 @@ class Trainer:
                 f"{path}: {old_streams} data stream(s) of data.source {cfg.data.source} cannot be re-sharded "
                 f"over {w} ranks without replaying documents or mixing validation into training: resume "
                 f"on a world size that divides {old_streams}")
-        if meta["world_size"] != w or self.grad_accum != cfg.train.grad_accum:
-            self.resume_note = (f"resuming a {meta['world_size']}-rank checkpoint on {w} rank(s): "
-                                f"grad_accum {meta['grad_accum']} -> {self.grad_accum} keeps the global "
+        if meta.world_size != w or self.grad_accum != cfg.train.grad_accum:
+            self.resume_note = (f"resuming a {meta.world_size}-rank checkpoint on {w} rank(s): "
+                                f"grad_accum {meta.grad_accum} -> {self.grad_accum} keeps the global "
                                 f"batch of {g} sequences")
         note = ckpt.load(path, meta, self.model, self.optimizer, info.rank, info.device)
         if note:
             self.log(note)
         if self.debug_log:
-            self.debug_log.write({"loaded_step": int(meta["step"]), "param_digest": param_digest(self.model)})
-        self.step, self.tokens = int(meta["step"]), int(meta["tokens"])
-        own = path.parent.resolve() == (self.run_dir / "checkpoints").resolve()
+            self.debug_log.write({"loaded_step": meta.step, "param_digest": param_digest(self.model)})
+        self.step, self.tokens = meta.step, meta.tokens
+        own = path.parent.resolve() == (self.run_dir / CHECKPOINTS).resolve()
         self.last_ckpt = path.name if own else str(path)  # the last good one until a new save
-        positions = positions_from_json(meta["data_positions"])
+        positions = positions_from_json(meta.data_positions)
         if own_streams(old_streams, w, info.rank) is None:
             new = reshard_positions(positions, old_streams, w)
             self.log(f"data: {old_streams} streams cannot be split over {w} ranks; re-sharding into {w} "
@@ -206,7 +209,7 @@ class Trainer:
             self.n_streams, self.micro_per_stream = w, self.grad_accum
             return new
         self.n_streams = old_streams
-        self.micro_per_stream = g // (b * old_streams)
+        self.micro_per_stream = g // (b * old_streams)  # micro-batches of each saved stream per step
         return positions
 
     def _setup_data(self, positions: dict[int, StreamPos]) -> None:
@@ -351,11 +354,12 @@ class Trainer:
         with self.timeouts.long():
             positions = D.all_gather_objects({str(s): vars(p) for s, p in self.positions.items()})
             merged = {k: v for part in positions for k, v in part.items()}
-            meta = {"tokens": self.tokens, "world_size": self.info.world_size, "grad_accum": self.grad_accum,
-                    "batch_size": self.cfg.train.batch_size, "global_batch": self.global_batch,
-                    "seq_len": self.cfg.train.seq_len, "n_streams": self.n_streams,
-                    "data_positions": merged, "config": to_dict(self.cfg), "run_id": self.hb.run_id,
-                    "strategy": self.cfg.train.strategy, "device_type": self.info.device.type}
+            meta = CheckpointMeta(step=self.step, tokens=self.tokens, world_size=self.info.world_size,
+                                  grad_accum=self.grad_accum, batch_size=self.cfg.train.batch_size,
+                                  global_batch=self.global_batch, seq_len=self.cfg.train.seq_len,
+                                  n_streams=self.n_streams, data_positions=merged, config=to_dict(self.cfg),
+                                  run_id=self.hb.run_id, strategy=self.cfg.train.strategy,
+                                  device_type=self.info.device.type)
             self.ckpt.save(self.step, self.model, self.optimizer, meta, self.info.rank, self.info.device,
                            block=block)
         self.sync_last_checkpoint()

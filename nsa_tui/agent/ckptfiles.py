@@ -27,6 +27,7 @@ from nsa.contract.protocol import (
     FileChunk,
     WriteCheckpointFileArgs,
 )
+from nsa.contract.rundir import CHECKPOINTS
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.runs import RunStore
 
@@ -83,7 +84,7 @@ def read_chunk(store: RunStore, a: CheckpointFileArgs) -> FileChunk:
     try:
         fd = _open_inside(store, a.run, path, os.O_RDONLY)
     except FileNotFoundError:
-        where = f"{a.run}/checkpoints/{a.checkpoint}/{a.file}"
+        where = f"{a.run}/{CHECKPOINTS}/{a.checkpoint}/{a.file}"
         raise OpError("no_such_file", f"{where} is not on this host") from None
     with open(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -96,7 +97,7 @@ def write_chunk(store: RunStore, a: WriteCheckpointFileArgs) -> dict[str, int]:
     """Append ``data`` at ``offset`` of ``.<file>.part``; ``final``: rename it to ``file``."""
     path = _file(store, a.run, a.checkpoint, a.file)
     if os.path.lexists(path):  # a link too: never replaced
-        raise OpError("exists", f"{a.run}/checkpoints/{a.checkpoint}/{a.file} already exists here")
+        raise OpError("exists", f"{a.run}/{CHECKPOINTS}/{a.checkpoint}/{a.file} already exists here")
     part = path.with_name(f".{a.file}.part")
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if a.offset == 0 else 0)
     fd = _open_inside(store, a.run, part, flags)

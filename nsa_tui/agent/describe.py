@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from nsa.contract.protocol import ConfigSummary
+from nsa.contract.rundir import global_batch
 from nsa_tui.fmt import fmt_count
 
 HUB = "https://huggingface.co"
@@ -142,5 +143,5 @@ def describe(cfg: Any, shown: str, nproc: int | None, gpus: int, gpu_message: st
     return ConfigSummary(
         config=shown, name=cfg.name, params=params, attention=cfg.model.attention.kind, seq_len=t.seq_len,
         batch_size=t.batch_size, grad_accum=t.grad_accum, nproc=n,
-        global_batch=t.batch_size * n * t.grad_accum, steps=t.steps, device=t.device, dtype=t.dtype,
-        needs=needs, runs_on=runs_on, data=data, problems=problems, notes=notes)
+        global_batch=global_batch(t.batch_size, n, t.grad_accum), steps=t.steps, device=t.device,
+        dtype=t.dtype, needs=needs, runs_on=runs_on, data=data, problems=problems, notes=notes)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from nsa.contract import LaunchInfo, RunInfo, read_json
 from nsa.contract.protocol import DumpFile, DumpResult, MissingRank
+from nsa.contract.rundir import LAUNCH_JSON, RUN_JSON, STACKS, rank_of_stack_file, stack_file
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import run_processes
 
@@ -26,7 +26,7 @@ async def dump(run_dir: Path, run_id: str, wait_s: float = 3.0) -> DumpResult:
              if p.rank is not None]
     if not ranks:
         raise OpError("not_running", f"{run_id} has no live rank to dump")
-    stacks = run_dir / "stacks"
+    stacks = run_dir / STACKS
     t0 = time.time()
     for p in ranks:
         try:
@@ -47,11 +47,13 @@ async def dump(run_dir: Path, run_id: str, wait_s: float = 3.0) -> DumpResult:
     if spy:
         stacks.mkdir(mode=0o700, exist_ok=True)
         for p in ranks:
+            if p.rank is None:  # filtered above; says so to the type checker
+                continue
             res = await asyncio.to_thread(
                 subprocess.run, [spy, "dump", "--pid", str(p.pid)],
                 capture_output=True, text=True, timeout=20,
             )
-            name = f"stacks/py-spy-rank-{p.rank}-{int(time.time() * 1000)}.txt"
+            name = f"{STACKS}/{stack_file(p.rank, int(time.time() * 1000), py_spy=True)}"
             text = res.stdout + res.stderr
             fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as fh:
@@ -71,10 +73,10 @@ def _missing_ranks(run_dir: Path, signalled: list[int], files: dict[str, str],
     its last heartbeat said), or signalled but silent."""
     from nsa_tui.agent.runs import latest_beats
 
-    run = read_json(run_dir / "run.json", RunInfo)
-    launch = read_json(run_dir / "launch.json", LaunchInfo)
+    run = read_json(run_dir / RUN_JSON, RunInfo)
+    launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
     world = (run.world_size if run else None) or (launch.nproc if launch else 1)
-    have = {int(m.group(1)) for name in files if (m := re.match(r"stacks/(?:py-spy-)?rank-(\d+)-", name))}
+    have = {r for name in files if (r := rank_of_stack_file(name.rpartition("/")[2])) is not None}
     beats = {b.rank: b for b in latest_beats(run_dir)}
     out = []
     for rank in range(max(world, max(signalled, default=-1) + 1)):
@@ -103,9 +105,9 @@ def _new_files(stacks: Path, since: float) -> dict[str, str]:
     except OSError:
         return out
     for e in entries:
-        if e.name.startswith("rank-") and e.stat().st_mtime >= since - 0.5:
+        if rank_of_stack_file(e.name, py_spy=False) is not None and e.stat().st_mtime >= since - 0.5:
             try:
-                out[f"stacks/{e.name}"] = Path(e.path).read_text(errors="replace")
+                out[f"{STACKS}/{e.name}"] = Path(e.path).read_text(errors="replace")
             except OSError:
                 continue
     return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nsa.contract import Beat
+from nsa.contract.rundir import NCCL, STACKS, rank_of_stack_file, stack_file, watchdog_stack_file
 from nsa_tui.agent.procs import run_process
 
 PY_SPY_TIMEOUT_S = 20.0
@@ -59,23 +60,21 @@ def _new_stacks(stacks: Path, since: float) -> dict[int, str]:
         return {}
     for e in entries:
         name = e.name
-        if not (name.startswith("rank-") and name.endswith(".txt")):
-            continue
-        parts = name[5:-4].split("-")
-        if len(parts) != 2 or not parts[0].isdigit():
+        rank = rank_of_stack_file(name, py_spy=False)
+        if rank is None:
             continue
         try:
             mtime = e.stat().st_mtime
         except OSError:
             continue
-        if mtime >= since - 0.5 and mtime > out.get(int(parts[0]), (0.0, ""))[0]:
-            out[int(parts[0])] = (mtime, f"stacks/{name}")
+        if mtime >= since - 0.5 and mtime > out.get(rank, (0.0, ""))[0]:
+            out[rank] = (mtime, f"{STACKS}/{name}")
     return {k: v for k, (_, v) in out.items()}
 
 
 def _ask_nccl(run_dir: Path, rank: int) -> str | None:
     """Write to the rank's flight-recorder pipe (never blocks: a pipe without reader is skipped)."""
-    pipe = run_dir / "nccl" / f"pipe_{rank}.pipe"
+    pipe = run_dir / NCCL / f"pipe_{rank}.pipe"
     try:
         if not stat.S_ISFIFO(os.stat(pipe).st_mode):
             return None
@@ -88,14 +87,14 @@ def _ask_nccl(run_dir: Path, rank: int) -> str | None:
         return None
     finally:
         os.close(fd)
-    return f"nccl/rank_{rank}"
+    return f"{NCCL}/rank_{rank}"
 
 
 def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 3.0,
             why: str = "") -> Captured:
     """Stacks of every live rank (and the NCCL flight recorder on CUDA) into ``run_dir``."""
     out = Captured()
-    stacks = run_dir / "stacks"
+    stacks = run_dir / STACKS
     stacks.mkdir(mode=0o700, exist_ok=True)
     t0 = time.time()
     ms = int(t0 * 1000)
@@ -130,7 +129,7 @@ def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 
     spied: dict[int, str] = {}
     if spy:
         for rank, b in live.items():
-            name = f"stacks/py-spy-rank-{rank}-{ms}.txt"
+            name = f"{STACKS}/{stack_file(rank, ms, py_spy=True)}"
             try:
                 res = subprocess.run([spy, "dump", "--pid", str(b.pid)], capture_output=True, text=True,
                                      timeout=PY_SPY_TIMEOUT_S)
@@ -156,7 +155,7 @@ def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 
                      f"step {b.step}, phase {b.phase.value}, device {b.device.type}"
                      f"{':' + str(b.device.index) if b.device.index is not None else ''}; files: "
                      f"{got or 'none (a stopped rank cannot run its stack handler)'}")
-    summary = f"stacks/watchdog-{ms}.txt"
+    summary = f"{STACKS}/{watchdog_stack_file(ms)}"
     _write_private(run_dir / summary, "\n".join(lines) + "\n")
     out.files = [summary, *sorted(stacks_by_rank.values()), *sorted(spied.values()),
                  *sorted(g for g in nccl.values() if (run_dir / g).exists())]

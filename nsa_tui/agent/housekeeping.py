@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nsa.contract import Archived, RunView, write_json_atomic
 from nsa.contract.protocol import DeleteResult
+from nsa.contract.rundir import ARCHIVED_JSON
 from nsa_tui.agent.launcher import OpError, run_lock
 from nsa_tui.agent.runs import RunStore
 
@@ -51,7 +52,7 @@ class Housekeeping:
         run_dir = self.store.run_dir(run_id)
         with run_lock(run_dir):
             self._refuse_alive(run_id, "archive" if archived else "unarchive")
-            marker = run_dir / "archived.json"
+            marker = run_dir / ARCHIVED_JSON
             if archived:
                 write_json_atomic(marker, Archived(ts=time.time()))
             else:

@@ -15,10 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
@@ -28,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import nsa_tui
-from nsa.contract import LaunchInfo, NodeLayout, Relaunch, RunInfo, StopInfo, read_json, write_json_atomic
+from nsa.contract import (
+    CheckpointMeta,
+    LaunchInfo,
+    NodeLayout,
+    Relaunch,
+    RunInfo,
+    StopInfo,
+    read_json,
+    write_json_atomic,
+)
 from nsa.contract.protocol import (
     ActionPlan,
     ConfigSummary,
@@ -36,24 +43,31 @@ from nsa.contract.protocol import (
     KillResult,
     LaunchResult,
 )
+from nsa.contract.rundir import (
+    CHECKPOINTS,
+    CONFIG_YAML,
+    LATEST,
+    LAUNCH_JSON,
+    LOCK,
+    RELAUNCH_JSON,
+    RUN_ID_RE,
+    RUN_JSON,
+    STOP_JSON,
+    TRAIN_LOG,
+    global_batch,
+    grad_accum_for,
+    new_run_id,
+    read_checkpoint_meta,
+    step_of,
+)
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
-from nsa_tui.agent.runs import RUN_ID_RE, RunStore
+from nsa_tui.agent.runs import RunStore
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
-
-
-def _slug(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
-    return (s or "run")[:40]
-
-
-def new_run_id(name: str) -> str:
-    """UTC time first so ids sort by age; a random suffix so two launches never clash."""
-    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_slug(name)}-{secrets.token_hex(2)}"
 
 
 def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
@@ -109,7 +123,7 @@ def validate_nodes(nodes: NodeLayout | None) -> None:
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Exclusive lock of one run (blocking): across agents, threads and requests alike."""
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -120,7 +134,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 @contextlib.asynccontextmanager
 async def run_lock_async(run_dir: Path) -> AsyncIterator[None]:
     """``run_lock`` for coroutines: waiting for it does not block the agent's event loop."""
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
         yield
@@ -244,7 +258,7 @@ class Launcher:
             os.chmod(run_dir, 0o700)
             text = Path(path).read_text()
         source = shown if config_text is not None else path  # recorded: the user's path, ~ expanded here
-        cfg_copy = run_dir / "config.yaml"
+        cfg_copy = run_dir / CONFIG_YAML
         fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -264,7 +278,7 @@ class Launcher:
             config_file=source,
             # applied only when the agent's own environment does not already pin GPUs
             cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
-        write_json_atomic(run_dir / "launch.json", launch)
+        write_json_atomic(run_dir / LAUNCH_JSON, launch)
         import nsa
 
         env = dict(os.environ, NSA_RUN_ID=run_id, NSA_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
@@ -280,7 +294,7 @@ class Launcher:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         argv = [self.python, "-m", "nsa_tui.agent.supervise", str(run_dir), "--", *command]
-        log_fd = os.open(run_dir / "train.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        log_fd = os.open(run_dir / TRAIN_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
@@ -291,7 +305,7 @@ class Launcher:
         self.children.append(proc)
         launch.launcher_pid = proc.pid
         launch.launcher_pgid = proc.pid  # a new session's leader leads its group
-        write_json_atomic(run_dir / "launch.json", launch)
+        write_json_atomic(run_dir / LAUNCH_JSON, launch)
         return LaunchResult(run_id=run_id, dir=str(run_dir), nproc=n, command=command, launcher_pid=proc.pid,
                             view=self.store.view(run_id, with_tail=False), parent_run=parent_run,
                             resume_from=resume_from)
@@ -310,12 +324,12 @@ class Launcher:
         of the run is still there a few seconds after the ranks are gone (or when no rank
         is up yet) gets TERM through the whole group.
         """
-        launch = read_json(run_dir / "launch.json", LaunchInfo)
+        launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
         pgid = launch.launcher_pgid if launch else None
         procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
         if not procs:
             return KillResult(run_id=run_id, was_running=False)
-        write_json_atomic(run_dir / "stop.json", StopInfo(ts=time.time()))
+        write_json_atomic(run_dir / STOP_JSON, StopInfo(ts=time.time()))
         ranks = [p for p in procs if p.rank is not None]
         if ranks:
             _signal_all(None, ranks, signal.SIGTERM)
@@ -351,7 +365,7 @@ class Launcher:
 
     def _done_before(self, run_dir: Path, op: str) -> LaunchResult | None:
         """The run an earlier ``op`` of this parent started, if any (the idempotent answer)."""
-        done = read_json(run_dir / "relaunch.json", Relaunch)
+        done = read_json(run_dir / RELAUNCH_JSON, Relaunch)
         if done is None or done.op != op:
             return None
         try:
@@ -363,9 +377,9 @@ class Launcher:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, dict[str, Any]]:
+    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, CheckpointMeta | None]:
         """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one;
-        (None, {}) when there is none."""
+        (None, None) when there is none (meta None: unreadable)."""
         if name:
             try:
                 path: Path | None = self.store.checkpoint_dir(run_id, name)
@@ -375,11 +389,8 @@ class Launcher:
             latest = self.store.latest_checkpoint(run_id)
             path = Path(latest) if latest else None
         if path is None:
-            return None, {}
-        try:
-            return str(path), json.loads((path / "meta.json").read_text())
-        except (OSError, ValueError):
-            return str(path), {}
+            return None, None
+        return str(path), read_checkpoint_meta(path)
 
     def _relaunch_args(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
                        nodes: NodeLayout | None = None) -> tuple[ActionPlan, list[str]]:
@@ -388,34 +399,34 @@ class Launcher:
         (``nproc`` per host, ``nodes`` hosts: a resume over several hosts)."""
         run_dir = self.store.run_dir(run_id)
         ckpt, meta = self._find_checkpoint(run_id, checkpoint)
-        launch = read_json(run_dir / "launch.json", LaunchInfo)
-        run = read_json(run_dir / "run.json", RunInfo)
+        launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+        run = read_json(run_dir / RUN_JSON, RunInfo)
         old = launch.overrides if launch else []
         overrides = [o for o in old if not o.startswith("train.grad_accum=")]
         nodes_now = launch.nodes.nnodes if launch and launch.nodes else 1
-        world = (run.world_size if run else None) or int(meta.get("world_size") or 0) or (
+        world = (run.world_size if run else None) or (meta.world_size if meta else 0) or (
             (launch.nproc if launch else 1) * nodes_now)
         nproc = nproc or (1 if op == "fallback" else world)
         new_world = nproc * (nodes.nnodes if nodes else 1)
-        g = meta.get("global_batch") or (run.global_batch if run else None)
-        b = meta.get("batch_size") or (run.batch_size if run else None)
+        g = (meta.global_batch if meta else None) or (run.global_batch if run else None)
+        b = (meta.batch_size if meta else None) or (run.batch_size if run else None)
+        if not (g and b) and op == "fallback":  # no record of the batch: the config's, on the old world
+            cfg = validate_config(str(run_dir / CONFIG_YAML), old)
+            b = b or cfg.train.batch_size
+            g = g or global_batch(b, world, (run.grad_accum if run else None) or cfg.train.grad_accum)
         accum: int | None = None
         problem = None
         if g and b:
-            if g % (b * new_world):
+            accum = grad_accum_for(g, b, new_world)
+            if accum is None:
                 problem = (f"global batch {g} is not a multiple of batch_size {b} x {new_world} rank(s): "
                            f"{op} cannot keep it")
             else:
-                accum = g // (b * new_world)
                 overrides.append(f"train.grad_accum={accum}")  # the same global batch
-        elif op == "fallback":
-            cfg = validate_config(str(run_dir / "config.yaml"), old)
-            accum = ((run.grad_accum if run else None) or cfg.train.grad_accum) * world // nproc
-            overrides.append(f"train.grad_accum={accum}")
         name = launch.name if launch else (run.name if run else run_id)
         step = None
-        if ckpt is not None and Path(ckpt).name.startswith("step-") and Path(ckpt).name[5:].isdigit():
-            step = int(Path(ckpt).name[5:])
+        if ckpt is not None:
+            step = step_of(Path(ckpt).name)
         plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
                           name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
                           grad_accum=accum, global_batch=g, problem=problem,
@@ -427,8 +438,8 @@ class Launcher:
         run_dir = self.store.run_dir(run_id)
         procs = run_processes(run_id, run_dir=str(run_dir))
         if op == "kill":
-            run = read_json(run_dir / "run.json", RunInfo)
-            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            run = read_json(run_dir / RUN_JSON, RunInfo)
+            launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
             world = (run.world_size if run else None) or (launch.nproc if launch else 1)
             plan = ActionPlan(op="kill", run_id=run_id, alive=False, world_size=world, nproc=0)
         else:
@@ -437,7 +448,7 @@ class Launcher:
         plan.rank_pids = [p.pid for p in procs if p.rank is not None]
         if op == "kill":
             return plan
-        done = read_json(run_dir / "relaunch.json", Relaunch)
+        done = read_json(run_dir / RELAUNCH_JSON, Relaunch)
         if done is not None and done.op == op:
             plan.again = done.child_run
         elif plan.checkpoint is None:
@@ -454,14 +465,14 @@ class Launcher:
         plan, overrides = self._relaunch_args(run_id, nproc, op, checkpoint, nodes)
         ckpt = plan.checkpoint
         if ckpt is None:
-            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint (checkpoints/latest)")
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint ({CHECKPOINTS}/{LATEST})")
         if plan.problem:
             raise OpError("bad_request", plan.problem)
         res = self.launch(
-            str(run_dir / "config.yaml"), nproc=plan.nproc, overrides=overrides, name=plan.name,
+            str(run_dir / CONFIG_YAML), nproc=plan.nproc, overrides=overrides, name=plan.name,
             parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False, run_id=new_run_id, nodes=nodes,
         )
-        write_json_atomic(run_dir / "relaunch.json",
+        write_json_atomic(run_dir / RELAUNCH_JSON,
                           Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
         return res
 
@@ -505,7 +516,7 @@ class Launcher:
             done = self._done_before(run_dir, op)
             if done is not None:
                 return done
-            launch = read_json(run_dir / "launch.json", LaunchInfo)
+            launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
             if launch is not None and launch.nodes is not None:
                 raise OpError("bad_request", f"{run_id} runs over several hosts: one host's watchdog does "
                               "not relaunch it (nsa-tui fallback/resume with its hosts does)")

@@ -28,15 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from nsa.contract import (
+    FAILED_STATUSES,
     Alert,
     LaunchInfo,
     Relaunch,
-    RunStatus,
     RunView,
     StopInfo,
     read_json,
     write_json_atomic,
 )
+from nsa.contract.rundir import LAUNCH_JSON, RELAUNCH_JSON, STOP_JSON
 from nsa_tui.agent.procs import run_processes
 
 NO_RESTART_KINDS = ("nan", "disk_full", "config_size", "config_seq")
@@ -46,11 +47,11 @@ def restarts_before(runs_root: Path, run_id: str, limit: int = 1000) -> int:
     """How many ``restart`` relaunches in a row led to ``run_id`` (its ancestors, newest first)."""
     n, cur = 0, run_id
     while n < limit:
-        launch = read_json(runs_root / cur / "launch.json", LaunchInfo)
+        launch = read_json(runs_root / cur / LAUNCH_JSON, LaunchInfo)
         parent = launch.parent_run if launch else None
         if not parent:
             break
-        rel = read_json(runs_root / parent / "relaunch.json", Relaunch)
+        rel = read_json(runs_root / parent / RELAUNCH_JSON, Relaunch)
         if rel is None or rel.op != "restart" or rel.child_run != cur:
             break
         n, cur = n + 1, parent
@@ -99,7 +100,7 @@ class PolicyRunner:
         from nsa_tui.agent.launcher import run_lock
 
         with run_lock(self.run_dir):
-            write_json_atomic(self.run_dir / "stop.json",
+            write_json_atomic(self.run_dir / STOP_JSON,
                               StopInfo(ts=time.time(), by=f"nsa-tui watchdog (on_failure={self.action})"))
             ranks = self._ranks()
             _signal(ranks, signal.SIGTERM)
@@ -128,7 +129,7 @@ class PolicyRunner:
         ended = next((a for a in alerts if a.kind in ("crash", "nan", "disk_full")), None)
         status = view.status
         hang = self.hang is not None
-        crashed = status in (RunStatus.CRASHED, RunStatus.FAILED) and ended is not None
+        crashed = status in FAILED_STATUSES and ended is not None
         if view.stop_requested and not hang:
             return  # a person stopped it: nothing failed
         if not (hang or crashed):

@@ -9,17 +9,40 @@ age: small JSON files, a /proc scan shared by every caller, and the last lines o
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
-from nsa.contract import Beat, ExitInfo, LaunchInfo, RunInfo, RunStatus, RunView, last_record, read_json
+from nsa.contract import (
+    FAILED_STATUSES,
+    Beat,
+    ExitInfo,
+    LaunchInfo,
+    RunInfo,
+    RunStatus,
+    RunView,
+    last_record,
+    read_json,
+)
 from nsa.contract.appended import rotated_path
 from nsa.contract.io import private_dir, tail_lines
+from nsa.contract.rundir import (
+    ARCHIVED_JSON,
+    CHECKPOINTS,
+    EXIT_JSON,
+    HEARTBEATS,
+    LAUNCH_JSON,
+    RUN_ID_RE,
+    RUN_JSON,
+    STOP_JSON,
+    TRAIN_LOG,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    rank_of_file,
+    read_checkpoint_meta,
+    step_of,
+)
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-STEP_RE = re.compile(r"^step-(\d+)$")
 LOG_TAIL_LINES = 150
 
 
@@ -27,13 +50,13 @@ def beat_files(run_dir: Path) -> dict[int, Path]:
     """rank -> its current heartbeat file (``heartbeats/rank-R.jsonl``)."""
     out: dict[int, Path] = {}
     try:
-        entries = list(os.scandir(run_dir / "heartbeats"))
+        entries = list(os.scandir(run_dir / HEARTBEATS))
     except OSError:
         return out
     for e in entries:
-        name = e.name
-        if name.startswith("rank-") and name.endswith(".jsonl") and name[5:-6].isdigit():
-            out[int(name[5:-6])] = Path(e.path)
+        rank = rank_of_file(e.name)
+        if rank is not None:
+            out[rank] = Path(e.path)
     return dict(sorted(out.items()))
 
 
@@ -129,16 +152,16 @@ class RunStore:
         return sorted(names, reverse=True)
 
     def launch_info(self, run_id: str) -> LaunchInfo | None:
-        return read_json(self.run_dir(run_id) / "launch.json", LaunchInfo)
+        return read_json(self.run_dir(run_id) / LAUNCH_JSON, LaunchInfo)
 
     def view(self, run_id: str, with_tail: bool = True) -> RunView:
         """The run as a user sees it; ``with_tail``: the end of train.log when it crashed or failed."""
         d = self.run_dir(run_id)
-        info = read_json(d / "run.json", RunInfo)
-        launch = read_json(d / "launch.json", LaunchInfo)
-        exited = read_json(d / "exit.json", ExitInfo)
-        stop_requested = (d / "stop.json").exists()
-        archived = (d / "archived.json").exists()
+        info = read_json(d / RUN_JSON, RunInfo)
+        launch = read_json(d / LAUNCH_JSON, LaunchInfo)
+        exited = read_json(d / EXIT_JSON, ExitInfo)
+        stop_requested = (d / STOP_JSON).exists()
+        archived = (d / ARCHIVED_JSON).exists()
         pgid = launch.launcher_pgid if launch else None
         same_boot = launch is None or not launch.boot_id or launch.boot_id == boot_id()
         procs: list[RunProcess] = []
@@ -146,7 +169,7 @@ class RunStore:
         launcher_alive = False
         if same_boot and launch is not None:
             procs = run_processes(run_id, pgid, run_dir=str(d))  # no pgid yet (launching): every group
-            if not procs and pgid and _younger_than(d / "launch.json", 2 * GROUPS_MAX_AGE_S + 1.0):
+            if not procs and pgid and _younger_than(d / LAUNCH_JSON, 2 * GROUPS_MAX_AGE_S + 1.0):
                 # the shared /proc scan may predate this launch: a run started a moment ago
                 # would read as crashed (a false crash alert, `logs -f` ending at once)
                 procs = run_processes(run_id, pgid, fresh=True, run_dir=str(d))
@@ -170,8 +193,8 @@ class RunStore:
                            nnodes=nodes.nnodes if nodes else 1,
                            parent_run=launch.parent_run if launch else None)
         tail = []
-        if with_tail and status in (RunStatus.CRASHED, RunStatus.FAILED):
-            tail = tail_lines(d / "train.log", LOG_TAIL_LINES, 65536)
+        if with_tail and status in FAILED_STATUSES:
+            tail = tail_lines(d / TRAIN_LOG, LOG_TAIL_LINES, 65536)
         return RunView(run_id=run_id, dir=str(d), name=(launch.name if launch else "") or info.name or run_id,
                        status=status, info=info, launch=launch, exit=exited, alive=alive,
                        pids=[p.pid for p in procs], stop_requested=stop_requested,
@@ -193,43 +216,33 @@ class RunStore:
     def checkpoints(self, run_id: str) -> list[tuple[str, int, list[tuple[str, int]], list[str]]]:
         """Complete checkpoints of the run here, oldest first: (name, step, [(file, size) here],
         files the checkpoint needs (meta.json's ``files``))."""
-        import json
-
-        root = self.run_dir(run_id) / "checkpoints"
+        root = self.run_dir(run_id) / CHECKPOINTS
         out: list[tuple[str, int, list[tuple[str, int]], list[str]]] = []
         try:
             entries = list(os.scandir(root))
         except OSError:
             return out
         for e in entries:
-            m = STEP_RE.match(e.name)
-            meta_path = Path(e.path) / "meta.json"
-            if not m or not e.is_dir() or not meta_path.is_file():
+            step = step_of(e.name)
+            if step is None or not e.is_dir() or not is_complete_checkpoint(Path(e.path)):
                 continue
-            try:
-                needs = [str(f) for f in json.loads(meta_path.read_text()).get("files", [])]
-            except (OSError, ValueError, AttributeError):
+            meta = read_checkpoint_meta(Path(e.path))
+            if meta is None:
                 continue
+            needs = meta.files
             here = [(f.name, f.stat(follow_symlinks=False).st_size) for f in os.scandir(e.path)
                     if f.is_file(follow_symlinks=False)]  # a link is never read (agent/ckptfiles.py)
-            out.append((e.name, int(m.group(1)), sorted(here), needs))
+            out.append((e.name, step, sorted(here), needs))
         return sorted(out, key=lambda c: c[1])
 
     def checkpoint_dir(self, run_id: str, name: str) -> Path:
         """``checkpoints/<name>`` of a run, for a complete ``step-N``; KeyError otherwise."""
-        path = self.run_dir(run_id) / "checkpoints" / name
-        if not STEP_RE.match(name or "") or not (path / "meta.json").is_file():
-            raise KeyError(f"{run_id}/checkpoints/{name}")
+        path = self.run_dir(run_id) / CHECKPOINTS / name
+        if not name or "/" in name or not is_complete_checkpoint(path):
+            raise KeyError(f"{run_id}/{CHECKPOINTS}/{name}")
         return path
 
     def latest_checkpoint(self, run_id: str) -> str | None:
-        """Path of the newest complete checkpoint (``checkpoints/latest``), or None."""
-        ck = self.run_dir(run_id) / "checkpoints"
-        try:
-            name = (ck / "latest").read_text().strip()
-        except OSError:
-            return None
-        path = ck / name
-        if name and "/" not in name and path.is_dir():
-            return str(path)
-        return None
+        """Path of the newest complete checkpoint, or None."""
+        path = latest_checkpoint(self.run_dir(run_id) / CHECKPOINTS)
+        return str(path) if path is not None else None

@@ -57,6 +57,7 @@ from nsa.contract.protocol import (
     WatchHostArgs,
     WriteCheckpointFileArgs,
 )
+from nsa.contract.rundir import METRICS_JSONL
 from nsa_tui import __version__
 from nsa_tui.agent import ckptfiles, sample
 from nsa_tui.agent.housekeeping import Housekeeping
@@ -258,7 +259,7 @@ class Agent:
         def report() -> RunStatusReport:
             view = self.store.view(a.run)
             d = self.store.run_dir(a.run)
-            lines = tail_lines(d / "metrics.jsonl", STATUS_METRICS, STATUS_METRICS * METRIC_LINE_BYTES)
+            lines = tail_lines(d / METRICS_JSONL, STATUS_METRICS, STATUS_METRICS * METRIC_LINE_BYTES)
             beats = latest_beats(d)
             now = time.time()  # the ages are measured here, on the clock the beats were written by
             return RunStatusReport(run=view, beats=beats, recent_metrics=decode_lines(lines, Metric), ts=now,

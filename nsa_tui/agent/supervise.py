@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nsa.contract import ExitInfo, LaunchInfo, read_json, write_json_atomic
+from nsa.contract.rundir import CONFIG_YAML, EXIT_JSON, LAUNCH_JSON
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -35,11 +36,11 @@ def log(msg: str) -> None:
 
 def _policy(run_dir: Path) -> Any:
     """The run's ``on_failure`` (its config with the launch's overrides), None if unreadable."""
-    launch = read_json(run_dir / "launch.json", LaunchInfo)
+    launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
     try:
         from nsa.config import load_config
 
-        return load_config(run_dir / "config.yaml", launch.overrides if launch else []).on_failure
+        return load_config(run_dir / CONFIG_YAML, launch.overrides if launch else []).on_failure
     except Exception as exc:  # noqa: BLE001 - the run itself will say what is wrong with its config
         log(f"nsa-tui watchdog: on_failure policy not read ({type(exc).__name__}: {exc}); none applies")
         return None
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
             record.watchdog = True
         except Exception as exc:  # noqa: BLE001
             log(f"nsa-tui watchdog: final check failed: {type(exc).__name__}: {exc}")
-    write_json_atomic(run_dir / "exit.json", record)
+    write_json_atomic(run_dir / EXIT_JSON, record)
     print(f"nsa-tui supervise: command exited with {code}", flush=True)
     if wd is not None:
         _after(wd, final)

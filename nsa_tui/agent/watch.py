@@ -32,6 +32,7 @@ from nsa.contract import (
 from nsa.contract.appended import AppendedReader, StreamPos, position_at_end, rotated_path, tail
 from nsa.contract.io import LineStats, read_lines, tail_with_offset
 from nsa.contract.protocol import AlertList, EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced, WatchArgs
+from nsa.contract.rundir import METRICS_JSONL, METRICS_SUMMARY_JSON, STATE_FILES, TRAIN_LOG, heartbeat_stream
 from nsa_tui.agent.runs import RunStore, beat_files
 
 POLL_S = 0.25
@@ -103,8 +104,8 @@ def fold_from(path: Path, folder: MetricsFolder, limit: int | None, keep: int = 
 def metrics_view(run_dir: Path, points: int, recent: int, cache: SummaryCache
                  ) -> tuple[MetricsSummary, list[Metric], int]:
     """(summary of the whole file, its last ``recent`` lines, the offset after them)."""
-    path = run_dir / "metrics.jsonl"
-    saved = read_json(run_dir / "metrics-summary.json", MetricsSummary)
+    path = run_dir / METRICS_JSONL
+    saved = read_json(run_dir / METRICS_SUMMARY_JSON, MetricsSummary)
     folder = MetricsFolder(summary=saved) if saved is not None else None
     last: list[Metric] | None = None
     if folder is not None:
@@ -166,7 +167,7 @@ class RunWatch:
     # -- the bounded first view -----------------------------------------------------------------
     def _backlog_beats(self) -> None:
         for rank, path in beat_files(self.dir).items():
-            stream = f"heartbeats/rank-{rank}"
+            stream = heartbeat_stream(rank)
             if self._resumes(stream, path, BEATS_RESUME_BYTES, rotates=True):
                 continue  # the live loop sends exactly what was missed
             lines, pos = tail(path, 64, 64 << 10)
@@ -179,7 +180,7 @@ class RunWatch:
                 self._event("beats", beats[-1:], stream, pos)
 
     def _backlog_metrics(self) -> None:
-        path = self.dir / "metrics.jsonl"
+        path = self.dir / METRICS_JSONL
         if self._resumes("metrics", path, METRICS_RESUME_BYTES):
             return
         gen = position_at_end(path).gen
@@ -192,7 +193,7 @@ class RunWatch:
         self.readers["metrics"] = AppendedReader(path, pos, rotates=False)
 
     def _backlog_log(self) -> None:
-        path = self.dir / "train.log"
+        path = self.dir / TRAIN_LOG
         want = self.args.log_tail_bytes
         if self._resumes("log", path, want):
             return
@@ -209,7 +210,7 @@ class RunWatch:
     async def _pump_beats(self) -> bool:
         busy = False
         for rank, path in beat_files(self.dir).items():
-            stream = f"heartbeats/rank-{rank}"
+            stream = heartbeat_stream(rank)
             reader = self._reader(stream, path, rotates=True)
             lines = await asyncio.to_thread(reader.read)
             if lines:
@@ -255,9 +256,9 @@ class RunWatch:
             if "heartbeats" in self.streams:
                 busy = await self._pump_beats() or busy
             if "metrics" in self.streams:
-                busy = await self._pump("metrics", self.dir / "metrics.jsonl") or busy
+                busy = await self._pump("metrics", self.dir / METRICS_JSONL) or busy
             if "log" in self.streams:
-                busy = await self._pump("log", self.dir / "train.log") or busy
+                busy = await self._pump("log", self.dir / TRAIN_LOG) or busy
             if fresh is not None:
                 current = fresh
                 if busy and fresh.status.is_terminal():
@@ -307,7 +308,7 @@ async def watch_runs(store: RunStore, sub_id: Any, send: Send, every_s: float = 
 
 def _stamp(d: Path) -> tuple[float, ...]:
     out = []
-    for name in ("run.json", "launch.json", "exit.json", "stop.json", "archived.json"):
+    for name in STATE_FILES:
         try:
             out.append(os.stat(d / name).st_mtime)
         except OSError:

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from nsa.contract import (
+    FAILED_STATUSES,
     Alert,
     AlertEvent,
     Beat,
@@ -53,6 +54,7 @@ from nsa.contract import (
 from nsa.contract.appended import AppendedReader
 from nsa.contract.io import LineStats, tail_lines
 from nsa.contract.records import Usage
+from nsa.contract.rundir import LAUNCH_JSON, METRICS_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, heartbeat_stream
 from nsa_tui.agent.procs import run_process
 from nsa_tui.agent.runs import LOG_TAIL_LINES, beat_files, derive_status
 from nsa_tui.alertlog import ALERTS_FILE, AlertLedger
@@ -105,8 +107,8 @@ class Watchdog:
         self.ledger = AlertLedger(self.run_dir / ALERTS_FILE, self.run_id,
                                   resolve_after_s=settings.alerts.resolve_after_s, clock=clock)
         self.beat_tails: dict[int, FileTail] = {}
-        self.metrics = FileTail(self.run_dir / "metrics.jsonl", rotates=False)
-        self.train_log = FileTail(self.run_dir / "train.log", rotates=False)
+        self.metrics = FileTail(self.run_dir / METRICS_JSONL, rotates=False)
+        self.train_log = FileTail(self.run_dir / TRAIN_LOG, rotates=False)
         self.stats: dict[str, LineStats] = {}
         self.beats: dict[int, Beat] = {}
         self.gone: set[int] = set()
@@ -189,7 +191,7 @@ class Watchdog:
             tail = self.beat_tails.get(rank)
             if tail is None:
                 tail = self.beat_tails[rank] = FileTail(path)
-            stream = f"heartbeats/rank-{rank}"
+            stream = heartbeat_stream(rank)
             for b in decode_lines(tail.read(), Beat, self._stats(stream), stream):
                 self.det.feed_beat(self.run_id, b)
                 old = self.beats.get(b.rank)
@@ -245,23 +247,23 @@ class Watchdog:
     def view(self) -> RunView:
         """The run's view from its own files and the supervisor's knowledge of torchrun (no /proc
         scan): what the rules expect, as the agent would derive it."""
-        info: RunInfo | None = self._json("run.json", RunInfo)
-        launch: LaunchInfo | None = self._json("launch.json", LaunchInfo)
+        info: RunInfo | None = self._json(RUN_JSON, RunInfo)
+        launch: LaunchInfo | None = self._json(LAUNCH_JSON, LaunchInfo)
         # until finish() brings torchrun's exit, the run has not ended here, even once torchrun is
         # gone: the supervisor reaps it and calls finish() at once, and an end said before that
         # would lack its exit code (and be said twice)
         pids = self.live_rank_pids() if self.exit is not None else []
         alive = self.exit is None or bool(pids)
-        stop = (self.run_dir / "stop.json").exists()
+        stop = (self.run_dir / STOP_JSON).exists()
         status = derive_status(info, launch, alive, True, stop, self.exit)
         if info is None:
             info = RunInfo(run_id=self.run_id, name=launch.name if launch else self.run_id,
                            status=RunStatus.STARTING, world_size=launch.nproc if launch else 1,
                            parent_run=launch.parent_run if launch else None)
         tail: list[str] = []
-        if status in (RunStatus.CRASHED, RunStatus.FAILED):
+        if status in FAILED_STATUSES:
             if self._tail_cache[0] != status or self.exit is not None:
-                self._tail_cache = (status, tail_lines(self.run_dir / "train.log", LOG_TAIL_LINES, 65536))
+                self._tail_cache = (status, tail_lines(self.run_dir / TRAIN_LOG, LOG_TAIL_LINES, 65536))
             tail = self._tail_cache[1]
         name = (launch.name if launch else "") or info.name
         parent = info.parent_run or (launch.parent_run if launch else None)

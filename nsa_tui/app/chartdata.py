@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from nsa.contract.rundir import RUN_JSON
 from nsa_tui.app.state import PanelState, Points, RunState
 from nsa_tui.fmt import GIB, MIB
 
@@ -157,7 +158,7 @@ def _finish(kind: ChartKind, data: ChartData, runs: list[RunState], state: Panel
         if len(runs) == 1 and data.lines and len(data.lines[0].points):
             notes.append(mfu_note(state, runs[0], data.lines[0].points.y[-1]))
         elif data.empty:
-            notes.append("N/A: run.json has no train_flops_per_token (older trainer)")
+            notes.append(f"N/A: {RUN_JSON} has no train_flops_per_token (older trainer)")
     if kind.derive == "bytes":
         div, unit = _bytes_unit(data.lines)
         for line in data.lines:

@@ -5,6 +5,7 @@ run the panel shows and the host's plan (``plan`` op), so they are tested withou
 from __future__ import annotations
 
 from nsa.contract.protocol import ActionPlan
+from nsa.contract.rundir import step_name
 from nsa_tui.app.state import RunState
 
 FULL_STATE = "full state (weights, optimizer, step, LR schedule, data position)"
@@ -44,7 +45,7 @@ def relaunch_text(plan: ActionPlan, run: RunState, grace_s: float) -> tuple[str,
         return (f"{plan.op.capitalize()} of {run.name} was done before",
                 f"A {plan.op} of {plan.run_id} already started {plan.again}. Yes selects that run; nothing "
                 "new starts.", "Select it")
-    ckpt = f"step-{plan.checkpoint_step}" if plan.checkpoint_step is not None else "the newest checkpoint"
+    ckpt = step_name(plan.checkpoint_step) if plan.checkpoint_step is not None else "the newest checkpoint"
     where = f" ({plan.checkpoint})" if plan.checkpoint else ""
     batch = ""
     if plan.global_batch:

@@ -13,6 +13,7 @@ import msgspec
 
 from nsa.contract import Alert, Hello, HostSample, RunView
 from nsa.contract.protocol import AlertList, AlertState, Gap, LogLines, RunsList
+from nsa.contract.rundir import TRAIN_LOG
 from nsa_tui.app.state import LogBuffer, PanelState, RunState, recorded_key
 from nsa_tui.client import ConnectionState, Event
 
@@ -124,8 +125,8 @@ def watch_event(state: PanelState, dest: str, ev: Event) -> None:
         run.log.append_many([line[:MAX_LINE_CHARS] for line in lines])
     elif kind == "gap" and isinstance(data, Gap):
         run.log_gap = data
-        where = f"{run.view.dir}/train.log" if run.view is not None else "train.log in the run directory"
-        run.log.append_many([f"[nsa-tui] train.log is {data.size / 2**20:.1f} MiB: showing its last "
+        where = f"{run.view.dir}/{TRAIN_LOG}" if run.view is not None else f"{TRAIN_LOG} in the run directory"
+        run.log.append_many([f"[nsa-tui] {TRAIN_LOG} is {data.size / 2**20:.1f} MiB: showing its last "
                              f"{(data.size - data.skipped_bytes) / 2**10:.0f} KiB; the whole file is {where} "
                              f"on the host (or: nsa-tui logs {dest} {ev.run})"])
     elif kind == "synced":

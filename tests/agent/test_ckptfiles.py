@@ -13,19 +13,28 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from nsa.contract import CheckpointMeta
 from nsa_tui.client import AgentError, HostClient
 
 RID = "20260101-000000-ckpt-0001"
 SECRET = b"private key material outside the run directory\n"
 
 
+def meta_json(files: list[str] | None = None) -> bytes:
+    """A step-5 checkpoint's meta.json as the trainer writes it."""
+    return msgspec.json.encode(CheckpointMeta(
+        step=5, tokens=640, world_size=2, grad_accum=1, batch_size=2, global_batch=4, seq_len=64,
+        n_streams=2, data_positions={}, files=files or []))
+
+
 def checkpoint(root: Path, name: str = "step-5") -> Path:
     """A complete checkpoint directory (meta.json) of run RID, with its index file."""
     d = root / RID / "checkpoints" / name
     d.mkdir(parents=True)
-    (d / "meta.json").write_text('{"step": 5}')
+    (d / "meta.json").write_bytes(meta_json())
     (d / ".metadata").write_bytes(b"index")
     return d
 
@@ -74,7 +83,7 @@ def test_a_linked_checkpoint_directory_is_refused(tmp_path: Path, outside: Path)
     (root / RID / "checkpoints").mkdir(parents=True)
     away = outside.parent / "step-5"
     away.mkdir()
-    (away / "meta.json").write_text('{"step": 5}')
+    (away / "meta.json").write_bytes(meta_json())
     os.symlink(outside, away / "__0_0.distcp")  # a link is refused wherever it points
     (away / "__1_0.distcp").write_bytes(SECRET)  # a regular file, but outside the run directory
     os.symlink(away, root / RID / "checkpoints" / "step-5")
@@ -113,7 +122,7 @@ def test_a_regular_shard_is_still_copied_between_hosts_in_chunks(tmp_path: Path)
     roots = [tmp_path / "gpu1", tmp_path / "gpu2"]
     for i, root in enumerate(roots):
         d = checkpoint(root)
-        (d / "meta.json").write_text('{"step": 5, "files": [".metadata", "__0_0.distcp", "__1_0.distcp"]}')
+        (d / "meta.json").write_bytes(meta_json([".metadata", "__0_0.distcp", "__1_0.distcp"]))
         (d / f"__{i}_0.distcp").write_bytes(bytes([i + 1]) * ((5 << 20) + 7))  # more than one chunk
 
     async def go() -> int:

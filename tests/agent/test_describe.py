@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nsa.config import load_config
-from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, write_json_atomic
+from nsa.contract import Beat, CheckpointMeta, LaunchInfo, Phase, RunInfo, RunStatus, write_json_atomic
 from nsa.size import param_count
 from nsa_tui.agent.dump import _missing_ranks
 from nsa_tui.client import AgentError, HostClient
@@ -104,7 +104,10 @@ async def test_a_hub_source_without_network_is_refused(tmp_path: Path,
 def stopped_run(root: Path, run_id: str, world: int = 2, checkpoint: bool = True) -> Path:
     d = root / run_id
     (d / "checkpoints" / "step-30").mkdir(parents=True)
-    if checkpoint:
+    if checkpoint:  # complete: meta.json is there (written last by a save)
+        write_json_atomic(d / "checkpoints" / "step-30" / "meta.json", CheckpointMeta(
+            step=30, tokens=0, world_size=world, grad_accum=1, batch_size=2, global_batch=2 * world,
+            seq_len=64, n_streams=world, data_positions={}))
         (d / "checkpoints" / "latest").write_text("step-30")
     (d / "config.yaml").write_text((REPO / "configs" / "smoke-cpu.yaml").read_text())
     write_json_atomic(d / "launch.json", LaunchInfo(run_id=run_id, name="exp-resume", created=time.time(),
@@ -149,3 +152,26 @@ def test_a_dump_names_each_missing_rank_and_why(tmp_path: Path) -> None:
     assert why[2].startswith("no live process of rank 2 on this host; its last heartbeat")
     assert "phase failed at step 17: rank 2 failed at step 18: RuntimeError: boom" in why[2]
     assert why[3] == "no process and no heartbeat of rank 3 on this host (never started here)"
+
+
+@pytest.mark.parametrize("record", ["meta.json", "run.json and the config only"])
+def test_a_fallback_keeps_the_global_batch_or_refuses(tmp_path: Path, record: str) -> None:
+    """One rule (grad_accum = global batch / (batch_size x ranks)) for every way the agent learns
+    the batch: a 3-rank run (global batch 6) cannot fall back to 2 ranks without changing it,
+    and goes to 1 rank with grad_accum 3, whether meta.json or only run.json and the config
+    say what the batch was."""
+    from nsa_tui.agent.launcher import Launcher
+    from nsa_tui.agent.runs import RunStore
+
+    rid = "20260101-000000-exp-0003"
+    d = stopped_run(tmp_path, rid, world=3)
+    if record != "meta.json":  # a checkpoint without a readable batch, a run.json without it
+        (d / "checkpoints" / "step-30" / "meta.json").write_text('{"step": 30}')
+        write_json_atomic(d / "run.json", RunInfo(run_id=rid, name="exp", status=RunStatus.STOPPED,
+                                                  world_size=3, grad_accum=1, step=31))
+    launcher = Launcher(RunStore(tmp_path))
+    two = launcher.plan(rid, "fallback", nproc=2)
+    assert two.problem is not None and "global batch 6 is not a multiple of batch_size 2 x 2" in two.problem
+    assert two.grad_accum is None
+    one = launcher.plan(rid, "fallback", nproc=1)
+    assert (one.problem, one.grad_accum, one.global_batch) == (None, 3, 6)

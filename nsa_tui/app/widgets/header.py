@@ -7,15 +7,15 @@ import weakref
 from rich.text import Text
 from textual.widgets import Static
 
-from nsa.contract import TrainMetric
+from nsa.contract import FAILED_STATUSES, UNHEALTHY_STATUSES, RunStatus, TrainMetric
 from nsa_tui.app.state import HostState, PanelState, RunMetrics, RunState
 from nsa_tui.fmt import NA, fmt_count, fmt_duration
 
 CONN_STYLE = {"connected": "bold green", "connecting": "yellow", "reconnecting": "bold yellow",
               "lost": "bold red"}
-STATUS_STYLE = {"running": "bold green", "starting": "yellow", "stopping": "yellow",
-                "finished": "bold cyan", "stopped": "cyan", "failed": "bold red",
-                "crashed": "bold red", "lost": "bold red"}
+STATUS_STYLE = {RunStatus.RUNNING.value: "bold green", RunStatus.STARTING.value: "yellow",
+                RunStatus.STOPPING.value: "yellow", RunStatus.FINISHED.value: "bold cyan",
+                RunStatus.STOPPED.value: "cyan", **{s.value: "bold red" for s in UNHEALTHY_STATUSES}}
 
 
 def host_text(host: HostState, now: float) -> Text:
@@ -107,7 +107,7 @@ def run_progress(run: RunState, now: float) -> Text:
     elif not run.alive and ((info and info.exit_reason) or (exited and exited.exit_code is not None)):
         reason = (info.exit_reason if info else None) or f"exit code {exited.exit_code if exited else NA}"
         t.append(clip_words(reason.splitlines()[0], REASON_CHARS),
-                 style="red" if status in ("failed", "crashed") else "")
+                 style="red" if run.status in FAILED_STATUSES else "")
     else:
         t.append(phase or NA, style="dim")
     step = run.step
