@@ -56,7 +56,8 @@ COLS, ROWS = 120, 40
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 DAY_STEPS = 86_400
-IDLE_PY = "import asyncio\nasync def main():\n    while True:\n        await asyncio.sleep(0.1)\nasyncio.run(main())\n"
+IDLE_PY = ("import asyncio\nasync def main():\n    while True:\n        await asyncio.sleep(0.1)\n"
+           "asyncio.run(main())\n")
 
 
 # -- render counting (also used by tests/tui) --------------------------------------------------
@@ -148,7 +149,7 @@ def writer_main(run_dir: Path, ranks: int, rate: float, steps: int, total: int) 
         metrics.write(TrainMetric(ts=now, step=s, loss=loss, lr=3e-4, tokens=s * gb * seq,
                                   tokens_per_s=gb * seq * max(rate, 1.0), step_time_s=1 / max(rate, 1.0),
                                   grad_norm=1.0 + (s % 7) / 10, mem_allocated_bytes=200 << 20))
-        log.write(f"step {s}/{total} loss {loss:.4f} lr 3.00e-04 grad_norm 1.00 {gb * seq:.0f} tok/s\n".encode())
+        log.write(f"step {s}/{total} loss {loss:.4f} lr 3.00e-04 grad_norm 1.00 {gb * seq} tok/s\n".encode())
         if time.monotonic() - info_at > 10:  # the trainer rewrites run.json every ~10 s
             write_json_atomic(run_dir / "run.json", info(s))
             info_at = time.monotonic()
@@ -193,7 +194,8 @@ def panel_main(runs_root: str, stats_path: str, select: str | None) -> None:
 
     def write_stats() -> None:
         run = app.state.selected_run()
-        stats = {"t": time.monotonic(), "frames": counts.frames, "renders": dict(counts.renders), "t_start": t_start,
+        stats = {"t": time.monotonic(), "frames": counts.frames, "renders": dict(counts.renders),
+                 "t_start": t_start,
                  "imported_s": t_imported - t_start, "ticks": app.tick_count,
                  "run": run.run_id if run else None, "step": run.metrics.last_train.step
                  if run and run.metrics.last_train else 0, "synced": bool(run and run.synced),
@@ -211,7 +213,13 @@ def panel_main(runs_root: str, stats_path: str, select: str | None) -> None:
 
     with count_renders() as counts:
         counts.after_frame.append(full_paint_check)
-        app.run()
+        profile = os.environ.get("PANEL_COST_PROFILE")  # where the benchmark's --profile puts it
+        if profile:
+            import cProfile
+
+            cProfile.runctx("app.run()", globals(), {"app": app}, profile)
+        else:
+            app.run()
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -245,7 +253,8 @@ def machine() -> str:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    return f"{platform.node()}: {os.cpu_count()} CPUs ({model or platform.machine()}), python {sys.version.split()[0]}"
+    return (f"{platform.node()}: {os.cpu_count()} CPUs ({model or platform.machine()}), "
+            f"python {sys.version.split()[0]}")
 
 
 class Panel:
@@ -263,8 +272,8 @@ class Panel:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.panel_cost", "--panel", str(runs_root), str(self.stats_path)]
             + (["--select", select] if select else []),
-            stdin=slave, stdout=slave, stderr=slave,  # Textual draws on stderr env={**env, "TERM": "xterm-256color"}, cwd=ROOT,
-            start_new_session=True)
+            stdin=slave, stdout=slave, stderr=slave,  # Textual draws on stderr
+            env={**env, "TERM": "xterm-256color"}, cwd=ROOT, start_new_session=True)
         os.close(slave)
         self.bytes_out = 0
         self._drain = threading.Thread(target=self._read, daemon=True)
@@ -330,7 +339,8 @@ def start_writer(root: Path, run_id: str, ranks: int, rate: float, steps: int, t
 
 def start_idle() -> subprocess.Popen[bytes]:
     """The reference: a Python process that only wakes 10x/s."""
-    return subprocess.Popen([sys.executable, "-c", IDLE_PY], stdout=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", IDLE_PY], stdout=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -430,7 +440,8 @@ def day_scenario(work: Path, steps: int) -> Row:
         stop(writer)
         stop(idle)
     growth = (seen["24 h"] - seen["6 h"]) / seen["6 h"] * 100
-    row.note = (f"RSS {' · '.join(f'{k} {v:.0f} MiB' for k, v in seen.items())} (6 h → 24 h {growth:+.1f} %); "
+    rss = " · ".join(f"{k} {v:.0f} MiB" for k, v in seen.items())
+    row.note = (f"RSS {rss} (6 h → 24 h {growth:+.1f} %); "
                 f"{steps:,} steps in {elapsed:.0f} s")
     return row
 
@@ -452,7 +463,8 @@ def cold_scenario(work: Path, steps: int, ranks: int, repeat: int) -> Row:
         for _ in range(repeat):
             panel = Panel(root, work, env, run_id)
             try:
-                st = panel.wait_for(lambda st: st.get("full_paint_s") is not None, 300, "the first full paint")
+                st = panel.wait_for(lambda st: st.get("full_paint_s") is not None, 300,
+                                    "the first full paint")
                 times.append((st["full_paint_s"], st["imported_s"]))
                 row = measure("cold", panel, idle, 3)
             finally:
@@ -472,10 +484,13 @@ def table(rows: list[Row]) -> str:
            "| idle RSS | frames/s | renders/s | load |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        ratio = (lambda x: f"{x / r.idle_cpu:.0f}×" if r.idle_cpu > 0 else "∞")
+        def ratio(x: float, r: Row = r) -> str:
+            return f"{x / r.idle_cpu:.0f}×" if r.idle_cpu > 0 else "∞"
+
         out.append(f"| {r.name} | {r.panel_cpu:.1f} % | {ratio(r.panel_cpu)} | {r.agent_cpu:.1f} % | "
-                   f"{ratio(r.agent_cpu)} | {r.idle_cpu:.2f} % | {r.panel_rss:.0f} MiB | {r.agent_rss:.0f} MiB | "
-                   f"{r.idle_rss:.0f} MiB | {r.frames_s:.1f} | {r.renders_s:.1f} | {r.load:.1f} |")
+                   f"{ratio(r.agent_cpu)} | {r.idle_cpu:.2f} % | {r.panel_rss:.0f} MiB | "
+                   f"{r.agent_rss:.0f} MiB | {r.idle_rss:.0f} MiB | {r.frames_s:.1f} | {r.renders_s:.1f} | "
+                   f"{r.load:.1f} |")
     return "\n".join(out)
 
 
@@ -500,12 +515,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold-ranks", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3, help="cold opens (the median is reported)")
     ap.add_argument("--details", action="store_true", help="the most rendered widgets per scenario")
+    ap.add_argument("--profile", type=Path, help="cProfile the panel: DIR/<scenario>.prof (pstats)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="nsa-panel-cost-"))
     print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     rows = []
     try:
         for name in args.only:
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                os.environ["PANEL_COST_PROFILE"] = str(args.profile.resolve() / f"{name}.prof")
             if name in SCENARIOS:
                 runs, ranks, rate = SCENARIOS[name]
                 row = live_scenario(name, work, runs, ranks, rate, args.seconds, args.warmup)
