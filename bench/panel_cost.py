@@ -92,10 +92,10 @@ def count_renders() -> Iterator[RenderCount]:
         return render(self)
 
     def counting_lines(self: Widget, crop: Any) -> Any:
-        # line-API widgets (the log, the run table) draw here instead of in _render
-        if not hasattr(type(self), "render_line") or type(self).render_line is Widget.render_line:
-            return lines(self, crop)
-        counts.renders[(self.id or type(self).__name__) + ":lines"] += 1
+        # line-API widgets (the log, the run table) draw here instead of in _render; a call
+        # without dirty lines is served from the cache (a neighbour's frame), not a render
+        if type(self).render_line is not Widget.render_line and self._styles_cache._dirty_lines:
+            counts.renders[(self.id or type(self).__name__) + ":lines"] += 1
         return lines(self, crop)
 
     App._display = counting_display  # type: ignore[method-assign]

@@ -173,7 +173,7 @@ class RunMetrics:
         else:
             closed = Points()
             _add_buckets(closed, buckets[:k])
-            self.rebuilds += 1
+            self.rebuilds += k > 0
         self._closed[name] = (s, s.stride if s is not None else 0, k, closed)
         p = Points(closed.x.copy(), closed.y.copy(), closed.lo.copy(), closed.hi.copy(), closed.bad.copy())
         for step, v in recent:
