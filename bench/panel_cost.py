@@ -68,6 +68,7 @@ class RenderCount:
 
     frames: int = 0
     renders: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[str] = field(default_factory=Counter)  # time in those renders, per widget
     after_frame: list[Any] = field(default_factory=list)  # callables run after each frame
 
 
@@ -88,15 +89,25 @@ def count_renders() -> Iterator[RenderCount]:
                 fn()
 
     def counting_render(self: Widget) -> Any:
-        counts.renders[self.id or type(self).__name__] += 1
-        return render(self)
+        name = self.id or type(self).__name__
+        counts.renders[name] += 1
+        t = time.perf_counter()
+        try:
+            return render(self)
+        finally:
+            counts.seconds[name] += time.perf_counter() - t
 
     def counting_lines(self: Widget, crop: Any) -> Any:
         # line-API widgets (the log, the run table) draw here instead of in _render; a call
         # without dirty lines is served from the cache (a neighbour's frame), not a render
+        name = (self.id or type(self).__name__) + ":lines"
         if type(self).render_line is not Widget.render_line and self._styles_cache._dirty_lines:
-            counts.renders[(self.id or type(self).__name__) + ":lines"] += 1
-        return lines(self, crop)
+            counts.renders[name] += 1
+        t = time.perf_counter()
+        try:
+            return lines(self, crop)
+        finally:
+            counts.seconds[name] += time.perf_counter() - t
 
     App._display = counting_display  # type: ignore[method-assign]
     Widget._render = counting_render  # type: ignore[method-assign]
@@ -195,6 +206,7 @@ def panel_main(runs_root: str, stats_path: str, select: str | None) -> None:
     def write_stats() -> None:
         run = app.state.selected_run()
         stats = {"t": time.monotonic(), "frames": counts.frames, "renders": dict(counts.renders),
+                 "seconds": dict(counts.seconds),
                  "t_start": t_start,
                  "imported_s": t_imported - t_start, "ticks": app.tick_count,
                  "run": run.run_id if run else None, "step": run.metrics.last_train.step
@@ -379,7 +391,8 @@ def measure(name: str, panel: Panel, idle: subprocess.Popen[bytes], seconds: flo
     frames = (st1.get("frames", 0) - st0.get("frames", 0)) / span
     r0, r1 = Counter(st0.get("renders", {})), Counter(st1.get("renders", {}))
     d = r1 - r0
-    top = [(k, v / span) for k, v in d.most_common(6)]
+    s0, s1 = Counter(st0.get("seconds", {})), Counter(st1.get("seconds", {}))
+    top = [(k, v / span * 100) for k, v in (s1 - s0).most_common(8)]
     return Row(name, pct[0], pct[1], pct[2], rss[0], rss[1], rss[2], frames, sum(d.values()) / span,
                os.getloadavg()[0], top_renders=top)
 
@@ -539,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row.idle_cpu:.2f} %, panel RSS {row.panel_rss:.0f} MiB, {row.frames_s:.1f} frames/s, "
                   f"load {row.load:.1f}" + (f"; {row.note}" if row.note else ""), flush=True)
             if args.details:
-                print("   renders/s: " + ", ".join(f"{k} {v:.1f}" for k, v in row.top_renders), flush=True)
+                print("   % of a core drawing (content + lines): "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in row.top_renders), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()

@@ -63,11 +63,11 @@ KEY_LINE = ("launch", "kill", "fallback", "resume", "dump", "mark", "compare", "
 PAGES = (("runs", "runs · log"), ("charts", "charts"), ("host", "run · GPUs · alerts"))
 COMPACT_BELOW = (100, 30)  # width, height under which one view shows at a time
 # The refresh cap: new data from the hosts (a step, a log line, a beat) redraws the panes at most
-# every DATA_REDRAW_S (as often as nvitop's fastest default) and the charts every CHART_MIN_S;
+# every DATA_REDRAW_S and the charts (plotting is the costliest draw) every CHART_MIN_S (nvitop's default);
 # what the user chose (another run, a key, a resize) shows at the next tick. Without it every
 # event of a 10 steps/s run redrew header, summary, run list, log and charts ~10x/s.
 DATA_REDRAW_S = 1.0
-CHART_MIN_S = 1.0
+CHART_MIN_S = 2.0
 
 
 class PageTabs(Static):
