@@ -430,13 +430,14 @@ def live_scenario(name: str, work: Path, runs: int, ranks: int, rate: float, sec
         stop(idle)
 
 
-def day_scenario(work: Path, steps: int) -> Row:
-    """24 h of a 1 step/s run (``steps`` steps) written as fast as the panel takes them."""
+def day_scenario(work: Path, steps: int, rate: float) -> Row:
+    """24 h of a 1 step/s run (``steps`` steps) written at ``rate`` steps/s: fast, yet every
+    line goes through agent, client and panel (its log ring fills, its series merge)."""
     root = work / "day"
     root.mkdir()
     env = environment(work, root)
     run_id = "20990101-000000-synthetic-day"
-    writer = start_writer(root, run_id, 2, 0, steps, steps, env)
+    writer = start_writer(root, run_id, 2, rate, steps, steps, env)
     idle = start_idle()
     panel = Panel(root, work, env, run_id)
     marks = {"1 h": steps // 24, "6 h": steps // 4, "12 h": steps // 2, "24 h": steps}
@@ -444,8 +445,9 @@ def day_scenario(work: Path, steps: int) -> Row:
     t0 = time.monotonic()
     try:
         for label, at in marks.items():
-            panel.wait_for(lambda st, at=at: st.get("step", 0) >= at, 1200, f"step {at}")
+            st = panel.wait_for(lambda st, at=at: st.get("step", 0) >= at, 1200, f"step {at}")
             seen[label] = rss_bytes(panel.proc.pid) / 2**20
+        log_lines = st.get("log_lines", 0)
         elapsed = time.monotonic() - t0
         row = measure("day", panel, idle, 5)
     finally:
@@ -455,7 +457,7 @@ def day_scenario(work: Path, steps: int) -> Row:
     growth = (seen["24 h"] - seen["6 h"]) / seen["6 h"] * 100
     rss = " · ".join(f"{k} {v:.0f} MiB" for k, v in seen.items())
     row.note = (f"RSS {rss} (6 h → 24 h {growth:+.1f} %); "
-                f"{steps:,} steps in {elapsed:.0f} s")
+                f"{steps:,} steps × 2 ranks in {elapsed:.0f} s, {log_lines:,} log lines held at the end")
     return row
 
 
@@ -524,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=8.0)
     ap.add_argument("--only", nargs="+", default=[*SCENARIOS, "day", "cold"])
     ap.add_argument("--day-steps", type=int, default=DAY_STEPS)
+    ap.add_argument("--day-rate", type=float, default=1500.0, help="steps/s of the simulated day")
     ap.add_argument("--cold-steps", type=int, default=1_000_000)
     ap.add_argument("--cold-ranks", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3, help="cold opens (the median is reported)")
@@ -542,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs, ranks, rate = SCENARIOS[name]
                 row = live_scenario(name, work, runs, ranks, rate, args.seconds, args.warmup)
             elif name == "day":
-                row = day_scenario(work, args.day_steps)
+                row = day_scenario(work, args.day_steps, args.day_rate)
             elif name == "cold":
                 row = cold_scenario(work, args.cold_steps, args.cold_ranks, args.repeat)
             else:

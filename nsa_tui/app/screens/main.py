@@ -63,9 +63,10 @@ KEY_LINE = ("launch", "kill", "fallback", "resume", "dump", "mark", "compare", "
 PAGES = (("runs", "runs · log"), ("charts", "charts"), ("host", "run · GPUs · alerts"))
 COMPACT_BELOW = (100, 30)  # width, height under which one view shows at a time
 # The refresh cap: new data from the hosts (a step, a log line, a beat) redraws the panes at most
-# every DATA_REDRAW_S and the charts (plotting is the costliest draw) every CHART_MIN_S (nvitop's default);
-# what the user chose (another run, a key, a resize) shows at the next tick. Without it every
-# event of a 10 steps/s run redrew header, summary, run list, log and charts ~10x/s.
+# every DATA_REDRAW_S, and the charts (plotting is the costliest draw) every CHART_MIN_S; what the
+# user chose (another run, a key, a resize) shows at the next tick. Without it every event of a
+# 10 steps/s run redrew header, summary, run list, log and charts up to 10x/s
+# (docs/panel.md, "What the panel costs").
 DATA_REDRAW_S = 1.0
 CHART_MIN_S = 2.0
 
@@ -195,10 +196,13 @@ class MainScreen(Screen):
 
     # -- drawing ----------------------------------------------------------------------------
     def user_choice(self, state: PanelState) -> tuple:
-        """What the user chose to see: when it changes, the panes redraw at once (no cap)."""
+        """What the user chose to see: when it changes, the panes redraw at once (no cap). A
+        chosen run's arrival in full (synced) counts: its first full paint waits for no cap."""
         v = state.view
         alerts = self.query_one(AlertsPane)
-        return (state.selected, tuple(v.marks), v.compare, v.x_axis, v.charts, v.filter,
+        run = state.selected_run()
+        return (state.selected, run.synced if run else None, tuple(v.marks), v.compare, v.x_axis, v.charts,
+                v.filter,
                 tuple(sorted(v.expanded)), len(state.acked), self.size, self.page,
                 self.app.focused.id if self.app.focused else None, alerts.cursor)
 
@@ -252,7 +256,7 @@ class MainScreen(Screen):
         if sig == self._chart_sig:  # series are only copied when a point arrived
             return
         mono = time.monotonic()
-        shape = (kinds, view.x_axis, compare, tuple(r.key for r in lineage))
+        shape = (kinds, view.x_axis, compare, tuple((r.key, r.synced) for r in lineage))
         if shape == self._chart_shape and mono - self._chart_at < CHART_MIN_S:
             return  # same charts of the same runs, drawn moments ago: new points wait for the cap
         self._chart_sig, self._chart_shape, self._chart_at = sig, shape, mono
