@@ -197,14 +197,17 @@ class MainScreen(Screen):
     # -- drawing ----------------------------------------------------------------------------
     def user_choice(self, state: PanelState) -> tuple:
         """What the user chose to see: when it changes, the panes redraw at once (no cap). A
-        chosen run's arrival in full (synced) counts: its first full paint waits for no cap."""
+        chosen run's arrival in full (synced) counts: its first full paint waits for no cap; so
+        does a pane's new size (a pane lays its lines out for its width and scroll bar)."""
         v = state.view
         alerts = self.query_one(AlertsPane)
+        gpus = self.query_one(GpuTable)
         run = state.selected_run()
+        sizes = tuple(self.query_one(q).region.size for q in ("#runs", "#summary", "#gpus", "#log"))
         return (state.selected, run.synced if run else None, tuple(v.marks), v.compare, v.x_axis, v.charts,
-                v.filter,
-                tuple(sorted(v.expanded)), len(state.acked), self.size, self.page,
-                self.app.focused.id if self.app.focused else None, alerts.cursor)
+                v.filter, tuple(sorted(v.expanded)), len(state.acked), self.size, self.page,
+                self.app.focused.id if self.app.focused else None, alerts.cursor, sizes,
+                gpus.max_scroll_y > 0)
 
     def update_from(self, state: PanelState, now: float) -> None:
         """Redraw the panes from `state` (each pane skips work when nothing changed): at once
