@@ -1,8 +1,9 @@
 """The nsa-tui App: screens, keys (footer, command palette, keymap file) and actions.
 
 The app never waits on a host: every client call runs in a worker (services/), and the
-screen is redrawn from plain state by a 10 Hz timer, so log floods and dead hosts cost
-at most a few cheap redraws per second.
+screen is redrawn from plain state by a 10 Hz timer (new data at most once a second: the
+refresh cap in screens/main.py), so log floods and dead hosts cost at most a few cheap
+redraws per second.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class NsaApp(ViewActions, App[str | None]):
         return None
 
     def tick(self) -> None:
-        """Redraw from state (10x/s); also where new alerts turn into a toast and a bell."""
+        """Redraw from state (10x/s, capped for new data); also where new alerts turn into a
+        toast and a bell."""
         self.tick_count += 1
         self.last_tick_at = time.monotonic()
         state = self.state

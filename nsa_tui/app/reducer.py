@@ -117,9 +117,7 @@ def watch_event(state: PanelState, dest: str, ev: Event) -> None:
     elif kind == "summary":
         from nsa.contract import MetricsFolder
 
-        run.metrics.folder = MetricsFolder(cap=run.metrics.folder.cap, summary=data)
-        run.metrics.recent.clear()
-        run.metrics.count += 1
+        run.metrics.reset(MetricsFolder(cap=run.metrics.folder.cap, summary=data))
     elif kind == "log":
         lines = data.lines if isinstance(data, LogLines) else list(data)
         run.log.append_many([line[:MAX_LINE_CHARS] for line in lines])

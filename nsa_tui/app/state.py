@@ -8,6 +8,7 @@ records are the contract's (nsa.contract): a run's ``view`` is exactly what its 
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
@@ -27,7 +28,7 @@ from nsa.contract import (
 )
 from nsa.contract.protocol import AlertState, Gap
 from nsa.contract.records import Metric
-from nsa.contract.series import metric_values
+from nsa.contract.series import Bucket, metric_values
 from nsa_tui.multihost import MergedRun, Part, hosts_of, merge, primary_of
 
 LOG_LINES_MAX = 20_000
@@ -121,19 +122,43 @@ class LogBuffer:
 
 class RunMetrics:
     """A run's metrics as the panel holds them: every series bucketed over the whole run (the
-    agent's summary, extended by live lines) and the newest lines at full resolution."""
+    agent's summary, extended by live lines) and the newest lines at full resolution.
+
+    A chart asks for a series about once a second while lines arrive at any rate, so nothing
+    is rebuilt per line: each series' recent values are kept as they come, and the buckets left
+    of the recent window (closed: no new step can reach them) are turned into points once and
+    extended as the window slides; they are built again only when the buckets merge (the
+    stride doubled) or a new summary replaced them. ``rebuilds`` counts those."""
 
     def __init__(self) -> None:
         self.folder = MetricsFolder(cap=SERIES_POINTS_MAX)
         self.recent: deque[Metric] = deque(maxlen=RECENT_POINTS)
         self.last_train: TrainMetric | None = None
         self.count = 0  # lines taken (a redraw signature)
+        self.rebuilds = 0  # series whose points were built from all their buckets
+        self._taken = 0  # lines in `recent` since the last summary (their index)
+        self._values: dict[str, deque[tuple[int, int, float]]] = {}  # name -> (index, step, value)
+        self._closed: dict[str, tuple[object, int, int, Points]] = {}  # name -> (series, stride, k, points)
 
     def add(self, m: Metric) -> None:
         self.folder.add(m)
         self.recent.append(m)
+        for name, v in metric_values(m):
+            values = self._values.get(name)
+            if values is None:
+                values = self._values[name] = deque(maxlen=RECENT_POINTS)
+            values.append((self._taken, m.step, v))
+        self._taken += 1
         if isinstance(m, TrainMetric) and (self.last_train is None or m.step >= self.last_train.step):
             self.last_train = m
+        self.count += 1
+
+    def reset(self, folder: MetricsFolder) -> None:
+        """A new summary of the whole run: it replaces the buckets and the recent lines."""
+        self.folder = folder
+        self.recent.clear()
+        self._values.clear()
+        self._closed.clear()
         self.count += 1
 
     def series(self, name: str) -> tuple[list[float], list[float]]:
@@ -143,22 +168,24 @@ class RunMetrics:
 
     def points(self, name: str) -> Points:
         """One series: bucket summaries (mean, min, max, NaN count) before the recent window,
-        then every recent point at full resolution."""
-        recent = [(m.step, v) for m in self.recent for k, v in metric_values(m) if k == name]
+        then every recent point at full resolution (a new object: callers may change it)."""
+        oldest = self._taken - len(self.recent)  # the index of the oldest line still in `recent`
+        recent = [(step, v) for i, step, v in self._values.get(name, ()) if i >= oldest]
         first = recent[0][0] if recent else None
-        p = Points()
         s = self.folder.series.get(name)
-        for b in s.buckets if s is not None else []:
-            if first is not None and b.last >= first:
-                break
-            if b.bad:
-                p.bad.append(b.last)
-            mean = b.mean
-            if mean is not None:
-                p.x.append(b.last)
-                p.y.append(mean)
-                p.lo.append(b.lo if b.lo is not None else mean)
-                p.hi.append(b.hi if b.hi is not None else mean)
+        buckets = s.buckets if s is not None else []
+        k = len(buckets) if first is None else bisect.bisect_left(buckets, first, key=lambda b: b.last)
+        cached = self._closed.get(name)
+        same = cached is not None and s is not None and cached[0] is s and cached[1] == s.stride
+        if cached is not None and same and cached[2] <= k:
+            closed = cached[3]
+            _add_buckets(closed, buckets[cached[2]:k])
+        else:
+            closed = Points()
+            _add_buckets(closed, buckets[:k])
+            self.rebuilds += k > 0
+        self._closed[name] = (s, s.stride if s is not None else 0, k, closed)
+        p = Points(closed.x.copy(), closed.y.copy(), closed.lo.copy(), closed.hi.copy(), closed.bad.copy())
         for step, v in recent:
             if p.x and step <= p.x[-1]:
                 continue
@@ -170,6 +197,19 @@ class RunMetrics:
             p.lo.append(v)
             p.hi.append(v)
         return p
+
+
+def _add_buckets(p: Points, buckets: list[Bucket]) -> None:
+    """Append closed buckets as points: their mean, min and max; a NaN count as a mark."""
+    for b in buckets:
+        if b.bad:
+            p.bad.append(b.last)
+        mean = b.mean
+        if mean is not None:
+            p.x.append(b.last)
+            p.y.append(mean)
+            p.lo.append(b.lo if b.lo is not None else mean)
+            p.hi.append(b.hi if b.hi is not None else mean)
 
 
 @dataclass(eq=False)

@@ -263,7 +263,8 @@ async def test_gpu_pane_shows_its_last_line_when_a_line_grows_and_with_8_gpus() 
             ts=fd.NOW + 1, cpu_pct=100.0, gpu_message=short.gpu_message,
             ram=Usage(used_bytes=1000 * GIB, total_bytes=1500 * GIB),
             disk=Usage(used_bytes=1900 * GIB * 1024, total_bytes=2000 * GIB * 1024)))
-        await pilot.pause(0.5)
+        # a new sample is drawn within the refresh cap (a second)
+        await wait_for(pilot, lambda: pane_lines(pane)[0].startswith("CPU 100 %"), 5, "the new sample")
         lines = pane_lines(pane)
         assert lines[-1].startswith("GPUs: N/A — NVML unavailable") and len(lines) == 3, lines
     app = app_for(fd.eight_gpus_state())

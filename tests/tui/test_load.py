@@ -113,7 +113,9 @@ async def test_log_flood_does_not_stall_the_ui(runs_root: Path, leftovers_frozen
         caught_up_s = time.monotonic() - t0
         rss_end = proc.memory_info().rss
         log = app.screen.query_one(LogView)
-        await pilot.pause(0.3)
+        # new lines are drawn at most once a second (the refresh cap): wait for the last one
+        await wait_for(pilot, lambda: f"{written - 1:08d}" in log.render_line(log.size.height - 1).text, 10,
+                       "the newest line drawn")
         last_line = log.render_line(log.size.height - 1).text
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     late = sorted(g - PROBE_S for g in gaps)

@@ -63,7 +63,13 @@ KEY_LINE = ("launch", "kill", "fallback", "resume", "dump", "mark", "compare", "
             "follow", "search", "x_axis", "fold", "archive")
 PAGES = (("runs", "runs · log"), ("charts", "charts"), ("host", "run · GPUs · alerts"))
 COMPACT_BELOW = (100, 30)  # width, height under which one view shows at a time
-CHART_MIN_S = 0.5
+# The refresh cap: new data from the hosts (a step, a log line, a beat) redraws the panes at most
+# every DATA_REDRAW_S, and the charts (plotting is the costliest draw) every CHART_MIN_S; what the
+# user chose (another run, a key, a resize) shows at the next tick. Without it every event of a
+# 10 steps/s run redrew header, summary, run list, log and charts up to 10x/s
+# (docs/panel.md, "What the panel costs").
+DATA_REDRAW_S = 1.0
+CHART_MIN_S = 2.0
 
 
 class PageTabs(Static):
@@ -101,7 +107,10 @@ class MainScreen(Screen):
     page = "runs"
     ready = False
     _chart_sig: tuple = ()
+    _chart_shape: tuple = ()
     _chart_at = 0.0
+    _choice: tuple = ()
+    _drawn_at = 0.0
 
     def compose(self) -> ComposeResult:
         yield PanelHeader(id="header")
@@ -150,7 +159,8 @@ class MainScreen(Screen):
         self.set_class(compact, "-compact")
         for key, _ in PAGES:
             self.set_class(compact and key == self.page, f"-page-{key}")
-        self._chart_sig = ()  # chart heights changed: draw again
+        self._chart_sig = self._chart_shape = ()  # chart heights changed: draw again
+        self._choice = ()
         try:
             self.query_one(KeyBar).redraw()
         except NoMatches:
@@ -186,9 +196,29 @@ class MainScreen(Screen):
         return [hint(b) for b in KEY_LINE], always
 
     # -- drawing ----------------------------------------------------------------------------
+    def user_choice(self, state: PanelState) -> tuple:
+        """What the user chose to see: when it changes, the panes redraw at once (no cap). A
+        chosen run's arrival in full (synced) counts: its first full paint waits for no cap; so
+        does a pane's new size (a pane lays its lines out for its width and scroll bar)."""
+        v = state.view
+        alerts = self.query_one(AlertsPane)
+        gpus = self.query_one(GpuTable)
+        run = state.selected_run()
+        sizes = tuple(self.query_one(q).region.size for q in ("#runs", "#summary", "#gpus", "#log"))
+        return (state.selected, run.synced if run else None, tuple(v.marks), v.compare, v.x_axis, v.charts,
+                v.filter, tuple(sorted(v.expanded)), len(state.acked), self.size, self.page,
+                self.app.focused.id if self.app.focused else None, alerts.cursor, sizes,
+                gpus.max_scroll_y > 0)
+
     def update_from(self, state: PanelState, now: float) -> None:
-        """Redraw every pane from `state`; each pane skips work when nothing changed."""
+        """Redraw the panes from `state` (each pane skips work when nothing changed): at once
+        after a choice of the user, else at most every DATA_REDRAW_S."""
         try:
+            choice = self.user_choice(state)
+            mono = time.monotonic()
+            if choice == self._choice and mono - self._drawn_at < DATA_REDRAW_S:
+                return
+            self._choice, self._drawn_at = choice, mono
             self._update_from(state, now)
         except NoMatches:  # the app is shutting down and the panes are already gone
             self.ready = False
@@ -230,9 +260,10 @@ class MainScreen(Screen):
         if sig == self._chart_sig:  # series are only copied when a point arrived
             return
         mono = time.monotonic()
-        if self._chart_sig and sig[:4] == self._chart_sig[:4] and mono - self._chart_at < CHART_MIN_S:
-            return  # same runs, drawn moments ago: plotting is the costly part, do it ≤ 2x/s
-        self._chart_sig, self._chart_at = sig, mono
+        shape = (kinds, view.x_axis, compare, tuple((r.key, r.synced) for r in lineage))
+        if shape == self._chart_shape and mono - self._chart_at < CHART_MIN_S:
+            return  # same charts of the same runs, drawn moments ago: new points wait for the cap
+        self._chart_sig, self._chart_shape, self._chart_at = sig, shape, mono
         legend = self.query_one("#legend", Static)
         legend.display = compare
         if compare:

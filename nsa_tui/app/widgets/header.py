@@ -85,7 +85,7 @@ def eta_s(run: RunState, total: int | None) -> float | None:
     return None if per_step is None else per_step * max(0, total - run.step)
 
 
-# the header redraws 10x/s: the average is computed again only when a metric line arrived
+# the header is drawn again for each new step: the average is computed again only when a metric line arrived
 _STEP_TIME: weakref.WeakKeyDictionary[RunMetrics, tuple[int, float | None]] = weakref.WeakKeyDictionary()
 
 

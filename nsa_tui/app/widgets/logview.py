@@ -1,8 +1,8 @@
 """The run's log: a virtual line view over a bounded ring buffer.
 
 Only the visible lines are rendered, and new lines are taken in batches by `sync()`
-(called from the UI timer, ~10x/s), so a log writing 10,000 lines/s costs a few
-redraws per second, not 10,000. Follow mode sticks to the end; scrolling up leaves it, a
+(called from the UI timer, at most once a second for new lines), so a log writing 10,000
+lines/s costs a redraw a second, not 10,000. Follow mode sticks to the end; scrolling up leaves it, a
 resize does not.
 """
 

@@ -101,6 +101,7 @@ class RunList(DataTable):
         self._rows: list = []
         self._column_keys: list[str] = []
         self.rows_shown: list[Row] = []
+        self._title_shown = ""
 
     def on_mount(self) -> None:
         self._columns(False, NAME_MIN)
@@ -164,7 +165,8 @@ class RunList(DataTable):
             title += f" · filter: {state.view.filter}"
         if state.view.marks:
             title += f" · {len(state.view.marks)} marked"
-        if self.border_title != title:
+        if title != self._title_shown:  # setting a title redraws the table: only when it changed
+            self._title_shown = title
             self.border_title = Text(title)
 
     def _follow_selection(self, state: PanelState) -> None:

@@ -160,8 +160,8 @@ class RunSummary(Static):
     def update_from(self, state: PanelState, now: float) -> None:
         run = state.selected_run()
         parts = state.parts_of(run) if run else []
-        sig = (run.key, tuple(p.version for p in parts), int(now)) if run else ()
-        if sig == self._sig and sig:
+        sig = (run.key, tuple(p.version for p in parts), int(now)) if run else (None,)
+        if sig == self._sig:
             return
         self._sig = sig
         if run is None:
