@@ -323,8 +323,13 @@ class NsaApp(ViewActions, App[str | None]):
         self.push_screen(SampleScreen(run.name, lambda prompt: client.sample(run_id, prompt=prompt)))
 
     def _focused_alert(self) -> Any:
+        """The alert under the pane's cursor, as the state holds it now: the pane redraws at a
+        capped rate, so its own copy can predate the alert's newest facts (its evidence)."""
         focused = self.focused
-        return focused.selected() if isinstance(focused, AlertsPane) else None
+        item = focused.selected() if isinstance(focused, AlertsPane) else None
+        if item is None:
+            return None
+        return next((s for s in self.state.shown_alerts() if s.key == item.key), item)
 
     def action_dump(self) -> None:
         """``d``: on an alert (alerts pane focused) the evidence captured for it; else a dump of

@@ -51,12 +51,16 @@ async def test_one_run_over_two_hosts_in_the_panel(sshd_nodes: SshNodes, make_co
                     b.step for _, b in m.ranks) >= 2
                 return m if ok and m.status == RunStatus.RUNNING else None
             merged = await wait_for(pilot, both_stepping, 120, "steps from both hosts' ranks, running")
-            await pilot.pause(0.5)
             table = app.screen.query_one(RunList)
-            row = [str(c) for c in table.get_row_at(0)]
-            assert table.row_count == 1 and (row[0], row[2]) == ("+".join(hosts), "running"), row  # one row
-            summary = plain(app.screen.query_one(RunSummary))
-            assert f"r0@{merged.primary}" in summary and "(rank 0)" in summary, summary
+
+            def row_running() -> list[str] | None:  # the panes redraw at a capped rate: wait for it
+                row = [str(c) for c in table.get_row_at(0)] if table.row_count else []
+                return row if row and row[2] == "running" else None
+            row = await wait_for(pilot, row_running, 10, "the run list's row to say running")
+            assert table.row_count == 1 and row[0] == "+".join(hosts), row  # one row
+            summary = await wait_for(pilot, lambda: (t := plain(app.screen.query_one(RunSummary))) and
+                                     f"r0@{merged.primary}" in t and t, 10, "the summary of both hosts")
+            assert "(rank 0)" in summary, summary
             assert "timeouts" in summary and "steady 60 s" in summary
             gpus = await wait_for(pilot, lambda: (t := plain(app.screen.query_one(GpuTable))).count(
                 "GPUs: N/A —") == 2 and t, 30, "both hosts' GPU tables")
