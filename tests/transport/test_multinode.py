@@ -192,7 +192,10 @@ async def test_kill_9_of_one_hosts_torchrun_crashes_the_run_naming_host_and_rank
         other = next(p for p in m.parts if p.host != victim)
         alerts = [a for p in m.parts for a in part_alerts(p, rid, time.time())]
         crash = [a for a in alerts if a.kind == "crash" and a.severity == "critical"]
-        assert [a.host for a in crash] == [victim], alerts
+        # the victim's crash is there; the other host's torchrun may crash too by now (rank 0's
+        # host held the rendezvous store: losing it is a real failure there), a consequence that
+        # the merged problem above already puts after the victim
+        assert victim in [a.host for a in crash], alerts
 
         async def other_rank_stopped() -> bool:
             ps = {p.host: p for p in await co.parts(clients, rid)}
