@@ -179,7 +179,7 @@ def panel_main(runs_root: str, stats_path: str, select: str | None) -> None:
     t_start = time.monotonic()
     from nsa_tui.app.app import NsaApp
     from nsa_tui.app.widgets.charts import MetricChart
-    from nsa_tui.client import HostClient
+    from nsa_tui.hosts.client import HostClient
 
     class BenchApp(NsaApp):
         CSS_PATH = str(Path(sys.modules[NsaApp.__module__].__file__ or "").parent / "panel.tcss")

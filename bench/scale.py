@@ -129,7 +129,7 @@ def time_status(root: Path, run_id: str) -> float:
 async def first_view(root: Path, run_id: str) -> tuple[float, int]:
     """Seconds from the panel's start until the run is shown in full, and bytes received."""
     from nsa_tui.app.app import NsaApp
-    from nsa_tui.client import HostClient
+    from nsa_tui.hosts.client import HostClient
 
     client = HostClient("local", runs_root=str(root))
     app = NsaApp(["local"], offer_demo=False, clients={"local": client})

@@ -41,8 +41,8 @@ import yaml  # noqa: E402
 
 from nsa.contract import AlertEvent, Relaunch, TrainMetric, decode_lines, read_json  # noqa: E402
 from nsa_tui.agent.procs import run_processes  # noqa: E402
-from nsa_tui.alertlog import ALERTS_FILE  # noqa: E402
-from nsa_tui.client import HostClient  # noqa: E402
+from nsa_tui.health.ledger import ALERTS_FILE  # noqa: E402
+from nsa_tui.hosts.client import HostClient  # noqa: E402
 
 SMOKE = str(ROOT / "configs" / "smoke-cpu.yaml")
 LONG = ["train.steps=1000000", "train.save_every=100000", "train.eval_every=1000000"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nsa.contract import Alert, AlertEvent, decode_lines
-from nsa_tui.alertlog import ALERTS_FILE, AlertBook, AlertLedger, acknowledge
+from nsa_tui.health.ledger import ALERTS_FILE, AlertBook, AlertLedger, acknowledge
 
 
 def stall(rank: int = 1, age: float = 70.0, severity: str = "critical", step: int = 20) -> Alert:

@@ -17,8 +17,8 @@ from nsa.contract import (
     TrainMetric,
 )
 from nsa.contract.protocol import Synced
-from nsa_tui.alerts import AlertDetector, Thresholds, expected_from_name, traceback_tail
-from nsa_tui.client import Event
+from nsa_tui.health.alerts import AlertDetector, Thresholds, expected_from_name, traceback_tail
+from nsa_tui.hosts.client import Event
 
 T0 = 1_000_000.0
 RUN = "r1"

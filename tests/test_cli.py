@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui import cli
-from nsa_tui.client import HostClient
+from nsa_tui.cli import main as cli
+from nsa_tui.hosts.client import HostClient
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke-cpu.yaml")

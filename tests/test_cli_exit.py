@@ -1,4 +1,4 @@
-"""One exit-code table for every ``nsa-tui`` command: the code's (nsa_tui/cli_exit.py) equals the
+"""One exit-code table for every ``nsa-tui`` command: the code's (nsa_tui/cli/exitcodes.py) equals the
 docs' (docs/cli.md); no command path returns a number outside it (read from the source, and
 seen from real CLI subprocesses against the local agent, one per command)."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui import cli_exit
-from nsa_tui.cli_args import parser
+from nsa_tui.cli import exitcodes as cli_exit
+from nsa_tui.cli.args import parser
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_MODULES = ["cli.py", "cli_one.py", "cli_multi.py", "cli_exit.py"]
+CLI_MODULES = ["cli/main.py", "cli/one.py", "cli/multi.py", "cli/exitcodes.py", "cli/sample.py"]
 NO_RUN = "20990101-000000-none-0000"  # a well-formed run id that no host has
 
 
@@ -80,7 +80,7 @@ def test_no_command_path_returns_a_code_outside_the_table() -> None:
             for node in ast.walk(f):
                 if isinstance(node, ast.Return) and not _returns_a_table_code(node.value, known):
                     bad.append(f"{mod}:{node.lineno} {f.name}: {ast.unparse(node)}")
-    bad = [b for b in bad if not b.startswith("cli_exit.py")]  # exit_for and fail: the table itself
+    bad = [b for b in bad if not b.startswith("cli/exitcodes.py")]  # exit_for and fail: the table itself
     assert not bad, "\n".join(bad)
 
 

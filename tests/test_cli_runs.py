@@ -25,9 +25,9 @@ from nsa.contract import (
     SelfCheck,
 )
 from nsa.contract import write_json_atomic as write_json
-from nsa_tui import cli
-from nsa_tui.cli_text import LineSplitter, runs_table, status_text
-from nsa_tui.runref import RunRefError, resolve, short_ids
+from nsa_tui.cli import main as cli
+from nsa_tui.cli.runref import RunRefError, resolve, short_ids
+from nsa_tui.cli.text import LineSplitter, runs_table, status_text
 
 NOW = 1_800_000_000.0
 
@@ -185,8 +185,8 @@ def test_status_names_the_attention_ops_and_why_a_run_fell_back(tmp_path: Path, 
 
 def test_status_of_a_run_over_several_hosts_names_its_attention_ops() -> None:
     """Over several hosts the text is rank 0's host's view of run.json: its ops (all ranks run the same)."""
-    from nsa_tui.cli_multi import _text_of
-    from nsa_tui.multihost import MergedRun
+    from nsa_tui.cli.multi import _text_of
+    from nsa_tui.hosts.merge import MergedRun
 
     ops = AttentionOps(requested="auto", backend="reference", fallback_reason=REASON)
     info = RunInfo(run_id="20261122-080000-demo-0b48", name="demo", world_size=4, attention_ops=ops)

@@ -16,7 +16,7 @@ import pytest
 
 from nsa.contract import EpochMetric, EvalMetric, GateShares, JsonlWriter, RunInfo, RunStatus, TrainMetric
 from nsa.contract import write_json_atomic as write_json
-from nsa_tui import cli
+from nsa_tui.cli import main as cli
 
 RID = "20260101-000000-exported-0001"
 STEPS = 15_000  # ~5 MB of metrics lines: more than one 4 MiB read

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from nsa.contract import Alert, AlertEvent
-from nsa_tui.notify import Notifier, body, redact, sniff_format
-from nsa_tui.settings import NotifySettings, WebhookSettings
+from nsa_tui.health.notify import Notifier, body, redact, sniff_format
+from nsa_tui.user.settings import NotifySettings, WebhookSettings
 
 SECRET = "T0000/B0000/s3cr3tT0k3n"
 

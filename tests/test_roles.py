@@ -28,11 +28,11 @@ class Blocker:
         return None
 
 sys.meta_path.insert(0, Blocker())
-import nsa_tui.app, nsa_tui.cli, nsa_tui.client
+import nsa_tui.app, nsa_tui.cli.main, nsa_tui.hosts.client
 from nsa_tui.app.app import NsaApp
 
 try:
-    nsa_tui.cli.main(["--help"])
+    nsa_tui.cli.main.main(["--help"])
 except SystemExit as exc:
     assert exc.code == 0, exc.code
 
@@ -143,7 +143,7 @@ def test_a_host_without_the_training_side_refuses_a_launch_naming_the_fix(watch_
 
 DESCRIBE = r"""
 import asyncio, json, sys
-from nsa_tui.client import HostClient
+from nsa_tui.hosts.client import HostClient
 
 async def main():
     c = HostClient("local", runs_root=sys.argv[1])

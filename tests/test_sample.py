@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui import cli
-from nsa_tui.cli_sample import EXIT_NO_CHECKPOINT
+from nsa_tui.cli import main as cli
+from nsa_tui.cli.sample import EXIT_NO_CHECKPOINT
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke-cpu.yaml")
@@ -128,7 +128,7 @@ def test_a_damaged_checkpoint_fails_its_sample_not_the_agent(trained: tuple[Path
     import asyncio
     import shutil
 
-    from nsa_tui.client import AgentError, HostClient
+    from nsa_tui.hosts.client import AgentError, HostClient
 
     root, rid = trained
     shutil.copytree(root / rid, tmp_path / rid)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui.settings import SettingsError, load_settings, settings_path
+from nsa_tui.user.settings import SettingsError, load_settings, settings_path
 
 
 def test_where_settings_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nsa_tui.setup_host import _absolute, needs_new_venv, torch_plan
+from nsa_tui.install.setup_host import _absolute, needs_new_venv, torch_plan
 
 
 def test_prefix_is_under_the_remote_home_unless_absolute() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import nsa_tui
-from nsa_tui.wheel import build_wheel
+from nsa_tui.install.wheel import build_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,12 +34,13 @@ def test_wheel_is_valid_and_reproducible() -> None:
     info = f"nsa_tui-{w.version}.dist-info"
     names = zf.namelist()
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
-    assert {"nsa/__init__.py", "nsa_tui/cli.py", "nsa_tui/configs/demo-cpu.yaml", "nsa_tui/app/panel.tcss",
+    assert {"nsa/__init__.py", "nsa_tui/cli/main.py", "nsa_tui/configs/demo-cpu.yaml",
+            "nsa_tui/app/panel.tcss",
             f"{info}/METADATA", f"{info}/WHEEL", f"{info}/entry_points.txt", f"{info}/RECORD"} <= set(names)
     meta = Parser().parsestr(zf.read(f"{info}/METADATA").decode())
     assert meta["Name"] == "nsa-tui" and meta.get_all("Version") == [w.version]
     assert "host" in meta.get_all("Provides-Extra")
-    assert "nsa-tui = nsa_tui.cli:main" in zf.read(f"{info}/entry_points.txt").decode()
+    assert "nsa-tui = nsa_tui.cli.main:main" in zf.read(f"{info}/entry_points.txt").decode()
     rows = [line.split(",") for line in zf.read(f"{info}/RECORD").decode().splitlines()]
     assert sorted(r[0] for r in rows) == sorted(names)
     for name, digest, size in rows:

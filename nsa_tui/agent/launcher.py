@@ -64,7 +64,7 @@ from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_sa
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
-from nsa_tui.pkgpath import env_with_package_path
+from nsa_tui.install.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0

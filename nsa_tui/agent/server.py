@@ -74,7 +74,7 @@ from nsa_tui.agent.watch import (
     watch_host,
     watch_runs,
 )
-from nsa_tui.alertlog import AlertBooks, acknowledge, bounded
+from nsa_tui.health.ledger import AlertBooks, acknowledge, bounded
 
 MAX_LINE = 16 << 20  # a request line longer than this is refused (and skipped), never fatal
 _LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*(\d+|"[^"]{0,64}")')

@@ -49,7 +49,7 @@ def _policy(run_dir: Path) -> Any:
 def _start_watchdog(run_dir: Path, proc: subprocess.Popen[bytes]) -> Any:
     from nsa_tui.agent.policy import PolicyRunner
     from nsa_tui.agent.watchdog import Watchdog
-    from nsa_tui.settings import Settings, SettingsError, load_settings
+    from nsa_tui.user.settings import Settings, SettingsError, load_settings
 
     problem = ""
     try:

@@ -357,7 +357,7 @@ async def watch_alerts(store: RunStore, books: Any, sub_id: Any, send: Send, his
     """Every run's alerts (or one run's): an ``alerts`` event with each unresolved alert and the
     newest ``history`` resolved ones per run, then an ``alert`` event for every change of a
     run's alerts.jsonl (new runs included). A stat per run per poll; only new bytes are read."""
-    from nsa_tui.alertlog import bounded
+    from nsa_tui.health.ledger import bounded
 
     def first() -> AlertList:
         states = []

@@ -10,9 +10,9 @@ already outlives every agent and panel, as a thread that wakes every
   tail, so its cost follows the run's output rate, never its age;
 - checks that each rank's process (the pid of its beats, carrying the run id) still exists;
 - samples the GPUs (NVML) and the runs root's free space every ``watchdog.host_every_s``;
-- runs the same rules as the panel (nsa_tui/alerts.py) with the user's thresholds
-  (settings.yaml) and writes every transition to alerts.jsonl (nsa_tui/alertlog.py);
-- hands each new alert to the notifier (nsa_tui/notify.py: a background thread, retries);
+- runs the same rules as the panel (nsa_tui/health/alerts.py) with the user's thresholds
+  (settings.yaml) and writes every transition to alerts.jsonl (nsa_tui/health/ledger.py);
+- hands each new alert to the notifier (nsa_tui/health/notify.py: a background thread, retries);
 - on a stall captures evidence once (nsa_tui/agent/evidence.py) and links it to the alert;
 - applies the run's ``on_failure`` policy (nsa_tui/agent/policy.py).
 
@@ -57,10 +57,10 @@ from nsa.contract.records import Usage
 from nsa.contract.rundir import LAUNCH_JSON, METRICS_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, heartbeat_stream
 from nsa_tui.agent.procs import run_process
 from nsa_tui.agent.runs import LOG_TAIL_LINES, beat_files, derive_status
-from nsa_tui.alertlog import ALERTS_FILE, AlertLedger
-from nsa_tui.alerts import AlertDetector
-from nsa_tui.notify import Delivery, Notifier
-from nsa_tui.settings import Settings
+from nsa_tui.health.alerts import AlertDetector
+from nsa_tui.health.ledger import ALERTS_FILE, AlertLedger
+from nsa_tui.health.notify import Delivery, Notifier
+from nsa_tui.user.settings import Settings
 
 SKIP_BEHIND_BYTES = 8 << 20  # a file further ahead than this is read from its last KEEP_BYTES
 KEEP_BYTES = 256 << 10

@@ -18,7 +18,6 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
-from nsa_tui import userstate
 from nsa_tui.app import confirm, reducer
 from nsa_tui.app.keymap import load_keymap
 from nsa_tui.app.messages import AskHostKey, SelectRun, Toast
@@ -31,8 +30,9 @@ from nsa_tui.app.view_actions import ViewActions
 from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.header import why_not_connected
 from nsa_tui.app.widgets.runlist import RunList
-from nsa_tui.settings import Settings, SettingsError, load_settings, settings_path
-from nsa_tui.userstate import RecentLaunch
+from nsa_tui.user import recent as userstate
+from nsa_tui.user.recent import RecentLaunch
+from nsa_tui.user.settings import Settings, SettingsError, load_settings, settings_path
 
 TICK_S = 0.1
 KILL_GRACE_S = 60.0  # what the agent's kill waits before KILL (its default)

@@ -1,6 +1,6 @@
 """User key remapping: binding id -> key(s), e.g. `kill: x` or `search: ctrl+f`.
 
-Read from the ``keys:`` section of settings.yaml (nsa_tui/settings.py); a keymap.yaml of
+Read from the ``keys:`` section of settings.yaml (nsa_tui/user/settings.py); a keymap.yaml of
 earlier versions ($NSA_TUI_KEYMAP, else ~/.config/nsa-tui/keymap.yaml) is still read when
 settings.yaml has no ``keys``, with a note to move it. Binding ids are the ones `?` lists
 (launch, kill, fallback, resume, dump, follow, search, ack, help, quit).
@@ -38,7 +38,7 @@ def load_keymap(path: Path | None = None, settings: Any = None) -> tuple[dict[st
         return {}, []
     keymap, problems = _read_keymap(path)
     if not explicit and keymap:
-        from nsa_tui.settings import settings_path
+        from nsa_tui.user.settings import settings_path
 
         problems.append(f"{path}: read for compatibility; move its lines under `keys:` in {settings_path()}")
     return keymap, problems

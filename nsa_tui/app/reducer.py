@@ -15,7 +15,7 @@ from nsa.contract import Alert, Hello, HostSample, RunView
 from nsa.contract.protocol import AlertList, AlertState, Gap, LogLines, RunsList
 from nsa.contract.rundir import TRAIN_LOG
 from nsa_tui.app.state import LogBuffer, PanelState, RunState, recorded_key
-from nsa_tui.client import ConnectionState, Event
+from nsa_tui.hosts.client import ConnectionState, Event
 
 MAX_ALERTS = 200
 MAX_RECORDED = 2_000  # recorded alerts kept per host (the oldest resolved ones go first)

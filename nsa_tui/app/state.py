@@ -29,7 +29,7 @@ from nsa.contract import (
 from nsa.contract.protocol import AlertState, Gap
 from nsa.contract.records import Metric
 from nsa.contract.series import Bucket, metric_values
-from nsa_tui.multihost import MergedRun, Part, hosts_of, merge, primary_of
+from nsa_tui.hosts.merge import MergedRun, Part, hosts_of, merge, primary_of
 
 LOG_LINES_MAX = 20_000
 SERIES_POINTS_MAX = 2_048
@@ -369,7 +369,7 @@ class PanelState:
         run = h.runs.get(run_id) if h else None
         return self.main_part(run) if run is not None else None
 
-    # -- runs over several hosts (nsa_tui/multihost.py merges their parts) ----------------------
+    # -- runs over several hosts (nsa_tui/hosts/merge.py merges their parts) ----------------------
     def parts_of(self, run: RunState) -> list[RunState]:
         """The parts of ``run`` on every host this panel knows, in node order; [run] for a
         run on one host."""

@@ -7,7 +7,7 @@ import os
 import sys
 
 import nsa_tui
-from nsa_tui.pkgpath import env_with_package_path
+from nsa_tui.install.pkgpath import env_with_package_path
 from nsa_tui.transport.base import Channel, StderrTail, Transport, TransportError
 
 LINE_LIMIT = 64 << 20  # the agent's lines: a dump of many ranks' stacks is one reply

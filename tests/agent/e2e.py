@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nsa_tui.agent.procs import run_processes
-from nsa_tui.client import Event, HostClient
+from nsa_tui.hosts.client import Event, HostClient
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = str(REPO / "configs" / "smoke-cpu.yaml")

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from nsa.contract import CheckpointMeta
-from nsa_tui.client import AgentError, HostClient
+from nsa_tui.hosts.client import AgentError, HostClient
 
 RID = "20260101-000000-ckpt-0001"
 SECRET = b"private key material outside the run directory\n"
@@ -117,7 +117,7 @@ def test_a_write_never_follows_a_planted_part_file(tmp_path: Path, outside: Path
 
 def test_a_regular_shard_is_still_copied_between_hosts_in_chunks(tmp_path: Path) -> None:
     """The refusal costs the real case nothing: a shard one host lacks comes from the other, whole."""
-    from nsa_tui import coordinator
+    from nsa_tui.hosts import coordinator
 
     roots = [tmp_path / "gpu1", tmp_path / "gpu2"]
     for i, root in enumerate(roots):

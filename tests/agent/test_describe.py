@@ -14,7 +14,7 @@ from nsa.config import load_config
 from nsa.contract import Beat, CheckpointMeta, LaunchInfo, Phase, RunInfo, RunStatus, write_json_atomic
 from nsa.size import param_count
 from nsa_tui.agent.dump import _missing_ranks
-from nsa_tui.client import AgentError, HostClient
+from nsa_tui.hosts.client import AgentError, HostClient
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny-cpu.yaml")

@@ -24,8 +24,8 @@ import yaml
 
 from nsa.contract import AlertEvent, RunInfo, RunStatus, decode_lines, read_json
 from nsa_tui.agent.procs import run_processes
-from nsa_tui.alertlog import ALERTS_FILE
-from nsa_tui.client import AgentError, HostClient
+from nsa_tui.health.ledger import ALERTS_FILE
+from nsa_tui.hosts.client import AgentError, HostClient
 from tests.agent.e2e import SMOKE
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import pytest
 
 from nsa.contract import RunStatus
 from nsa_tui.agent.procs import run_processes
-from nsa_tui.alerts import AlertDetector, Thresholds
-from nsa_tui.client import HostClient
+from nsa_tui.health.alerts import AlertDetector, Thresholds
+from nsa_tui.hosts.client import HostClient
 from tests.agent.e2e import LONG, SMOKE, is_step, stop_all, until
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nsa_tui.agent.runs import RunStore
-from nsa_tui.client import AgentError, HostClient
+from nsa_tui.hosts.client import AgentError, HostClient
 from tests.agent.test_runs import fake_run, reap, wait_children
 
 DONE = "20260101-000000-done-0001"

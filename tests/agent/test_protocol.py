@@ -12,7 +12,7 @@ import pytest
 
 from nsa.contract import PROTOCOL, RunStatus, StreamPos
 from nsa.contract.protocol import Gap, RunsList
-from nsa_tui.client import AgentError, Event, HostClient
+from nsa_tui.hosts.client import AgentError, Event, HostClient
 
 RID = "20260101-000000-synthetic-0001"
 REPO = Path(__file__).resolve().parents[2]

@@ -30,8 +30,8 @@ from nsa.contract import (
 )
 from nsa_tui.agent.policy import PolicyRunner, restarts_before
 from nsa_tui.agent.watchdog import KEEP_BYTES, FileTail, Watchdog
-from nsa_tui.alertlog import ALERTS_FILE
-from nsa_tui.settings import AlertSettings, NotifySettings, Settings, WatchdogSettings
+from nsa_tui.health.ledger import ALERTS_FILE
+from nsa_tui.user.settings import AlertSettings, NotifySettings, Settings, WatchdogSettings
 
 RID = "20260101-000000-wd-0001"
 T0 = 1_000_000.0

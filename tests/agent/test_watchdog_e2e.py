@@ -21,7 +21,7 @@ from bench.watchdog_faults import steps
 from nsa.contract import LaunchInfo, Relaunch, RunInfo, read_json
 from nsa.train.checkpoint import find_latest
 from nsa_tui.agent.procs import run_processes
-from nsa_tui.client import HostClient
+from nsa_tui.hosts.client import HostClient
 from tests.agent.e2e import LONG, SMOKE
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from nsa_tui import cli_exit
+from nsa_tui.cli import exitcodes as cli_exit
 from tests.agent.e2e import SMOKE
 from tests.sshd import SshNodes
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from nsa.contract import RunStatus, TrainMetric
-from nsa_tui.client import Event, HostClient
+from nsa_tui.hosts.client import Event, HostClient
 from nsa_tui.transport.ssh import SshTransport
 from tests.agent.e2e import SMOKE, is_over, stop_all
 from tests.sshd import ALIAS, SshServer

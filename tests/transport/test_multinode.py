@@ -30,11 +30,11 @@ import psutil
 import pytest
 
 from nsa.contract import RunStatus
-from nsa_tui import coordinator as co
 from nsa_tui.agent.procs import run_processes
-from nsa_tui.cli_multi import part_alerts
-from nsa_tui.client import HostClient
-from nsa_tui.multihost import MergedRun, merge
+from nsa_tui.cli.multi import part_alerts
+from nsa_tui.hosts import coordinator as co
+from nsa_tui.hosts.client import HostClient
+from nsa_tui.hosts.merge import MergedRun, merge
 from nsa_tui.transport.ssh import SshTransport
 from tests.agent.e2e import SMOKE
 from tests.sshd import SshNodes

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui.cli_sample import EXIT_NO_CHECKPOINT
+from nsa_tui.cli.sample import EXIT_NO_CHECKPOINT
 from tests.agent.e2e import SMOKE
 from tests.sshd import ALIAS, SshServer
 

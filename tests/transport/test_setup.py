@@ -21,10 +21,10 @@ import pytest
 
 from nsa.contract import Hello
 from nsa_tui import __version__
-from nsa_tui.client import HostClient
-from nsa_tui.setup_host import setup_host
+from nsa_tui.hosts.client import HostClient
+from nsa_tui.install.setup_host import setup_host
+from nsa_tui.install.wheel import build_wheel
 from nsa_tui.transport.ssh import SshTransport
-from nsa_tui.wheel import build_wheel
 from tests.sshd import ALIAS, SshServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui.client import HostClient
+from nsa_tui.hosts.client import HostClient
 from nsa_tui.transport import AgentMissing, HostKeyError
 from nsa_tui.transport.ssh import SshTransport, agent_command, parse_dest
 from tests.sshd import ALIAS, SshServer

@@ -32,7 +32,7 @@ def private_view_prefs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def private_user_state(private_view_prefs: Path) -> Path:
-    """The panel's launch history (nsa_tui/userstate.py): in the same private state directory."""
+    """The panel's launch history (nsa_tui/user/recent.py): in the same private state directory."""
     return private_view_prefs / "launches.json"
 
 

@@ -17,7 +17,6 @@ import pytest
 
 from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, RunView, TrainMetric
 from nsa.contract.protocol import ActionPlan, DumpFile, DumpResult, MissingRank
-from nsa_tui import userstate
 from nsa_tui.agent.procs import run_processes
 from nsa_tui.app import reducer
 from nsa_tui.app.app import NsaApp
@@ -28,7 +27,8 @@ from nsa_tui.app.screens.main import MainScreen
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.app.widgets.header import PanelHeader, clip_words, eta_s, run_progress
 from nsa_tui.app.widgets.logview import LogView, waiting_note
-from nsa_tui.stacks import dump_text, main_thread_first
+from nsa_tui.health.stacks import dump_text, main_thread_first
+from nsa_tui.user import recent as userstate
 from tests.tui.fixed_data import NOW, fixed_state, view
 from tests.tui.helpers import plain, wait_for
 

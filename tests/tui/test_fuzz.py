@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from nsa.contract import Beat, Phase, TrainMetric, encode
-from nsa_tui.alerts import Thresholds
 from nsa_tui.app.app import NsaApp
 from nsa_tui.app.widgets.alerts import AlertsPane
+from nsa_tui.health.alerts import Thresholds
 from tests.tui.helpers import plain, wait_for
 
 RID = "20260101-000000-fuzzed-0001"

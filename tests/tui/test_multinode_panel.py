@@ -17,7 +17,7 @@ from nsa_tui.app.screens.launch import LaunchScreen
 from nsa_tui.app.widgets.gpus import GpuTable
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.app.widgets.summary import RunSummary
-from nsa_tui.client import HostClient
+from nsa_tui.hosts.client import HostClient
 from nsa_tui.transport.ssh import SshTransport
 from tests.sshd import SshNodes
 from tests.tui.helpers import plain, wait_for

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from nsa.contract import Alert, ExitInfo, LaunchInfo, RunInfo, RunStatus, write_json_atomic
-from nsa_tui.alertlog import ALERTS_FILE, AlertLedger
 from nsa_tui.app.app import NsaApp
 from nsa_tui.app.widgets.alerts import AlertsPane
+from nsa_tui.health.ledger import ALERTS_FILE, AlertLedger
 from tests.tui.helpers import plain, wait_for
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nsa_tui.alerts import Thresholds
 from nsa_tui.app.app import NsaApp
+from nsa_tui.health.alerts import Thresholds
 from tests.tui.helpers import wait_for
 from tests.tui.test_panel_live import SIZE, launch_through_dialog
 

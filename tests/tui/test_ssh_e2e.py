@@ -15,7 +15,7 @@ from nsa_tui.app.screens.launch import LaunchScreen
 from nsa_tui.app.screens.main import MainScreen
 from nsa_tui.app.widgets.gpus import GpuTable
 from nsa_tui.app.widgets.header import PanelHeader
-from nsa_tui.client import HostClient
+from nsa_tui.hosts.client import HostClient
 from nsa_tui.transport.ssh import SshTransport
 from tests.sshd import SshServer
 from tests.tui.helpers import plain, points, wait_for

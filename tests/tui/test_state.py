@@ -62,7 +62,7 @@ def test_chart_joins_the_agents_summary_and_the_recent_lines_at_full_resolution(
     buckets before the recent window and every recent point."""
     from nsa.contract import MetricsFolder
     from nsa_tui.app import reducer
-    from nsa_tui.client import Event
+    from nsa_tui.hosts.client import Event
 
     state = PanelState.for_destinations(["h"])
     agent = MetricsFolder(cap=64)
@@ -205,9 +205,9 @@ def test_a_dropped_link_raises_no_liveness_alerts() -> None:
     neither during the outage nor between the reconnect and the watch's new backlog."""
     from nsa.contract import Beat, Phase
     from nsa.contract.protocol import Synced
-    from nsa_tui.alerts import Thresholds
     from nsa_tui.app.services.host import HostService
-    from nsa_tui.client import ConnectionState, Event
+    from nsa_tui.health.alerts import Thresholds
+    from nsa_tui.hosts.client import ConnectionState, Event
 
     state = PanelState()
     svc = HostService(state, "h", post=lambda m: None, thresholds=Thresholds())
@@ -294,7 +294,7 @@ def test_a_run_over_two_hosts_is_one_row_with_every_rank_and_its_host() -> None:
 
 def test_a_host_that_drops_off_is_lost_not_the_run_crashed_until_the_others_fail() -> None:
     from nsa_tui.app import reducer
-    from nsa_tui.client import ConnectionState
+    from nsa_tui.hosts.client import ConnectionState
 
     state = two_host_state()
     reducer.connection(state, "h1", ConnectionState("reconnecting", 2.0, "connection to h1 dropped"), 100.0)

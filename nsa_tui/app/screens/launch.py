@@ -26,7 +26,7 @@ import nsa_tui
 from nsa.contract.protocol import ConfigSummary
 from nsa_tui.app.widgets.setfield import OverrideSuggester, key_hint, split_overrides
 from nsa_tui.fmt import fmt_count
-from nsa_tui.userstate import RecentLaunch
+from nsa_tui.user.recent import RecentLaunch
 
 Submit = Callable[[str, dict[str, Any]], Awaitable[str]]
 Describe = Callable[[str, dict[str, Any]], Awaitable[ConfigSummary]]

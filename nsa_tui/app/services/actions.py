@@ -14,8 +14,8 @@ from typing import Any
 from nsa.contract.protocol import ActionPlan, ConfigSummary, DeleteResult, LaunchResult
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState
-from nsa_tui.client import AgentError, HostClient
 from nsa_tui.fmt import fmt_bytes
+from nsa_tui.hosts.client import AgentError, HostClient
 
 
 class HostActions:
@@ -93,7 +93,7 @@ class HostActions:
         return "\n".join(parts)
 
     async def dump(self, run_id: str) -> str:
-        from nsa_tui.stacks import dump_text
+        from nsa_tui.health.stacks import dump_text
 
         return dump_text(await self.client.dump(run_id))
 

@@ -14,10 +14,10 @@ import contextlib
 import time
 from typing import Any
 
-from nsa_tui.alerts import AlertDetector, Thresholds
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState
-from nsa_tui.client import Event
+from nsa_tui.health.alerts import AlertDetector, Thresholds
+from nsa_tui.hosts.client import Event
 
 CHECK_S = 1.0
 

@@ -1,5 +1,5 @@
 """The keys on a run over several hosts: launch, stop, fall back, resume, dump on every host of
-the run at once (nsa_tui/coordinator.py), through the panel's own connections. Replies go
+the run at once (nsa_tui/hosts/coordinator.py), through the panel's own connections. Replies go
 through the reducer like a single host's (the panel never invents a run's state)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from nsa_tui import coordinator as co
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState, RunState
-from nsa_tui.client import AgentError, HostClient
+from nsa_tui.hosts import coordinator as co
+from nsa_tui.hosts.client import AgentError, HostClient
 
 
 def _clients(services: dict[str, Any], hosts: list[str]) -> dict[str, HostClient]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from nsa_tui.app import reducer
 from nsa_tui.app.state import HostState
-from nsa_tui.client import AgentError, Event, HostClient
+from nsa_tui.hosts.client import AgentError, Event, HostClient
 
 ANCESTORS = 3
 MODES: dict[str, list[str] | None] = {"full": None, "alerts": ["status", "heartbeats", "metrics"],

@@ -16,7 +16,7 @@ from nsa_tui.app.listing import Row, counts, lineage_root, run_rows
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.app.widgets.header import STATUS_STYLE
 from nsa_tui.fmt import NA, fmt_count, fmt_duration
-from nsa_tui.multihost import MergedRun, hosts_of
+from nsa_tui.hosts.merge import MergedRun, hosts_of
 
 # (column, width); the name's width follows the pane's (NAME_MIN..NAME_MAX)
 COLUMNS = (("", 1), ("status", 8), ("name", 0), ("age", 6), ("params", 7), ("world", 5), ("config", 16),

@@ -12,7 +12,7 @@ from textual.widgets import Static
 from nsa.contract import AttentionOps, GateShares
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
-from nsa_tui.multihost import MergedRun, hosts_of
+from nsa_tui.hosts.merge import MergedRun, hosts_of
 
 UNIFORM_TOL = 0.03  # gate shares within 3 points of 1/3 each look untrained (docs/lessons.md#gates-visible)
 

@@ -6,7 +6,7 @@ The agents know nothing of each other; this client-side module does what spans h
   host), refused before anything starts, naming the host and the reason; then one torchrun
   per host with one run id and the c10d rendezvous on the first host; a partial start is
   rolled back (what started is stopped; nothing is left running anywhere);
-- :func:`parts`: each host's part of a run, for :func:`nsa_tui.multihost.merge`;
+- :func:`parts`: each host's part of a run, for :func:`nsa_tui.hosts.merge.merge`;
 - :func:`kill`, :func:`dump`: on every host at once;
 - :func:`fallback`: stop everywhere, gather the newest checkpoint complete on every host
   onto rank 0's host, relaunch there on one node (or one GPU) with the same global batch;
@@ -25,8 +25,8 @@ from nsa.contract import NodeLayout
 from nsa.contract.protocol import DumpResult, KillResult, LaunchResult, PreflightResult
 from nsa.contract.rundir import new_run_id
 from nsa_tui.agent.launcher import relaunch_name
-from nsa_tui.client import AgentError, HostClient, read_config_text
-from nsa_tui.multihost import Part, hosts_of, primary_of
+from nsa_tui.hosts.client import AgentError, HostClient, read_config_text
+from nsa_tui.hosts.merge import Part, hosts_of, primary_of
 from nsa_tui.transport import TransportError
 
 ROLLBACK_GRACE_S = 10.0

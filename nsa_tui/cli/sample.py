@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nsa_tui.cli_exit import EXIT_NO_CHECKPOINT, EXIT_OK
+from nsa_tui.cli.exitcodes import EXIT_NO_CHECKPOINT, EXIT_OK
 
 __all__ = ["EXIT_NO_CHECKPOINT", "add_parser", "run"]
 
@@ -58,7 +58,7 @@ async def run(c: Any, args: argparse.Namespace) -> int:
     raised as AgentError: the CLI's one path gives each its exit code (a missing checkpoint:
     EXIT_NO_CHECKPOINT)."""
     from nsa.contract.io import to_builtins
-    from nsa_tui.client import AgentError
+    from nsa_tui.hosts.client import AgentError
 
     why = _bad(args)
     if why:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from nsa.config import ConfigError, build_section
-from nsa_tui.alerts import Thresholds
+from nsa_tui.health.alerts import Thresholds
 
 GIB = 1 << 30
 
@@ -40,7 +40,7 @@ class SettingsError(ValueError):
 
 @dataclass
 class AlertSettings:
-    """Thresholds of the alert rules (nsa_tui/alerts.py; docs/host-agent.md, "Alerts")."""
+    """Thresholds of the alert rules (nsa_tui/health/alerts.py; docs/host-agent.md, "Alerts")."""
 
     stall_floor_s: float = 60.0  # train: no step for max(floor, factor x median step time)
     stall_factor: float = 10.0

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from nsa.contract import AlertEvent, encode
-from nsa_tui.settings import NotifySettings
+from nsa_tui.user.settings import NotifySettings
 
 SEVERITY_RANK = {"warning": 0, "critical": 1}
 

@@ -1,6 +1,6 @@
-"""The CLI's commands on one host: what each asks its agent and prints (nsa_tui/cli_text.py
-formats it). A run over several hosts goes to nsa_tui/cli_multi.py instead; nsa_tui/cli.py
-picks, and maps every error to its exit code (nsa_tui/cli_exit.py)."""
+"""The CLI's commands on one host: what each asks its agent and prints (nsa_tui/cli/text.py
+formats it). A run over several hosts goes to nsa_tui/cli/multi.py instead; nsa_tui/cli/main.py
+picks, and maps every error to its exit code (nsa_tui/cli/exitcodes.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 
 from nsa.contract.rundir import ALERTS_JSONL
 from nsa.contract.status import UNHEALTHY_STATUSES
-from nsa_tui import cli_sample
-from nsa_tui.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, emit, fail
-from nsa_tui.cli_text import LineSplitter, alert_lines, runs_table
+from nsa_tui.cli import sample as cli_sample
+from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, emit, fail
+from nsa_tui.cli.text import LineSplitter, alert_lines, runs_table
 
 
 def said_yes(answer: str) -> bool:
@@ -28,8 +28,8 @@ def said_yes(answer: str) -> bool:
 async def _status(c: Any, args: argparse.Namespace) -> int:
     """The run's view, every rank's newest beat and the alerts that hold now: one bounded request
     (O(ranks), whatever the run's age)."""
-    from nsa_tui.alerts import AlertDetector
-    from nsa_tui.cli_text import status_text
+    from nsa_tui.cli.text import status_text
+    from nsa_tui.health.alerts import AlertDetector
 
     rep = await c.status(args.run)
     now = time.time()
@@ -186,15 +186,15 @@ async def dispatch(c: Any, args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             for f in dr.files:
                 (out / Path(f.name).name).write_text(f.text)
-        from nsa_tui.stacks import dump_text
+        from nsa_tui.health.stacks import dump_text
 
         emit(args, dr, dump_text(dr))
     return EXIT_OK
 
 
 async def _export(c: Any, args: argparse.Namespace) -> int:
-    """The run's metrics lines, read through the agent, written here (nsa_tui/export.py)."""
-    from nsa_tui.export import ExportError, write_csv, write_tensorboard
+    """The run's metrics lines, read through the agent, written here (nsa_tui/cli/export.py)."""
+    from nsa_tui.cli.export import ExportError, write_csv, write_tensorboard
 
     if not args.tensorboard and not args.csv:
         return fail(args, "bad_request", "export: give --tensorboard DIR and/or --csv PATH")

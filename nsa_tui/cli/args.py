@@ -1,4 +1,4 @@
-"""The ``nsa-tui`` command line: every command and option (nsa_tui/cli.py runs them). HOST is
+"""The ``nsa-tui`` command line: every command and option (nsa_tui/cli/main.py runs them). HOST is
 always a host list: ``local``, an SSH destination, or ``H1,H2,...`` (one run over several)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from nsa.contract.rundir import TRAIN_LOG
-from nsa_tui import cli_sample
+from nsa_tui.cli import sample as cli_sample
 
 HOSTS = "local, an SSH destination, or H1,H2,... (one run over several hosts)"
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from nsa.contract import Alert, AttentionOps, RunStatus, RunStatusReport, RunView
 from nsa.contract.protocol import AlertState
+from nsa_tui.cli.runref import short_ids
 from nsa_tui.fmt import fmt_count, fmt_duration
-from nsa_tui.runref import short_ids
 
 MIN_NAME = 12
 WIDTH = 100

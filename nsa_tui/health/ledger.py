@@ -1,7 +1,7 @@
 """A run's alerts.jsonl: the ledger that writes it, the book that reads it back.
 
 The watchdog checks its run every second and gets the alerts that hold now
-(nsa_tui/alerts.py). The :class:`AlertLedger` turns that into events, one line each
+(nsa_tui/health/alerts.py). The :class:`AlertLedger` turns that into events, one line each
 (``AlertEvent``): ``raised`` when a condition starts, ``updated`` when its facts change
 (severity, rank, step, phase, evidence, wording beyond the numbers; a mere age at most every
 ``update_every_s``), ``resolved`` once it has been absent for ``resolve_after_s`` (so a flapping

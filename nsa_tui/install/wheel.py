@@ -113,7 +113,7 @@ def build_wheel() -> Wheel:
     info = f"nsa_tui-{version}.dist-info"
     head, _, body = meta_rest.partition("\n")  # Metadata-Version first, then our Version
     files[f"{info}/METADATA"] = f"{head}\nVersion: {version}\n{body}".encode()
-    files[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: nsa_tui.wheel\nRoot-Is-Purelib: true\n"
+    files[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: nsa_tui.install.wheel\nRoot-Is-Purelib: true\n"
                               f"Tag: {TAG}\n").encode()
     if entry_points:
         files[f"{info}/entry_points.txt"] = entry_points.encode()

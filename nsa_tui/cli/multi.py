@@ -1,12 +1,12 @@
 """The CLI's commands over several hosts: ``HOST1,HOST2`` (or one host of a run over several);
-nsa_tui/cli.py sends a command here after connecting, and maps its errors to exit codes.
+nsa_tui/cli/main.py sends a command here after connecting, and maps its errors to exit codes.
 
     nsa-tui launch H1,H2 --config C --nproc-per-node N [--rdzv-host ADDR] [--rdzv-port P]
     nsa-tui status|logs|alerts|kill|dump|fallback|resume H1,H2 RUN
 
 The hosts are connected all at once; ``launch`` checks every host before anything starts
-(nsa_tui/coordinator.py); the others merge the hosts' parts of the run
-(nsa_tui/multihost.py): every rank with its host, one status, hosts that cannot be reached
+(nsa_tui/hosts/coordinator.py); the others merge the hosts' parts of the run
+(nsa_tui/hosts/merge.py): every rank with its host, one status, hosts that cannot be reached
 shown as lost (not the run as crashed).
 """
 
@@ -22,11 +22,11 @@ from typing import Any
 
 from nsa.contract import UNHEALTHY_STATUSES, StreamPos
 from nsa.contract.rundir import ALERTS_JSONL
-from nsa_tui import coordinator as co
-from nsa_tui.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE, emit, exit_for, fail
-from nsa_tui.cli_text import LineSplitter, alert_lines, attention_text
-from nsa_tui.client import AgentError, HostClient
-from nsa_tui.multihost import MergedRun, Part, group_views, merge
+from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE, emit, exit_for, fail
+from nsa_tui.cli.text import LineSplitter, alert_lines, attention_text
+from nsa_tui.hosts import coordinator as co
+from nsa_tui.hosts.client import AgentError, HostClient
+from nsa_tui.hosts.merge import MergedRun, Part, group_views, merge
 
 # commands on one host's part (its alert ids, files; sample: the checkpoint files on that host)
 ONE_HOST = ("ack", "archive", "delete", "export", "sample")
@@ -61,7 +61,7 @@ def _text_of(merged: MergedRun, now: float, alerts: list[Any],
 
 def part_alerts(p: Part, run_id: str, now: float) -> list[Any]:
     """The alerts that hold now for one host's part (named after its host)."""
-    from nsa_tui.alerts import AlertDetector
+    from nsa_tui.health.alerts import AlertDetector
 
     if p.view is None:
         return []
@@ -175,7 +175,7 @@ async def _alerts(clients: dict[str, HostClient], unreachable: dict[str, str], h
 async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreachable: dict[str, str],
               hosts: list[str]) -> int:
     """One command over several hosts (``hosts`` in node order; ``unreachable``: host -> why
-    not); returns the exit code. Errors that stop the command are raised (nsa_tui/cli.py maps
+    not); returns the exit code. Errors that stop the command are raised (nsa_tui/cli/main.py maps
     them); a host's own failure within kill or dump is reported with the others'."""
     cmd = args.cmd
     if unreachable and cmd in ("launch", "fallback", "resume", "kill", "dump"):

@@ -16,9 +16,9 @@
 HOST is a host list: ``local`` or an SSH destination (``[user@]host[:port]`` or a
 ~/.ssh/config alias), or ``H1,H2,...``, one run over several hosts (docs/multi-node.md); a
 command on one host of such a run reaches all of its hosts. Every command goes one way: the
-hosts are connected at once, RUN is resolved, then nsa_tui/cli_one.py (one host) or
-nsa_tui/cli_multi.py (several) does it, and every error becomes its exit code through one
-table (nsa_tui/cli_exit.py, docs/cli.md). Every command takes ``--json`` (one JSON document,
+hosts are connected at once, RUN is resolved, then nsa_tui/cli/one.py (one host) or
+nsa_tui/cli/multi.py (several) does it, and every error becomes its exit code through one
+table (nsa_tui/cli/exitcodes.py, docs/cli.md). Every command takes ``--json`` (one JSON document,
 or JSON lines for ``logs``) and ``--runs-root DIR``. RUN is a run id, a unique prefix of one
 (what ``runs`` shows) or a run's name; an ambiguous one is a usage error listing the matches.
 """
@@ -31,10 +31,10 @@ import os
 import sys
 from typing import Any
 
-from nsa_tui.cli_args import parser
-from nsa_tui.cli_exit import *  # noqa: F403 (cli.EXIT_* stay importable from here)
-from nsa_tui.cli_exit import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, emit, fail
-from nsa_tui.runref import RunRefError, resolve
+from nsa_tui.cli.args import parser
+from nsa_tui.cli.exitcodes import *  # noqa: F403 (cli.EXIT_* stay importable from here)
+from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, emit, fail
+from nsa_tui.cli.runref import RunRefError, resolve
 
 PER_RUN = ("status", "logs", "alerts", "kill", "fallback", "resume", "dump")  # reach every host of the run
 
@@ -56,7 +56,7 @@ async def _ask_host_key(host: str, fingerprint: str) -> bool:
 
 async def _setup(args: argparse.Namespace, hosts: list[str]) -> int:
     """Install this version on each host in turn; the first failure stops (and says which)."""
-    from nsa_tui.setup_host import setup_host
+    from nsa_tui.install.setup_host import setup_host
     from nsa_tui.transport import TransportError
 
     done: dict[str, Any] = {}
@@ -80,8 +80,8 @@ async def _setup(args: argparse.Namespace, hosts: list[str]) -> int:
 
 async def _connect(args: argparse.Namespace, hosts: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """A client per host, started all at once: (connected, host -> why not)."""
-    from nsa_tui.client import HostClient
-    from nsa_tui.coordinator import connect
+    from nsa_tui.hosts.client import HostClient
+    from nsa_tui.hosts.coordinator import connect
 
     def make(d: str) -> HostClient:
         c = HostClient(d, runs_root=args.runs_root, confirm_host_key=_ask_host_key)
@@ -99,10 +99,11 @@ async def _close(clients: dict[str, Any]) -> None:
 async def _run_command(args: argparse.Namespace) -> int:
     """Every command but the panel's: one path for one host and several. Connect, resolve RUN,
     widen one host of a run over several to all of its hosts, do the command; every error it
-    raises becomes its exit code here (nsa_tui/cli_exit.py)."""
-    from nsa_tui import cli_multi, cli_one
-    from nsa_tui.client import AgentError
-    from nsa_tui.coordinator import MultiHostError, run_hosts
+    raises becomes its exit code here (nsa_tui/cli/exitcodes.py)."""
+    from nsa_tui.cli import multi as cli_multi
+    from nsa_tui.cli import one as cli_one
+    from nsa_tui.hosts.client import AgentError
+    from nsa_tui.hosts.coordinator import MultiHostError, run_hosts
 
     hosts = host_list(args.host)
     if not hosts:
@@ -138,7 +139,7 @@ async def _run_command(args: argparse.Namespace) -> int:
 
 
 async def _resolve_run(clients: dict[str, Any], ref: str) -> str:
-    """A run given by its id, a unique id prefix or its name (nsa_tui/runref.py), among every
+    """A run given by its id, a unique id prefix or its name (nsa_tui/cli/runref.py), among every
     host's runs. An id no list holds goes to the agents as given (they answer for it)."""
     from nsa.contract.rundir import RUN_ID_RE
 
@@ -194,6 +195,3 @@ def _stdout_closed() -> int:
     os.close(devnull)
     return EXIT_PIPE
 
-
-if __name__ == "__main__":
-    sys.exit(main())

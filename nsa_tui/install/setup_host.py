@@ -1,7 +1,7 @@
 """``nsa-tui setup HOST``: install the running nsa-tui, with its training side, on an SSH host.
 
 Works from any install of nsa-tui (source checkout, editable, wheel): it ships a wheel
-of the running version (``nsa_tui.wheel``), cached on the host by its content hash.
+of the running version (``nsa_tui.install.wheel``), cached on the host by its content hash.
 The host's torch is kept wherever it lives: the venv is made from ``--python`` with
 ``--system-site-packages``, and when that python is itself a venv or conda env (whose
 packages such a venv would not see), a ``.pth`` file appends that environment's
@@ -22,9 +22,9 @@ from typing import Any
 
 import asyncssh
 
+from nsa_tui.install.wheel import Wheel, build_wheel
 from nsa_tui.transport import ConfirmHostKey
 from nsa_tui.transport.ssh import SshTransport
-from nsa_tui.wheel import Wheel, build_wheel
 
 DEFAULT_PREFIX = "~/.nsa-tui"
 EXTRA = "host"  # the training side: torch, triton, datasets, psutil, NVML (pyproject)

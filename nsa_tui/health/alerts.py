@@ -19,7 +19,7 @@ a GPU at high utilisation but idle power while its rank is stalled (the NCCL han
 signature); a config whose parameter count or sequence length is far from its name;
 the runs root's disk nearly full, and a run that failed for want of space; a rank whose
 process vanished while the run goes on; a rank that outlived its launcher. A crash names
-the rank that failed first (nsa_tui/rootcause.py), not the survivors that failed after it.
+the rank that failed first (nsa_tui/health/rootcause.py), not the survivors that failed after it.
 
 The same detector runs in each run's watchdog on the host (nsa_tui/agent/watchdog.py, fed
 from the run's files) and in the panel and CLI for runs that have no watchdog.
@@ -50,7 +50,7 @@ from nsa.contract import (
 )
 from nsa.contract.protocol import LogLines
 from nsa_tui.fmt import fmt_bytes
-from nsa_tui.rootcause import ENOSPC_RE, rank_traceback, root_cause, summary_block, traceback_tail
+from nsa_tui.health.rootcause import ENOSPC_RE, rank_traceback, root_cause, summary_block, traceback_tail
 
 __all__ = ["AlertDetector", "Thresholds", "exit_text", "expected_from_name", "traceback_tail"]
 GIB = 1 << 30
