@@ -29,18 +29,15 @@ from __future__ import annotations
 
 import math
 import re
-import signal
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 from nsa.contract import (
     FAILED_STATUSES,
     Alert,
     Beat,
     EvalMetric,
-    ExitInfo,
     HostSample,
     Metric,
     RunStatus,
@@ -50,109 +47,19 @@ from nsa.contract import (
 )
 from nsa.contract.protocol import LogLines
 from nsa_tui.fmt import fmt_bytes
-from nsa_tui.health.rootcause import ENOSPC_RE, rank_traceback, root_cause, summary_block, traceback_tail
+from nsa_tui.health.rootcause import (
+    ENOSPC_RE,
+    OWN_LINE_RE,
+    exit_text,
+    rank_traceback,
+    root_cause,
+    summary_block,
+    traceback_tail,
+)
+from nsa_tui.health.runfacts import RankFacts, RunFacts, finite
+from nsa_tui.health.thresholds import BEAT_JITTER_S, THROUGHPUT_WINDOW_MAX_S, Thresholds
 
 __all__ = ["AlertDetector", "Thresholds", "exit_text", "expected_from_name", "traceback_tail"]
-GIB = 1 << 30
-
-
-@dataclass
-class Thresholds:
-    """Seconds unless named otherwise. Tests shrink them; the defaults suit real runs."""
-
-    phase_s: dict[str, float] = field(default_factory=lambda: {
-        "boot": 600.0, "data": 600.0, "compile": 1800.0, "checkpoint": 900.0, "eval": 900.0})
-    first_step_s: float = 900.0  # train phase before any step time is known
-    train_factor: float = 10.0  # x median recent step time
-    train_floor_s: float = 60.0
-    no_heartbeat_s: float = 30.0  # heartbeats come at least every 5 s in every phase
-    quiet_s: float = 5.0  # a stuck rank whose beats lag the others' by this has stopped beating
-    drift_steps: int = 2
-    throughput_drop: float = 0.3  # the last window's median below this share of the earlier median
-    throughput_window_s: float = 60.0  # at least; 5 x the median step time when steps are slower
-    throughput_min_points: int = 3  # in the window and before it
-    nccl_util_pct: float = 90.0
-    nccl_power_frac: float = 0.4
-    size_factor: float = 2.0  # params or seq off by more than this factor from the name
-    disk_warn_bytes: int = 10 * GIB  # free space of the runs root's file system
-    disk_critical_bytes: int = 1 * GIB
-
-
-THROUGHPUT_WINDOW_MAX_S = 1200.0
-BEAT_JITTER_S = 1.0  # ranks' beats lagging each other by less are in step (clock and timer jitter)
-
-
-class RateBins:
-    """tokens/s in bins of ``bin_s`` seconds (mean per bin), the last hour: what the throughput
-    rule compares, bounded whatever the step rate (100 steps/s or one per minute)."""
-
-    def __init__(self, bin_s: float = 5.0, keep: int = 720) -> None:
-        self.bin_s = bin_s
-        self.bins: deque[list[float]] = deque(maxlen=keep)  # [start, sum, n]
-
-    def add(self, ts: float, value: float) -> None:
-        if not (_finite(ts) and _finite(value)):
-            return
-        start = math.floor(ts / self.bin_s) * self.bin_s
-        if self.bins and self.bins[-1][0] == start:
-            self.bins[-1][1] += value
-            self.bins[-1][2] += 1
-        elif not self.bins or start > self.bins[-1][0]:
-            self.bins.append([start, value, 1])
-
-    def split(self, window_s: float) -> tuple[tuple[float, int], tuple[float, int]] | None:
-        """((median, points) of the bins in the last ``window_s``, the same of the 2 windows before)."""
-        if not self.bins:
-            return None
-        newest = self.bins[-1][0]
-        recent = [b for b in self.bins if b[0] > newest - window_s]
-        base = [b for b in self.bins if newest - 3 * window_s < b[0] <= newest - window_s]
-        if not recent or not base:
-            return None
-        med = lambda bins: statistics.median(b[1] / b[2] for b in bins)  # noqa: E731
-        return (med(recent), int(sum(b[2] for b in recent))), (med(base), int(sum(b[2] for b in base)))
-
-
-@dataclass
-class _Rank:
-    step: int = 0  # a rank exists once it beat: feed_beat creates it and sets its step
-    phase: str | None = None
-    phase_since: float = 0.0
-    last_ts: float = 0.0
-    advanced_at: float = 0.0
-    gpu: int | None = None  # the CUDA index the rank reported (shown; placement uses on_gpu)
-    beat: Beat | None = None  # the newest beat
-    history: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256))  # (ts, step)
-
-    def steps_around(self, ts: float) -> tuple[int, int] | None:
-        """The least and the most step this rank can have had at host time ``ts``: its step at
-        the last beat before ``ts`` and at the first beat from ``ts`` on. Beats that never
-        arrived (a heartbeat file rotated twice before anyone read it) leave a gap in the
-        history, and the step within a gap is only known to lie between its two ends."""
-        lo = None
-        for t, s in self.history:
-            if t >= ts:
-                return (s if lo is None else lo), s
-            lo = s
-        return None if lo is None else (lo, lo)
-
-
-@dataclass
-class _Run:
-    view: RunView | None = None
-    ranks: dict[int, _Rank] = field(default_factory=dict)
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=50))
-    tps: RateBins = field(default_factory=lambda: RateBins())
-    nan_step: int | None = None
-    log: deque[str] = field(default_factory=lambda: deque(maxlen=40))
-    backfilling: bool = False  # a live subscription's backlog is still arriving
-    gone: dict[int, float] = field(default_factory=dict)  # rank -> when its process was seen gone
-
-
-def _finite(x: Any) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
 _NAN_RE = re.compile(r"non-finite|\bnan\b", re.I)
 _SIZE_RE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)([mb])(?![a-z])", re.I)
 _SEQ_RE = re.compile(r"(?:seq|ctx)[-_]?(\d+)(k?)(?![a-z0-9])", re.I)
@@ -175,31 +82,13 @@ def expected_from_name(name: str) -> tuple[float | None, int | None]:
     return params, seq
 
 
-# lines nsa-tui itself writes to train.log (nsa_tui/agent/supervise.py): its alerts and the exit code
-# it records in exit.json; quoting them in a crash message would quote an earlier alert
-OWN_LINE_RE = re.compile(r"^nsa-tui (?:watchdog: |supervise: command exited with )")
-
-
-def exit_text(exit_info: ExitInfo | None) -> str:
-    """How the run's launcher ended, for a person: never a bare None."""
-    if exit_info is not None and exit_info.signal:
-        try:
-            name = signal.Signals(exit_info.signal).name
-        except ValueError:
-            return f"killed by signal {exit_info.signal}"
-        return f"killed by signal {exit_info.signal} ({name})"
-    if exit_info is not None and exit_info.exit_code is not None:
-        return f"exit code {exit_info.exit_code}"
-    return "exit code unknown"
-
-
 class AlertDetector:
     """Alerts of one host from its events; pure: no I/O, no clock of its own."""
 
     def __init__(self, host: str = "local", thresholds: Thresholds | None = None) -> None:
         self.host = host
         self.t = thresholds or Thresholds()
-        self.runs: dict[str, _Run] = {}
+        self.runs: dict[str, RunFacts] = {}
         self.gpus: list[Any] = []
         self.disk: Any = None  # the newest sample's Usage of the runs root's file system
         self._skews: deque[float] = deque(maxlen=120)
@@ -227,11 +116,11 @@ class AlertDetector:
             self._skew(received, getattr(data, "ts", None))  # the agent's clock when it sent it
             self.run(run_id).backfilling = False
 
-    def run(self, run_id: str) -> _Run:
-        return self.runs.setdefault(run_id, _Run())
+    def run(self, run_id: str) -> RunFacts:
+        return self.runs.setdefault(run_id, RunFacts())
 
     def _skew(self, received: float, ts: float | None) -> None:
-        if received and _finite(ts):
+        if received and finite(ts):
             self._skews.append(received - ts)
 
     def feed_host(self, sample: HostSample, received: float = 0.0) -> None:
@@ -264,16 +153,16 @@ class AlertDetector:
     def feed_beat(self, run_id: str, b: Beat, received: float = 0.0) -> None:
         self._skew(received, b.ts)
         run = self.run(run_id)
-        if not _finite(b.ts):
+        if not finite(b.ts):
             return
-        r = run.ranks.setdefault(b.rank, _Rank(advanced_at=b.ts))
+        r = run.ranks.setdefault(b.rank, RankFacts(advanced_at=b.ts))
         if b.ts < r.last_ts:
             return  # out of order: keep the newest
         if b.step != r.step:
             r.step, r.advanced_at = b.step, b.ts
         r.history.append((b.ts, b.step))
         r.phase = b.phase.value
-        r.phase_since = b.phase_since if b.phase_since is not None and _finite(b.phase_since) else b.ts
+        r.phase_since = b.phase_since if b.phase_since is not None and finite(b.phase_since) else b.ts
         r.last_ts = b.ts
         r.beat = b
         r.gpu = b.device.index if b.device.type == "cuda" else None
@@ -281,9 +170,9 @@ class AlertDetector:
     def feed_metric(self, run_id: str, m: Metric) -> None:
         run = self.run(run_id)
         if isinstance(m, TrainMetric):
-            if m.step_time_s is not None and _finite(m.step_time_s):
+            if m.step_time_s is not None and finite(m.step_time_s):
                 run.step_times.append(float(m.step_time_s))
-            if m.tokens_per_s is not None and _finite(m.tokens_per_s):
+            if m.tokens_per_s is not None and finite(m.tokens_per_s):
                 run.tps.add(m.ts, float(m.tokens_per_s))
             value = m.loss
         elif isinstance(m, EvalMetric):
@@ -330,11 +219,11 @@ class AlertDetector:
                               "with ENOSPC",
                       suggested_actions=["free space", "kill"])]
 
-    def _alert(self, kind: str, severity: str, run_id: str, run: _Run, **kw: Any) -> Alert:
+    def _alert(self, kind: str, severity: str, run_id: str, run: RunFacts, **kw: Any) -> Alert:
         kw.setdefault("log_tail", list(run.log)[-10:])
         return Alert(kind=kind, severity=severity, host=self.host, run=run_id, **kw)  # type: ignore[arg-type]
 
-    def _check_run(self, run_id: str, run: _Run, now: float) -> list[Alert]:
+    def _check_run(self, run_id: str, run: RunFacts, now: float) -> list[Alert]:
         view = run.view
         status = view.status if view is not None else None
         out: list[Alert] = []
@@ -374,7 +263,7 @@ class AlertDetector:
         step = statistics.median(run.step_times) if run is not None and run.step_times else 0.0
         return min(THROUGHPUT_WINDOW_MAX_S, max(self.t.throughput_window_s, 5 * step))
 
-    def _throughput_drop(self, run_id: str, run: _Run) -> tuple[float, float] | None:
+    def _throughput_drop(self, run_id: str, run: RunFacts) -> tuple[float, float] | None:
         """(median of the last window, median before it) when the first fell below
         ``throughput_drop`` of the second. A whole window, not a few steps: a loaded machine makes
         single steps slow (a busy scheduler), which is no collapse."""
@@ -387,7 +276,7 @@ class AlertDetector:
             return None
         return (recent, base) if recent < self.t.throughput_drop * base else None
 
-    def _ended_alert(self, run_id: str, run: _Run, view: RunView, tail: list[str]) -> Alert:
+    def _ended_alert(self, run_id: str, run: RunFacts, view: RunView, tail: list[str]) -> Alert:
         """A crashed or failed run: what failed first (the root cause), with its evidence."""
         step = view.info.step
         how = exit_text(view.exit)
@@ -428,7 +317,7 @@ class AlertDetector:
                            suggested_actions=["logs", "free space", "resume"] if kind == "disk_full"
                            else ["logs", "resume"])
 
-    def _gone_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+    def _gone_alerts(self, run_id: str, run: RunFacts) -> list[Alert]:
         """A rank's process vanished without a final beat while the run goes on (kill -9, the
         OOM killer): the crash, named at once, before torchrun tears the others down."""
         out: list[Alert] = []
@@ -447,7 +336,7 @@ class AlertDetector:
                 suggested_actions=["logs", "resume"]))
         return out
 
-    def _orphan_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+    def _orphan_alerts(self, run_id: str, run: RunFacts) -> list[Alert]:
         """Ranks alive after their launcher (torchrun and its supervisor) ended: they hold their GPUs."""
         view = run.view
         if view is None or not view.alive or view.launch is None:
@@ -465,7 +354,7 @@ class AlertDetector:
                                     "GPU and will not be restarted; stop it",
                             suggested_actions=["kill"])]
 
-    def _drift_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+    def _drift_alerts(self, run_id: str, run: RunFacts) -> list[Alert]:
         """Ranks compared at the same host time (the newest time every rank has reported),
         so a batch of one rank's lines that arrived before the other's is no drift."""
         ranks = {k: r for k, r in run.ranks.items() if r.history}
@@ -484,7 +373,7 @@ class AlertDetector:
                             message=f"ranks drift apart: steps {lo}..{hi} (rank {lag} behind)",
                             suggested_actions=["dump"])]
 
-    def _stall_alerts(self, run_id: str, run: _Run, now: float) -> list[Alert]:
+    def _stall_alerts(self, run_id: str, run: RunFacts, now: float) -> list[Alert]:
         """Ranks that stopped beating (``no_heartbeat``) and ranks whose step stopped (``stall``).
 
         A hang of a multi-rank run is one event seen from every rank: the rank that froze stops
@@ -547,7 +436,7 @@ class AlertDetector:
                 suggested_actions=["dump", "kill", "fallback"]))
         return out
 
-    def _nccl_alerts(self, run_id: str, run: _Run, stalled: list[Alert]) -> list[Alert]:
+    def _nccl_alerts(self, run_id: str, run: RunFacts, stalled: list[Alert]) -> list[Alert]:
         out = []
         for a in stalled:
             r = run.ranks.get(a.rank) if a.rank is not None else None
@@ -566,7 +455,7 @@ class AlertDetector:
                         suggested_actions=["dump", "kill", "fallback"]))
         return out
 
-    def _config_alerts(self, run_id: str, run: _Run) -> list[Alert]:
+    def _config_alerts(self, run_id: str, run: RunFacts) -> list[Alert]:
         """The config's name and the run's name (a toy model can run under a big run name)."""
         if run.view is None:
             return []

@@ -13,7 +13,7 @@ import re
 import signal
 from dataclasses import dataclass
 
-from nsa.contract import Beat, Phase
+from nsa.contract import Beat, ExitInfo, Phase
 
 ENOSPC_RE = re.compile(r"No space left on device|\bENOSPC\b|\[Errno 28\]")
 
@@ -171,3 +171,21 @@ def rank_traceback(lines: list[str], rank: int, n: int = 15) -> list[str]:
         if ln.startswith(f"[rank {rank}] FAILED"):
             return traceback_tail(lines[i + 1:], n)
     return []
+
+
+# lines nsa-tui itself writes to train.log (nsa_tui/agent/supervise.py): its alerts and the exit code
+# it records in exit.json; quoting them in a crash message would quote an earlier alert
+OWN_LINE_RE = re.compile(r"^nsa-tui (?:watchdog: |supervise: command exited with )")
+
+
+def exit_text(exit_info: ExitInfo | None) -> str:
+    """How the run's launcher ended, for a person: never a bare None."""
+    if exit_info is not None and exit_info.signal:
+        try:
+            name = signal.Signals(exit_info.signal).name
+        except ValueError:
+            return f"killed by signal {exit_info.signal}"
+        return f"killed by signal {exit_info.signal} ({name})"
+    if exit_info is not None and exit_info.exit_code is not None:
+        return f"exit code {exit_info.exit_code}"
+    return "exit code unknown"

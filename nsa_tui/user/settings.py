@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from nsa.config import ConfigError, build_section
-from nsa_tui.health.alerts import Thresholds
+from nsa_tui.health.thresholds import Thresholds
 
 GIB = 1 << 30
 

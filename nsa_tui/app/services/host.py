@@ -24,7 +24,7 @@ from nsa_tui.app.services.actions import HostActions
 from nsa_tui.app.services.alerting import AlertChecker
 from nsa_tui.app.services.watches import WatchManager
 from nsa_tui.app.state import PanelState
-from nsa_tui.health.alerts import Thresholds
+from nsa_tui.health.thresholds import Thresholds
 from nsa_tui.hosts.client import AgentError, ConnectionState, Event, HostClient
 from nsa_tui.transport.ssh import SshTransport
 
