@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
-from nsa.config import ConfigError, build_section
+from nsa.typedyaml import ConfigError, build_section
 from nsa_tui.health.thresholds import Thresholds
 
 GIB = 1 << 30
