@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from nsa.contract import CheckpointMeta, ContractError, decode, write_json_atomic
@@ -381,7 +382,7 @@ def load(path: Path, meta: CheckpointMeta, model: nn.Module, optimizer: torch.op
         dcp.load(state, storage_reader=SafeReader(str(path)))
     except CheckpointError:
         raise
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # DCP's own error is a BaseException
         raise CheckpointError(f"{path}: cannot load: {type(exc).__name__}: {exc}") from exc
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict={"state": state["optim"]["state"], "param_groups": groups})

@@ -140,6 +140,20 @@ def test_tampered_index_is_refused_not_run(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_a_damaged_shard_is_refused_with_the_checkpoint_named(tmp_path: Path) -> None:
+    """A shard cut short (a full disk, a copy interrupted) ends the resume with the checkpoint's
+    path in run.json's exit reason, not a traceback of DCP internals."""
+    src = run_train(tmp_path / "a", ["train.steps=1", "train.save_every=1"], nproc=None)
+    assert src.rc == 0, src.output[-3000:]
+    ckpt = tmp_path / "a" / "checkpoints" / "step-1"
+    shard = ckpt / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
+    again = run_train(tmp_path / "b", ["train.steps=2"], nproc=None, resume=str(tmp_path / "a"))
+    assert again.rc != 0
+    reason = run_json(again.run_dir)["exit_reason"]
+    assert f"{ckpt}: cannot load" in reason, reason
+
+
 def test_single_file_checkpoint_of_an_earlier_version_still_resumes(tmp_path: Path) -> None:
     """A run written before DCP (state.pt, ranks.pt) resumes; read with weights_only=True."""
     import torch
