@@ -141,7 +141,11 @@ class TrainConfig:
     pg_timeout_s: Seconds = 300.0
     pg_timeout_start_s: Seconds = 1800.0
     checkpoint_async: bool = True  # write checkpoints in a background thread (DCP async_save)
-    heartbeat_interval_s: PosFloat = 2.0
+    # a rank's timer beat comes this often; the alert rules take a stuck rank whose beats lag the
+    # others' by 5 s for frozen, so a longer period would make healthy ranks look frozen
+    heartbeat_interval_s: Annotated[float, Meta(gt=0), Meta(
+        le=4, description="at most 4 seconds (the alert rules take a rank 5 s behind the others "
+                          "for frozen)")] = 2.0
 
     def relations(self) -> list[Relation]:
         """The schedule decays from lr down to min_lr, never up."""

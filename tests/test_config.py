@@ -182,6 +182,8 @@ def _outside(meta: msgspec.Meta, base: type) -> object:
         return base(meta.gt)
     if meta.lt is not None:
         return base(meta.lt)
+    if meta.le is not None:
+        return base(meta.le + 1)
     assert meta.ge is not None
     return base(meta.ge - 1)
 
