@@ -28,8 +28,9 @@ from nsa.contract import (
     RunView,
     TrainMetric,
 )
-from nsa.contract.protocol import AlertList, AlertState
+from nsa.contract.protocol import PROTOCOL, AlertList, AlertState
 from nsa.contract.records import Usage
+from nsa_tui import __version__
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState
 
@@ -57,7 +58,7 @@ def fixed_state(with_alert: bool = True) -> PanelState:
     state = PanelState.for_destinations(["local"], clock=lambda: NOW)
     host = state.host("local")
     host.conn = "connected"
-    host.hello = Hello(agent=2, nsa_tui="0.1.0", host="trainbox", gpus=2)
+    host.hello = Hello(agent=PROTOCOL, nsa_tui=__version__, host="trainbox", gpus=2)
     reducer.host_sample(state, "local", HostSample(
         ts=NOW, cpu_pct=37.5, ram=Usage(used_bytes=int(21.3 * GIB), total_bytes=int(125.7 * GIB)),
         disk=Usage(used_bytes=412 * GIB, total_bytes=1800 * GIB), gpu_message="",
@@ -126,7 +127,7 @@ def two_hosts_state() -> PanelState:
     state = fixed_state(with_alert=False)
     gpu2 = state.host("gpu2")
     gpu2.conn, gpu2.retry_at = "reconnecting", NOW + 7
-    gpu2.hello = Hello(agent=2, nsa_tui="0.1.0", host="gpu2", gpus=8)
+    gpu2.hello = Hello(agent=PROTOCOL, nsa_tui=__version__, host="gpu2", gpus=8)
     gpu2.runs_loaded = True
     rid = "20261121T195000Z-dense-125m"
     launch = LaunchInfo(run_id=rid, name="dense-125m", created=NOW - 905,
@@ -153,7 +154,7 @@ def eight_gpus_state() -> PanelState:
     state = fixed_state(with_alert=False)
     host = state.host("local")
     name = "NVIDIA H100 80GB HBM3"
-    host.hello = Hello(agent=2, nsa_tui="0.1.0", host="trainbox", gpus=8, gpu_names=[name] * 8)
+    host.hello = Hello(agent=PROTOCOL, nsa_tui=__version__, host="trainbox", gpus=8, gpu_names=[name] * 8)
     gpus = [GpuReading(index=i, name=name, uuid=f"GPU-{i}", mem_total_bytes=80 * GIB,
                        mem_used_bytes=int((78.9 if i == 5 else 61.0 + i / 10) * GIB),
                        util_pct=97 - i, power_w=None if i == 3 else 610.0 + i, temp_c=60 + i)
