@@ -34,7 +34,7 @@ class PasskeyEval(Record, kw_only=True):
     ts: float
     run: str
     step: int  # the checkpoint's (or the training step, for periodic evaluation)
-    checkpoint: str  # step-N
+    checkpoint: str  # step-N; "" for a periodic evaluation (the weights at ``step``, in training)
     kind: Literal["passkey"] = "passkey"
     origin: Literal["cli", "train"] = "cli"
     attention: str = ""  # "nsa" | "dense": what is compared across runs
