@@ -190,7 +190,8 @@ def make_record(result: EvalResult, plan: EvalPlan, *, run: str, step: int, cfg:
     """The run-directory record of one evaluation (lengths past train.seq_len marked; a
     periodic one, ``origin`` train, names no checkpoint: it evaluated the weights of the step)."""
     ctx = cfg.train.seq_len
-    return PasskeyEval(ts=time.time(), run=run, step=step, checkpoint=step_name(step) if origin == "cli" else "",
+    ckpt = step_name(step) if origin == "cli" else ""
+    return PasskeyEval(ts=time.time(), run=run, step=step, checkpoint=ckpt,
                        origin=origin,  # type: ignore[arg-type]
                        attention=cfg.model.attention.kind, device=device, seed=plan.seed, digits=plan.digits,
                        trials=plan.trials, trained_context=ctx, lengths=list(plan.lengths),

@@ -32,8 +32,8 @@ def due(cfg: Config, step: int) -> bool:
 def plan_of(cfg: Config) -> EvalPlan:
     """The evaluation the config asks for (no lengths: the trained context)."""
     e = cfg.eval
-    return EvalPlan(lengths=sorted(set(e.lengths)) or [cfg.train.seq_len], depths=list(e.depths), trials=e.trials,
-                    seed=e.seed, buckets=e.buckets, loss_sequences=e.loss_sequences)
+    return EvalPlan(lengths=sorted(set(e.lengths)) or [cfg.train.seq_len], depths=list(e.depths),
+                    trials=e.trials, seed=e.seed, buckets=e.buckets, loss_sequences=e.loss_sequences)
 
 
 def run(cfg: Config, model: Transformer, tok: Tokenizer, run_dir: Path, run_id: str, step: int, main: bool,

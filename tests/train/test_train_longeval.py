@@ -44,4 +44,5 @@ def test_periodic_eval_writes_records_and_eval_phase_beats(tmp_path: Path) -> No
     plan = plan_of(cfg)
     want = evaluate(model, tok, plan, val_windows(cfg, tok, 64))
     assert recs[0]["hits"] == want.hits
-    assert [b["loss"] for b in recs[0]["loss_buckets"]] == pytest.approx([b.loss for b in want.buckets], rel=1e-4)
+    got = [b["loss"] for b in recs[0]["loss_buckets"]]
+    assert got == pytest.approx([b.loss for b in want.buckets], rel=1e-4)
