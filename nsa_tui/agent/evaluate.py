@@ -14,7 +14,7 @@ import secrets
 from nsa.contract.evals import EvalList, read_evals
 from nsa.contract.protocol import EvalArgs
 from nsa.contract.records import GpuReading
-from nsa.contract.rundir import CHECKPOINTS, read_checkpoint_meta, step_name
+from nsa.contract.rundir import CHECKPOINTS, META_JSON, read_checkpoint_meta, step_name
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.agent.sample import SampleJob, checkpoint_step, pick_device
@@ -45,7 +45,7 @@ def plan(store: RunStore, a: EvalArgs, gpus: list[GpuReading] | None) -> SampleJ
     at = step if step is not None else steps[-1]
     context = trained_context(store, a.run, at)
     if context is None:
-        raise OpError("bad_checkpoint", f"{a.run} {step_name(at)}: its meta.json holds no config with "
+        raise OpError("bad_checkpoint", f"{a.run} {step_name(at)}: its {META_JSON} holds no config with "
                                         "train.seq_len: cannot tell the context it was trained with")
     lengths = sorted(set(a.lengths)) if a.lengths else default_lengths(context)
     beyond = [n for n in lengths if n > context]
