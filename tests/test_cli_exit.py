@@ -117,6 +117,7 @@ def test_every_command_exits_with_a_code_from_the_table(tmp_path: Path) -> None:
         "delete": (["local", NO_RUN, "--yes", *root], cli_exit.EXIT_NO_RUN),
         "setup": (["nobody@127.0.0.1:1"], cli_exit.EXIT_UNREACHABLE),
         "sample": (["local", NO_RUN, *root], cli_exit.EXIT_NO_RUN),
+        "eval": (["local", NO_RUN, "--passkey", *root], cli_exit.EXIT_NO_RUN),
     }
     assert set(cases) == _commands()
     seen = {}
