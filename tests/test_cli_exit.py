@@ -16,7 +16,8 @@ from nsa_tui.cli import exitcodes as cli_exit
 from nsa_tui.cli.args import parser
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_MODULES = ["cli/main.py", "cli/one.py", "cli/multi.py", "cli/exitcodes.py", "cli/sample.py"]
+CLI_MODULES = ["cli/main.py", "cli/one.py", "cli/multi.py", "cli/exitcodes.py", "cli/sample.py",
+               "cli/evaluate.py"]
 NO_RUN = "20990101-000000-none-0000"  # a well-formed run id that no host has
 
 
