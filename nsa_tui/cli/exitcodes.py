@@ -34,8 +34,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_UNREACHABLE: "a host cannot be reached (network, host key, authentication, no agent, nsa missing)",
     EXIT_UNHEALTHY: "`status` found the run unhealthy (crashed, failed or lost, a host unreachable, "
                     "a critical alert)",
-    EXIT_NO_CHECKPOINT: "the run has no complete checkpoint, or none at the step asked for (`sample`, `eval`, "
-                        "`fallback`, `resume`)",
+    EXIT_NO_CHECKPOINT: "the run has no complete checkpoint, or none at the step asked for (`sample`, "
+                        "`eval`, `fallback`, `resume`)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_PIPE: "the reader of the output went away (`| head`)",
 }

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.trainrun import beats, run_train
+from tests.train.trainrun import beats, metrics, run_train
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_periodic_eval_writes_records_and_eval_phase_beats(tmp_path: Path) -> None:
-    sets = ["model.attention.kind=nsa", "train.batch_size=1", "train.steps=6", "train.save_every=3",
-            "train.eval_every=1000", "eval.every_steps=3", "eval.lengths=[32,64]", "eval.depths=[0,1]",
+    base = ["model.attention.kind=nsa", "train.batch_size=1", "train.steps=6", "train.save_every=3",
+            "train.eval_every=1000"]
+    sets = [*base, "eval.every_steps=3", "eval.lengths=[32,64]", "eval.depths=[0,1]",
             "eval.trials=2", "eval.loss_sequences=1", "eval.buckets=2", "eval.seed=5"]
     done = run_train(tmp_path / "run", sets, nproc=2, timeout=240)
     assert done.rc == 0, done.output[-3000:]
@@ -46,3 +47,10 @@ def test_periodic_eval_writes_records_and_eval_phase_beats(tmp_path: Path) -> No
     assert recs[0]["hits"] == want.hits
     got = [b["loss"] for b in recs[0]["loss_buckets"]]
     assert got == pytest.approx([b.loss for b in want.buckets], rel=1e-4)
+
+    # evaluating changes nothing of the training: the same losses as a run without it
+    plain = run_train(tmp_path / "plain", base, nproc=2, timeout=240)
+    assert plain.rc == 0, plain.output[-3000:]
+    assert not (plain.run_dir / "eval").exists()
+    losses = [m["loss"] for m in metrics(done.run_dir)]
+    assert len(losses) == 6 and [m["loss"] for m in metrics(plain.run_dir)] == losses
