@@ -21,13 +21,15 @@ import torch
 from nsa.config import Config
 from nsa.contract.evals import EvalProgress, LossBucket, PasskeyEval
 from nsa.contract.rundir import step_name
+from nsa.infer.decode import decode_step, prefill
 from nsa.infer.passkey import FILLER, PasskeyPrompt, build_prompt, fixed_tokens, is_correct, make_key
-from nsa.infer.sample import generate
 from nsa.model.transformer import Transformer
 from nsa.train.tokenizer import Tokenizer
 
 Progress = Callable[[EvalProgress], None]
-BATCH = 8  # prompts decoded together (same length: no padding)
+BATCH = 8  # prompts decoded together (same length: no padding) ...
+BATCH_TOKENS = 1 << 16  # ... at most this many prompt tokens in one prefill
+LOSS_CHUNK = 4096  # positions per lm_head + cross-entropy (a long sequence's logits need not fit)
 
 
 @dataclass
@@ -86,6 +88,22 @@ def _answer(tok: Tokenizer, ids: Sequence[int]) -> str:
 
 
 @torch.no_grad()
+def greedy(model: Transformer, prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
+    """``n`` greedy tokens after each prompt (all of one length), with the KV cache; the
+    prompts' logits are computed at their last position only."""
+    device = next(model.parameters()).device
+    tokens = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
+    logits, state = prefill(model, tokens, max_new_tokens=n - 1, last_only=True)
+    out: list[torch.Tensor] = []
+    for i in range(n):
+        tok = logits.float().argmax(dim=-1)
+        out.append(tok)
+        if i + 1 < n:
+            logits = decode_step(model, state, tok)
+    return torch.stack(out, dim=1).tolist()
+
+
+@torch.no_grad()
 def passkey(model: Transformer, tok: Tokenizer, plan: EvalPlan, progress: Progress | None = None,
             done0: int = 0) -> list[list[int]]:
     """``hits[length][depth]``: prompts answered exactly, greedy, batched per length."""
@@ -95,10 +113,10 @@ def passkey(model: Transformer, tok: Tokenizer, plan: EvalPlan, progress: Progre
     t0 = time.monotonic()
     for i, n in enumerate(plan.lengths):
         flat = [(j, p) for j, row in enumerate(grid[i]) for p in row]
-        for k in range(0, len(flat), BATCH):
-            part = flat[k:k + BATCH]
-            outs = generate(model, [p.tokens for _, p in part], max(p.answer_tokens for _, p in part),
-                            temperature=0.0)
+        batch = max(1, min(BATCH, BATCH_TOKENS // n))
+        for k in range(0, len(flat), batch):
+            part = flat[k:k + batch]
+            outs = greedy(model, [p.tokens for _, p in part], max(p.answer_tokens for _, p in part))
             for (j, p), out in zip(part, outs):
                 hits[i][j] += is_correct(_answer(tok, out[:p.answer_tokens]), p.key)
             done += len(part)
@@ -118,9 +136,11 @@ def filler_windows(tok: Tokenizer, length: int) -> Iterator[np.ndarray]:
 
 @torch.no_grad()
 def loss_by_position(model: Transformer, windows: Iterator[np.ndarray], plan: EvalPlan, length: int,
-                     progress: Progress | None = None, done0: int = 0) -> list[LossBucket]:
+                     progress: Progress | None = None, done0: int = 0, chunk: int = LOSS_CHUNK
+                     ) -> list[LossBucket]:
     """Mean next-token loss per position bucket (``plan.buckets`` equal spans of ``length``)
-    over ``plan.loss_sequences`` windows of ``length + 1`` tokens (one full forward each)."""
+    over ``plan.loss_sequences`` windows of ``length + 1`` tokens (one full forward each; the
+    logits ``chunk`` positions at a time)."""
     device = next(model.parameters()).device
     sums = torch.zeros(length, dtype=torch.float64)
     seen = 0
@@ -129,9 +149,14 @@ def loss_by_position(model: Transformer, windows: Iterator[np.ndarray], plan: Ev
         if seen == plan.loss_sequences:
             break
         x = torch.as_tensor(np.asarray(w[:length + 1]), dtype=torch.long, device=device)[None]
-        logits = model(x[:, :-1]).float()
-        loss = torch.nn.functional.cross_entropy(logits[0], x[0, 1:], reduction="none")
-        sums += loss.double().cpu()
+        h = model.tok_emb(x[:, :-1])
+        for block in model.blocks:
+            h = block(h)
+        h = model.norm(h)[0]  # the model's forward, up to the logits
+        for s in range(0, length, chunk):
+            logits = model.lm_head(h[s:s + chunk]).float()
+            ce = torch.nn.functional.cross_entropy(logits, x[0, s + 1:s + 1 + chunk], reduction="none")
+            sums[s:s + chunk] += ce.double().cpu()
         seen += 1
         if progress:
             progress(EvalProgress(done=done0 + seen, total=plan.total(), part="loss", length=length,

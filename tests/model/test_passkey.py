@@ -9,7 +9,8 @@ import torch
 from nsa_model_testlib import peaked_model
 
 from nsa.infer import generate
-from nsa.infer.evaluate import EvalPlan, evaluate, filler_windows, prompts_for
+from nsa.infer.decode import prefill
+from nsa.infer.evaluate import EvalPlan, evaluate, filler_windows, greedy, loss_by_position, prompts_for
 from nsa.infer.passkey import (
     FILLER,
     NEEDLE,
@@ -91,3 +92,16 @@ def test_a_real_model_evaluates_deterministically_and_batching_changes_nothing()
         assert x.loss == pytest.approx(float(ce[x.start:x.end].mean()), rel=1e-5)
         assert x.tokens == 2 * (x.end - x.start)
     assert a.loss_source == "filler" and a.loss_length == 90
+    chunked = loss_by_position(model, filler_windows(TOK, 91), plan, 90, chunk=7)  # 13 chunks, a short last
+    assert [x.loss for x in chunked] == pytest.approx([x.loss for x in a.buckets], rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_the_last_positions_logits_and_greedy_are_the_full_ones(kind: str) -> None:
+    model = peaked_model(kind, vocab=320)
+    tokens = torch.randint(0, 256, (3, 50), generator=torch.Generator().manual_seed(0))
+    full, _ = prefill(model, tokens, [50, 20, 33])
+    last, _ = prefill(model, tokens, [50, 20, 33], last_only=True)
+    assert torch.allclose(last, full[torch.arange(3), torch.tensor([49, 19, 32])], rtol=1e-5, atol=1e-6)
+    same = [list(map(int, tokens[0, :40])), list(map(int, tokens[1, :40]))]
+    assert greedy(model, same, 6) == generate(model, same, 6, temperature=0)
