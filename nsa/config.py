@@ -172,6 +172,27 @@ class DataConfig:
                  "at least one path or glob for source=files")]
 
 
+Fraction = Annotated[float, Meta(ge=0, le=1, description="a fraction between 0 and 1")]
+PromptLength = Annotated[int, Meta(ge=32, description="at least 32 tokens (a passkey prompt's fixed part "
+                                                      "needs about 30)")]
+
+
+@dataclass
+class EvalConfig:
+    """Periodic long-context evaluation during training (docs/inference.md, "Evaluation"):
+    every ``every_steps`` steps (and at the last) rank 0 evaluates passkey retrieval at
+    ``lengths`` x ``depths`` and the loss by position on the validation split, and appends
+    the record to the run directory; the other ranks wait. Off by default (0)."""
+
+    every_steps: NonNegInt = 0
+    lengths: list[PromptLength] = field(default_factory=list)  # []: train.seq_len
+    depths: list[Fraction] = field(default_factory=lambda: [0.0, 0.5, 1.0])
+    trials: PosInt = 2
+    loss_sequences: NonNegInt = 2
+    buckets: PosInt = 8
+    seed: NonNegInt = 0
+
+
 @dataclass
 class DebugConfig:
     """Fault injection for tests of the panel's alerts. Off by default."""
@@ -212,15 +233,21 @@ class Config:
     train: TrainConfig
     data: DataConfig
     debug: DebugConfig = field(default_factory=DebugConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     on_failure: FailurePolicy = field(default_factory=FailurePolicy)
     source_path: str = field(default="", metadata={"internal": True})
 
     def relations(self) -> list[Relation]:
-        """The embedding must hold every id the tokenizer makes."""
+        """The embedding must hold every id the tokenizer makes; periodic evaluation runs the
+        whole model on rank 0, which an FSDP shard cannot."""
+        fsdp_eval = (self.eval.every_steps == 0 or self.train.strategy != "fsdp", "eval.every_steps",
+                     "0 with train.strategy=fsdp (rank 0 evaluates the whole model; evaluate FSDP runs' "
+                     "checkpoints with nsa-tui eval)")
         if self.data.tokenizer == "byte":
             return [(self.model.vocab_size >= 257, "model.vocab_size",
-                     "at least 257 for the byte tokenizer (256 bytes + end-of-text)")]
-        return [(self.model.vocab_size >= 50257, "model.vocab_size", "at least 50257 for the gpt2 tokenizer")]
+                     "at least 257 for the byte tokenizer (256 bytes + end-of-text)"), fsdp_eval]
+        return [(self.model.vocab_size >= 50257, "model.vocab_size", "at least 50257 for the gpt2 tokenizer"),
+                fsdp_eval]
 
 
 # --------------------------------------------------------------------------- loading

@@ -16,7 +16,8 @@ from nsa_tui.cli import exitcodes as cli_exit
 from nsa_tui.cli.args import parser
 
 REPO = Path(__file__).resolve().parents[1]
-CLI_MODULES = ["cli/main.py", "cli/one.py", "cli/multi.py", "cli/exitcodes.py", "cli/sample.py"]
+CLI_MODULES = ["cli/main.py", "cli/one.py", "cli/multi.py", "cli/exitcodes.py", "cli/sample.py",
+               "cli/evaluate.py"]
 NO_RUN = "20990101-000000-none-0000"  # a well-formed run id that no host has
 
 
@@ -117,6 +118,7 @@ def test_every_command_exits_with_a_code_from_the_table(tmp_path: Path) -> None:
         "delete": (["local", NO_RUN, "--yes", *root], cli_exit.EXIT_NO_RUN),
         "setup": (["nobody@127.0.0.1:1"], cli_exit.EXIT_UNREACHABLE),
         "sample": (["local", NO_RUN, *root], cli_exit.EXIT_NO_RUN),
+        "eval": (["local", NO_RUN, "--passkey", *root], cli_exit.EXIT_NO_RUN),
     }
     assert set(cases) == _commands()
     seen = {}

@@ -10,21 +10,22 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from nsa.contract import protocol, records, series
+from nsa.contract import evals, protocol, records, series
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 # "## file — `Struct`", "text — `Struct`:", "`Struct` — text:", "`Struct`:" or "`Struct` (note):"
 ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:)\s*$")
-STRUCTS = {name: obj for mod in (records, series, protocol) for name, obj in vars(mod).items()
+STRUCTS = {name: obj for mod in (records, series, protocol, evals) for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
 RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch",
                  "Archived", "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
-                 "MetricsSummary", "SeriesData", "AlertEvent", "Alert", "CheckpointMeta"]
+                 "MetricsSummary", "SeriesData", "AlertEvent", "Alert", "CheckpointMeta", "PasskeyEval",
+                 "LossBucket"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",
             "MissingRank", "ConfigSummary", "ActionPlan", "DeleteResult", "LogChunk", "RunView",
             "RunStatusReport", "WatchArgs", "Gap", "Synced", "HostSample", "Usage", "GpuReading",
             "AlertState", "AlertList", "Evidence", "LaunchArgs", "SampleArgs", "SampleStart",
-            "SampleText", "SampleDone"]
+            "SampleText", "SampleDone", "EvalArgs", "EvalStart", "EvalProgress", "EvalList"]
 
 
 def documented_tables(text: str) -> dict[str, set[str]]:

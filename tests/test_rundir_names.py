@@ -12,11 +12,11 @@ from nsa.contract import rundir
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = (rundir.RUN_JSON, rundir.LAUNCH_JSON, rundir.EXIT_JSON, rundir.STOP_JSON, rundir.RELAUNCH_JSON,
          rundir.ARCHIVED_JSON, rundir.ALERTS_JSONL, rundir.CONFIG_YAML, rundir.TRAIN_LOG,
-         rundir.METRICS_JSONL, rundir.METRICS_SUMMARY_JSON, rundir.META_JSON)
+         rundir.METRICS_JSONL, rundir.METRICS_SUMMARY_JSON, rundir.META_JSON, rundir.EVAL_PASSKEY_JSONL)
 # a name, or a path inside a run directory (heartbeats/rank-0.jsonl, stacks/..., step-12)
 SPELLED = re.compile("|".join([rf"(?<![\w.-]){re.escape(n)}(?![\w-])" for n in NAMES]
                               + [rf"(?<!\w){d}/" for d in (rundir.HEARTBEATS, rundir.CHECKPOINTS,
-                                                          rundir.STACKS, rundir.NCCL)]
+                                                          rundir.STACKS, rundir.NCCL, rundir.EVAL)]
                               + [r"(?<![\w/-])\.?rank-(?:\d|$)", r"(?<![\w-])step-(?:\d|$)"]))
 
 

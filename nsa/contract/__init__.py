@@ -10,6 +10,7 @@ panel imports it without torch.
 - ``records``: run.json, launch.json, exit.json, stop.json, relaunch.json, archived.json, heartbeats,
   metrics lines, host samples, alerts;
 - ``series``: bounded metric summaries (metrics-summary.json);
+- ``evals``: long-context evaluation records (eval/passkey.jsonl), their events and reader;
 - ``protocol``: hello, requests, replies, events and the agent's view of a run;
 - ``io``: the one JSON encoder, atomic writer, JSONL appender and tail reader;
 - ``rundir``: the run directory's layout (every file name, :class:`RunDir`) and the rule for a

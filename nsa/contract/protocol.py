@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from nsa.contract.appended import StreamPos
+from nsa.contract.evals import EvalProgress, EvalStart, PasskeyEval
 from nsa.contract.records import (
     Alert,
     Beat,
@@ -213,9 +214,13 @@ EVENT_DATA: dict[str, Any] = {
     "sample_start": SampleStart,
     "sample_text": SampleText,
     "sample_done": SampleDone,
+    "eval_start": EvalStart,
+    "eval_progress": EvalProgress,
+    "eval_done": PasskeyEval,
 }
 EventKind = Literal["status", "beats", "metrics", "summary", "log", "gap", "synced", "host", "runs", "run",
-                    "run_removed", "alerts", "alert", "error", "sample_start", "sample_text", "sample_done"]
+                    "run_removed", "alerts", "alert", "error", "sample_start", "sample_text", "sample_done",
+                    "eval_start", "eval_progress", "eval_done"]
 
 
 class EventMsg(Record, kw_only=True):
@@ -488,6 +493,25 @@ class SampleArgs(Args, kw_only=True, forbid_unknown_fields=True):
     top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
     seed: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] | None = None
     device: str | None = None  # "cpu", "cuda", "cuda:N"
+
+
+class EvalArgs(Args, kw_only=True, forbid_unknown_fields=True):
+    """``eval``: a long-context evaluation of a run's checkpoint (default: its newest) in a
+    process of its own, appended to the run's records. Lengths above the run's trained
+    context are refused unless ``beyond_context``; ``device`` and ``seed`` as for ``sample``."""
+
+    run: str
+    kind: Literal["passkey"] = "passkey"
+    checkpoint: str | None = None
+    lengths: list[Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]] = []  # []: the trained context's
+    depths: list[Annotated[float, msgspec.Meta(ge=0, le=1)]] = []  # []: 0, 0.25, 0.5, 0.75, 1
+    trials: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 4
+    seed: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] | None = None
+    digits: Annotated[int, msgspec.Meta(ge=1, le=30)] = 5
+    buckets: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
+    loss_sequences: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 4
+    beyond_context: bool = False
+    device: str | None = None
 
 
 class AlertsArgs(Args, kw_only=True, forbid_unknown_fields=True):

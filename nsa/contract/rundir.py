@@ -42,6 +42,8 @@ STACKS = "stacks"  # faulthandler and py-spy dumps, watchdog evidence
 NCCL = "nccl"  # NCCL flight recorder (CUDA)
 CHECKPOINTS = "checkpoints"  # step-N/ directories and ``latest``
 DEBUG = "debug"  # debug.record_rank_state (tests)
+EVAL = "eval"  # long-context evaluations: passkey.jsonl
+EVAL_PASSKEY_JSONL = EVAL + "/passkey.jsonl"  # eval worker, rank 0 (eval.every_steps): PasskeyEval lines
 
 # -- inside checkpoints/ -----------------------------------------------------------------------
 STEP_PREFIX = "step-"

@@ -39,11 +39,13 @@ def _lengths(tokens: torch.Tensor, lengths: Sequence[int] | torch.Tensor | None)
 
 @torch.no_grad()
 def prefill(model: Transformer, tokens: torch.Tensor, lengths: Sequence[int] | torch.Tensor | None = None,
-            max_new_tokens: int = 0) -> tuple[torch.Tensor, DecodeState]:
+            max_new_tokens: int = 0, last_only: bool = False) -> tuple[torch.Tensor, DecodeState]:
     """Run ``tokens [B, T]`` (sequence b's prompt in its first ``lengths[b]`` positions, the
     rest padding: any token id) through the model, filling caches that hold
     ``max(lengths) + max_new_tokens`` positions (at least T). Returns the logits ``[B, T, vocab]``
-    (row b valid up to ``lengths[b]``) and the decode state."""
+    (row b valid up to ``lengths[b]``) and the decode state. ``last_only``: the logits
+    ``[B, vocab]`` at each sequence's last position alone (what predicts its next token; a
+    long prompt's ``T x vocab`` logits may not fit in memory)."""
     lens = _lengths(tokens, lengths)
     B = tokens.shape[0]
     capacity = max(tokens.shape[1], max(lens) + max_new_tokens)
@@ -52,6 +54,8 @@ def prefill(model: Transformer, tokens: torch.Tensor, lengths: Sequence[int] | t
     x = model.tok_emb(tokens)
     for block, cache in zip(model.blocks, caches):
         x = block(x, lambda h, cache=cache: cache.prefill(h, lt))
+    if last_only:  # the norm is per position: taking the positions first changes nothing
+        x = x[torch.arange(B, device=x.device), lt - 1]
     return model.lm_head(model.norm(x)), DecodeState(caches, lt, max(lens), capacity)
 
 

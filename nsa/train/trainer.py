@@ -19,6 +19,7 @@ from nsa.contract.io import JsonlWriter
 from nsa.contract.rundir import CHECKPOINTS, RunDir, global_batch, grad_accum_for
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
+from nsa.train import longeval
 from nsa.train.data import (
     EmptySplit,
     Packer,
@@ -411,6 +412,12 @@ class Trainer:
                     self.metrics.write(EvalMetric(ts=time.time(), step=self.step, val_loss=val,
                                                   tokens=self.tokens))
                     self.log(f"eval step {self.step}: val_loss {val:.4f}")
+                self.hb.set_phase("train")
+            if longeval.due(self.cfg, self.step):
+                self.hb.set_phase("eval")
+                with self.timeouts.long():
+                    longeval.run(self.cfg, self.raw, self.tokenizer, self.run_dir, self.hb.run_id, self.step,
+                                 self.info.is_main, self.log)
                 self.hb.set_phase("train")
             if stopping or self.step % t.save_every == 0 or self.step == t.steps:
                 self.save(block=stopping or self.step == t.steps)

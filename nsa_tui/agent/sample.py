@@ -43,43 +43,56 @@ class SampleJob(msgspec.Struct, kw_only=True):
     env: dict[str, str]
 
 
+def checkpoint_step(store: RunStore, run: str, checkpoint: str | None, what: str
+                    ) -> tuple[int | None, list[int]]:
+    """(the step asked for, None: the newest; the steps there are). No checkpoint, a step the
+    run lacks or a malformed one is an OpError naming what exists."""
+    steps = [step for _name, step, _here, _needs in store.checkpoints(run)]
+    if not steps:
+        raise OpError("no_checkpoint", f"{run} has no complete checkpoint yet: nothing to {what} "
+                                       "(one is written every train.save_every steps)")
+    if checkpoint is None:
+        return None, steps
+    m = _STEP.match(checkpoint.strip())
+    if not m:
+        raise OpError("bad_request", f"--checkpoint {checkpoint!r}: expected a step number or step-N")
+    step = int(m.group(1))
+    if step not in steps:
+        raise OpError("no_such_checkpoint", f"{run} has no checkpoint at step {step}; its checkpoints "
+                                            f"are at steps {', '.join(map(str, steps))}")
+    return step, steps
+
+
+def pick_device(device: str | None, gpus: list[GpuReading] | None) -> tuple[str, dict[str, str]]:
+    """(the worker's device, its environment): None picks a GPU no process uses (a live
+    run's GPUs never), else the CPU; ``cuda:N`` must be a GPU this host has."""
+    env = dict(os.environ)
+    if device is None:
+        free = [g.index for g in gpus or [] if not g.pids and not g.ranks]
+        if free:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = str(free[0])
+        return ("cuda" if free else "cpu"), env
+    m = _DEVICE.match(device)
+    if not m:
+        raise OpError("bad_request", f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if m.group(1) == "cpu":
+        return "cpu", env
+    n = len(gpus or [])
+    idx = int(m.group(2) or 0)
+    if idx >= n:
+        raise OpError("bad_request", f"--device {device}: this host has {n} GPU(s) that NVML sees")
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = str(idx)
+    return "cuda", env
+
+
 def plan(store: RunStore, a: SampleArgs, gpus: list[GpuReading] | None) -> SampleJob:
     """Check the request before anything starts: a run without a checkpoint, a step it does
     not have or a device this host lacks is an OpError naming what exists."""
     run_dir = store.run_dir(a.run)  # KeyError: no such run
-    steps = [step for _name, step, _here, _needs in store.checkpoints(a.run)]
-    if not steps:
-        raise OpError("no_checkpoint", f"{a.run} has no complete checkpoint yet: nothing to sample from "
-                                       "(one is written every train.save_every steps)")
-    step: int | None = None
-    if a.checkpoint is not None:
-        m = _STEP.match(a.checkpoint.strip())
-        if not m:
-            raise OpError("bad_request", f"--checkpoint {a.checkpoint!r}: expected a step number or step-N")
-        step = int(m.group(1))
-        if step not in steps:
-            raise OpError("no_such_checkpoint", f"{a.run} has no checkpoint at step {step}; its checkpoints "
-                                                f"are at steps {', '.join(map(str, steps))}")
-    env = dict(os.environ)
-    device = a.device
-    if device is None:  # a GPU no process uses (a live run's GPUs never), else the CPU
-        free = [g.index for g in gpus or [] if not g.pids and not g.ranks]
-        device = "cuda" if free else "cpu"
-        if free:
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            env["CUDA_VISIBLE_DEVICES"] = str(free[0])
-    else:
-        m = _DEVICE.match(device)
-        if not m:
-            raise OpError("bad_request", f"--device {device!r}: expected cpu, cuda or cuda:N")
-        if m.group(1) != "cpu":
-            n = len(gpus or [])
-            idx = int(m.group(2) or 0)
-            if idx >= n:
-                raise OpError("bad_request", f"--device {device}: this host has {n} GPU(s) that NVML sees")
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            env["CUDA_VISIBLE_DEVICES"] = str(idx)
-            device = "cuda"
+    step, _steps = checkpoint_step(store, a.run, a.checkpoint, "sample from")
+    device, env = pick_device(a.device, gpus)
     seed = a.seed if a.seed is not None else secrets.randbelow(1 << 31)
     job = {"run": a.run, "run_dir": str(run_dir), "step": step, "prompt": a.prompt,
            "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_k": a.top_k,
@@ -87,11 +100,14 @@ def plan(store: RunStore, a: SampleArgs, gpus: list[GpuReading] | None) -> Sampl
     return SampleJob(job=job, env=env)
 
 
-async def run_worker(python: str, sj: SampleJob, rid: Any, send: Callable[[Any], None]) -> None:
-    """Run the worker and forward its events until ``sample_done`` or ``error`` (an exit
-    without either is an error event with the end of its stderr)."""
+async def run_worker(python: str, sj: SampleJob, rid: Any, send: Callable[[Any], None],
+                     module: str = "nsa.infer.worker", stream: str = "sample") -> None:
+    """Run the worker (``module``) and forward its events until ``<stream>_done`` or
+    ``error`` (an exit without either is a ``<stream>_failed`` error event with the end of
+    its stderr)."""
+    done = stream + "_done"
     proc = await asyncio.create_subprocess_exec(
-        python, "-m", "nsa.infer.worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        python, "-m", module, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=sj.env, start_new_session=True, limit=WORKER_LINE)
     assert proc.stdin and proc.stdout and proc.stderr
     errs = asyncio.ensure_future(proc.stderr.read())
@@ -112,14 +128,15 @@ async def run_worker(python: str, sj: SampleJob, rid: Any, send: Callable[[Any],
             except (msgspec.DecodeError, KeyError):
                 continue  # a stray line (a library printing): not an event
             seq += 1
-            send(EventMsg(id=rid, event=msg.event, run=sj.job["run"], stream="sample", offset=seq, data=data))
-            ended = msg.event in ("sample_done", "error")
+            send(EventMsg(id=rid, event=msg.event, run=sj.job["run"], stream=stream, offset=seq, data=data))
+            ended = msg.event in (done, "error")
         code = await proc.wait()
         if not ended:
             tail = (await errs).decode("utf-8", "replace").strip().splitlines()[-5:]
             send(EventMsg(id=rid, event="error", stream="error", data=ErrorInfo(
-                code="sample_failed", message=f"the sampling process ended (status {code}) without an answer"
-                                              + (": " + " | ".join(tail) if tail else ""))))
+                code=stream + "_failed",
+                message=f"the {stream} process ended (status {code}) without an answer"
+                        + (": " + " | ".join(tail) if tail else ""))))
     finally:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):

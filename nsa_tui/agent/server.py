@@ -23,6 +23,7 @@ from typing import Any
 
 from nsa.contract import PROTOCOL, Hello, Metric, RunStatusReport, RunView, decode_lines
 from nsa.contract.appended import read_chunk
+from nsa.contract.evals import EvalList
 from nsa.contract.io import ContractError, convert, decode, encode, tail_lines
 from nsa.contract.protocol import (
     AckArgs,
@@ -36,6 +37,7 @@ from nsa.contract.protocol import (
     DescribeArgs,
     DumpFile,
     ErrorInfo,
+    EvalArgs,
     EventMsg,
     Evidence,
     EvidenceArgs,
@@ -59,7 +61,7 @@ from nsa.contract.protocol import (
 )
 from nsa.contract.rundir import METRICS_JSONL
 from nsa_tui import __version__
-from nsa_tui.agent import ckptfiles, sample
+from nsa_tui.agent import ckptfiles, evaluate, sample
 from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher, OpError, run_lock
 from nsa_tui.agent.preflight import preflight
@@ -128,7 +130,8 @@ class Agent:
             "preflight": (PreflightArgs, self.op_preflight), "checkpoints": (RunArgs, self.op_checkpoints),
             "read_checkpoint_file": (CheckpointFileArgs, self.op_read_checkpoint_file),
             "write_checkpoint_file": (WriteCheckpointFileArgs, self.op_write_checkpoint_file),
-            "sample": (SampleArgs, self.op_sample),
+            "sample": (SampleArgs, self.op_sample), "eval": (EvalArgs, self.op_eval),
+            "evals": (RunArgs, self.op_evals),
         }
 
     def send(self, msg: Any) -> None:
@@ -408,6 +411,20 @@ class Agent:
         job = await asyncio.to_thread(sample.plan, self.store, a, gpus)
         self._subscribe(rid, sample.run_worker(self.launcher.python, job, rid, self.send))
         return {"sampling": a.run, "seed": job.job["seed"], "device": job.job["device"]}
+
+    async def op_eval(self, rid: Any, a: EvalArgs) -> dict[str, Any]:
+        """Checked here (no run, no checkpoint, lengths past the trained context: the reply's
+        error), then a stream: ``eval_start``, ``eval_progress``... and ``eval_done``."""
+        gpus = (await asyncio.to_thread(self.sampler.gpu.read))[0]
+        job = await asyncio.to_thread(evaluate.plan, self.store, a, gpus)
+        self._subscribe(rid, sample.run_worker(self.launcher.python, job, rid, self.send,
+                                               module="nsa.infer.eval_worker", stream="eval"))
+        return {"evaluating": a.run, "seed": job.job["seed"], "device": job.job["device"],
+                "lengths": job.job["lengths"]}
+
+    async def op_evals(self, rid: Any, a: RunArgs) -> EvalList:
+        """The run's evaluation records (eval/passkey.jsonl), oldest first."""
+        return await asyncio.to_thread(evaluate.records, self.store, a.run)
 
     async def op_unwatch(self, rid: Any, a: UnwatchArgs) -> dict[str, bool]:
         task = self.subs.pop(a.sub, None)

@@ -322,6 +322,36 @@ class NsaApp(ViewActions, App[str | None]):
         client, run_id = svc.client, run.run_id
         self.push_screen(SampleScreen(run.name, lambda prompt: client.sample(run_id, prompt=prompt)))
 
+    def action_evals(self) -> None:
+        """``e``: the recorded evaluations of the marked runs side by side (the selected run
+        when none is marked)."""
+        runs = self.state.marked_runs()
+        if not runs:
+            run = self._selected_or_warn("show the evaluations of")
+            if run is None:
+                return
+            runs = [run]
+        from nsa_tui.app.evalview import RunEvals
+        from nsa_tui.app.screens.evals import EvalScreen
+
+        async def load() -> list[RunEvals]:
+            out = []
+            for r in runs:
+                label = f"{r.name} ({r.host})" if len(self.services) > 1 else r.name
+                svc = self.services.get(r.host)
+                client = svc.client if svc is not None else None
+                if client is None:
+                    out.append(RunEvals(label, [], error=f"not connected to {r.host}"))
+                    continue
+                try:
+                    out.append(RunEvals(label, (await client.evals(r.run_id)).evals))
+                except Exception as exc:  # noqa: BLE001 - said on the screen, per run
+                    out.append(RunEvals(label, [], error=getattr(exc, "message", None) or str(exc)))
+            return out
+
+        title = "long-context evaluation: " + ", ".join(r.name for r in runs)
+        self.push_screen(EvalScreen(title, load))
+
     def _focused_alert(self) -> Any:
         """The alert under the pane's cursor, as the state holds it now: the pane redraws at a
         capped rate, so its own copy can predate the alert's newest facts (its evidence)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from nsa.contract.rundir import TRAIN_LOG
+from nsa_tui.cli import evaluate as cli_eval
 from nsa_tui.cli import sample as cli_sample
 
 HOSTS = "local, an SSH destination, or H1,H2,... (one run over several hosts)"
@@ -87,4 +88,5 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--prefix", default="~/.nsa-tui", help="install directory on the host")
     st.add_argument("--python", default="python3", help="the host's python that creates the venv")
     cli_sample.add_parser(sub, common)
+    cli_eval.add_parser(sub, common)
     return p

@@ -35,7 +35,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_UNHEALTHY: "`status` found the run unhealthy (crashed, failed or lost, a host unreachable, "
                     "a critical alert)",
     EXIT_NO_CHECKPOINT: "the run has no complete checkpoint, or none at the step asked for (`sample`, "
-                        "`fallback`, `resume`)",
+                        "`eval`, `fallback`, `resume`)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_PIPE: "the reader of the output went away (`| head`)",
 }

@@ -11,6 +11,8 @@
     nsa-tui archive HOST RUN [--undo]          nsa-tui delete HOST RUN [--yes]
     nsa-tui sample HOST RUN [--checkpoint STEP] [--prompt TEXT | --prompt-file FILE]
                    [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device D]
+    nsa-tui eval HOST RUN --passkey [--checkpoint STEP] [--lengths N,..] [--depths F,..] [--trials N]
+                   [--seed S] [--beyond-context] [--device D]        nsa-tui eval HOST RUN --history
     nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
 
 HOST is a host list: ``local`` or an SSH destination (``[user@]host[:port]`` or a

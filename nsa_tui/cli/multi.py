@@ -28,8 +28,8 @@ from nsa_tui.hosts import coordinator as co
 from nsa_tui.hosts.client import AgentError, HostClient
 from nsa_tui.hosts.merge import MergedRun, Part, group_views, merge
 
-# commands on one host's part (its alert ids, files; sample: the checkpoint files on that host)
-ONE_HOST = ("ack", "archive", "delete", "export", "sample")
+# commands on one host's part (its alert ids, files; sample, eval: the checkpoint files on that host)
+ONE_HOST = ("ack", "archive", "delete", "eval", "export", "sample")
 
 
 def _text_of(merged: MergedRun, now: float, alerts: list[Any],

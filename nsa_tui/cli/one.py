@@ -14,6 +14,7 @@ from typing import Any
 
 from nsa.contract.rundir import ALERTS_JSONL
 from nsa.contract.status import UNHEALTHY_STATUSES
+from nsa_tui.cli import evaluate as cli_eval
 from nsa_tui.cli import sample as cli_sample
 from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, emit, fail
 from nsa_tui.cli.text import LineSplitter, alert_lines, runs_table
@@ -162,6 +163,8 @@ async def dispatch(c: Any, args: argparse.Namespace) -> int:
         return await _alerts(c, args)
     elif args.cmd == "sample":
         return await cli_sample.run(c, args)
+    elif args.cmd == "eval":
+        return await cli_eval.run(c, args)
     elif args.cmd == "ack":
         st = await c.ack(args.run, args.alert)
         emit(args, st, f"{args.run} {st.id}: acknowledged ({st.state})")

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from nsa.contract import HostSample, Metric, NodeLayout, RunStatusReport, RunView, StreamPos, decode_lines
+from nsa.contract.evals import EvalList
 from nsa.contract.protocol import (
     ActionPlan,
     AlertList,
@@ -243,6 +244,30 @@ class HostClient(AgentConnection):
                     return
         finally:
             await events.aclose()  # type: ignore[attr-defined]  # unwatch now, not when collected
+
+    async def evaluate(self, run_id: str, *, checkpoint: str | None = None, lengths: Sequence[int] = (),
+                       depths: Sequence[float] = (), trials: int = 4, seed: int | None = None,
+                       beyond_context: bool = False, loss_sequences: int = 4, buckets: int = 8,
+                       device: str | None = None) -> AsyncIterator[Event]:
+        """A passkey evaluation of the run's checkpoint (docs/agent-protocol.md, "eval"):
+        ``eval_start``, ``eval_progress``..., then ``eval_done`` (the PasskeyEval record, also
+        appended to the run's records), where the iteration ends; a failure is raised as
+        AgentError."""
+        args = {"run": run_id, "checkpoint": checkpoint, "lengths": list(lengths), "depths": list(depths),
+                "trials": trials, "seed": seed, "beyond_context": beyond_context,
+                "loss_sequences": loss_sequences, "buckets": buckets, "device": device}
+        events = self._stream(Subscription("eval", args))
+        try:
+            async for ev in events:
+                yield ev
+                if ev.kind == "eval_done":
+                    return
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]  # unwatch now, not when collected
+
+    async def evals(self, run_id: str) -> EvalList:
+        """The run's evaluation records (eval/passkey.jsonl), oldest first."""
+        return await self.request("evals", EvalList, run=run_id)
 
     async def host_samples(self, interval_s: float = 1.0) -> AsyncIterator[HostSample]:
         """Host samples, one per ``interval_s``; resumes after reconnects."""

@@ -52,6 +52,8 @@ KEYS: list[tuple[str, str, str, str, str]] = [
      "Archive the selected run (hidden unless the filter says archived); again: unarchive. Never a live run"),
     ("delete", "delete", "delete_run", "delete", "Delete the selected run (asks; says what it frees)"),
     ("sample", "p", "sample", "sample", "Prompt the selected run's newest checkpoint; the answer streams in"),
+    ("evals", "e", "evals", "evals",
+     "Long-context evaluations (passkey grid, loss by position) of the selected run, or of the marked runs"),
     ("view", "v", "next_view", "view", "Small terminal: next view (runs + log, charts, run + GPUs)"),
     ("help", "question_mark", "help", "help", "Keys and panes"),
     ("quit", "q", "quit_panel", "quit", "Quit the panel; runs keep going on their hosts"),
