@@ -33,10 +33,11 @@ from nsa.ops import poison, reference
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
 # The oldest Triton that compiles every kernel for sm_80 and sm_90 without a compiler
-# error (bench/results/compile-triton-*.json, docs/install.md): Triton 3.1, torch 2.5's,
-# aborts compiling some of them for sm_90, and 3.2 to 3.5 are not checked. On an older
-# Triton the kernels are not tried at all (a compiler that aborts takes the process down
-# with it, before any fallback): the reference ops run instead.
+# error or a spill (bench/results/compile-triton-*.json, docs/install.md): Triton 3.1,
+# torch 2.5's, aborts compiling some of them for sm_90 and spills in others, and 3.2 to
+# 3.5 are not checked. On an older Triton the kernels are not tried at all (a compiler
+# that aborts takes the process down with it, before any fallback): the reference ops
+# run instead.
 MIN_TRITON = (3, 6)
 
 
@@ -50,8 +51,8 @@ def triton_too_old(version: str) -> str | None:
         return None
     oldest = ".".join(map(str, MIN_TRITON))
     return (f"Triton {version} is older than {oldest}, the oldest Triton that compiles every kernel without "
-            f"a compiler error (3.1 aborts on some sm_90 kernels; 3.2 to 3.5 are not checked); "
-            f"a torch that brings Triton >= {oldest} runs the kernels")
+            f"a compiler error or a register spill (3.1 aborts on some sm_90 kernels and spills in others; "
+            f"3.2 to 3.5 are not checked); a torch that brings Triton >= {oldest} runs the kernels")
 
 
 @dataclasses.dataclass(frozen=True)
