@@ -109,6 +109,14 @@ async def _run_command(args: argparse.Namespace) -> int:
         return fail(args, "bad_request", f"no host in {args.host!r}")
     if args.cmd == "setup":
         return await _setup(args, hosts)
+    if args.cmd == "launch":  # Slurm options checked before connecting (nsa_tui/slurm/cli.py)
+        from nsa_tui.slurm.cli import SlurmUsageError, slurm_request
+
+        try:
+            if slurm_request(args) is not None and len(hosts) > 1:
+                raise SlurmUsageError("--slurm takes one host, the cluster's login node (--nodes N for more nodes)")
+        except SlurmUsageError as exc:
+            return fail(args, "bad_request", str(exc))
     clients, unreachable = await _connect(args, hosts)
     try:
         if not clients:

@@ -263,7 +263,8 @@ class Agent:
             beats = latest_beats(d)
             now = time.time()  # the ages are measured here, on the clock the beats were written by
             return RunStatusReport(run=view, beats=beats, recent_metrics=decode_lines(lines, Metric), ts=now,
-                                   heartbeat_age_s={b.rank: max(0.0, now - b.ts) for b in beats})
+                                   heartbeat_age_s={b.rank: max(0.0, now - b.ts) for b in beats},
+                                   slurm=view.slurm)
 
         return await asyncio.to_thread(report)
 
@@ -271,6 +272,11 @@ class Agent:
         overrides = list(a.overrides)
         if a.on_failure is not None:  # validated with the config: a wrong value is a bad_config naming it
             overrides.append(f"on_failure.action={a.on_failure}")
+        if a.slurm is not None:  # a batch job from this login node (nsa_tui/slurm)
+            from nsa_tui.slurm.ops import submit
+
+            return await asyncio.to_thread(submit, self.launcher, a.slurm, a.config_path, a.config_text,
+                                           a.nproc, overrides, a.name)
         return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
                                        nproc=a.nproc, overrides=overrides, name=a.name, check=not a.force,
                                        run_id=a.run_id, nodes=a.nodes)
