@@ -114,7 +114,8 @@ async def _run_command(args: argparse.Namespace) -> int:
 
         try:
             if slurm_request(args) is not None and len(hosts) > 1:
-                raise SlurmUsageError("--slurm takes one host, the cluster's login node (--nodes N for more nodes)")
+                raise SlurmUsageError("--slurm takes one host, the cluster's login node "
+                                      "(--nodes N for more nodes)")
         except SlurmUsageError as exc:
             return fail(args, "bad_request", str(exc))
     clients, unreachable = await _connect(args, hosts)

@@ -46,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
     ak.add_argument("host", metavar="HOST", help=HOSTS)
     ak.add_argument("run")
     ak.add_argument("alert")
-    sl = la.add_argument_group("Slurm", "HOST is the cluster's login node; the run is a batch job (docs/slurm.md)")
+    sl = la.add_argument_group("Slurm", "HOST is the cluster's login node; the run is a batch job "
+                               "(docs/slurm.md)")
     sl.add_argument("--slurm", action="store_true", help="submit with sbatch from HOST, a Slurm login node")
     sl.add_argument("--nodes", type=int, default=None, help="--slurm: nodes of the allocation (default 1)")
     sl.add_argument("--partition", default=None, help="--slurm: the partition (default: the cluster's)")

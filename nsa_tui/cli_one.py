@@ -160,7 +160,8 @@ async def dispatch(c: Any, args: argparse.Namespace) -> int:
                              upload=args.upload, on_failure=args.on_failure, force=args.force, slurm=slurm)
         text = res.run_id
         if res.slurm_job_id:
-            text += f"\nSlurm job {res.slurm_job_id} (script: {res.view.slurm.script if res.view and res.view.slurm else '?'})"
+            script = res.view.slurm.script if res.view and res.view.slurm else "?"
+            text += f"\nSlurm job {res.slurm_job_id} (script: {script})"
         emit(args, res, text)
     elif args.cmd == "export":
         return await _export(c, args)

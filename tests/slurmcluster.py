@@ -70,8 +70,12 @@ class SlurmCluster:
 
     def logs(self) -> str:
         out = []
-        for p in (self.dir / "slurmctld.log", self.dir / "slurmd.log", self.dir / "munged.log",
-                  self.munge_dir / "munged.log"):
+        for p in (
+            self.dir / "slurmctld.log",
+            self.dir / "slurmd.log",
+            self.dir / "munged.log",
+            self.munge_dir / "munged.log",
+        ):
             name = p.name
             if p.exists():
                 out.append(f"--- {name}\n" + p.read_text(errors="replace")[-3000:])
@@ -92,7 +96,9 @@ class SlurmCluster:
             if state == "idle":
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"node {self.node} not idle after {timeout:.0f} s (state {state!r})\n{self.logs()}")
+        raise RuntimeError(
+            f"node {self.node} not idle after {timeout:.0f} s (state {state!r})\n{self.logs()}"
+        )
 
     def stop(self) -> None:
         """Cancel what is queued, then stop each daemon by its pid (TERM, KILL after 15 s)."""
@@ -121,8 +127,10 @@ def missing() -> str | None:
     """Why the cluster cannot run here, or None."""
     absent = [p for p in NEEDED if not os.path.exists(p)]
     if absent:
-        return ("Slurm not installed (scripts/test.sh installs slurmctld slurmd slurm-client munge): "
-                f"missing {', '.join(absent)}")
+        return (
+            "Slurm not installed (scripts/test.sh installs slurmctld slurmd slurm-client munge): "
+            f"missing {', '.join(absent)}"
+        )
     if os.geteuid() != 0:
         return "the test Slurm runs its daemons as root (SlurmUser=root): not root"
     return None
@@ -156,12 +164,12 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={sock}
-StateSaveLocation={base / 'state'}
-SlurmdSpoolDir={base / 'spool'}
-SlurmctldPidFile={base / 'slurmctld.pid'}
-SlurmdPidFile={base / 'slurmd.pid'}
-SlurmctldLogFile={base / 'slurmctld.log'}
-SlurmdLogFile={base / 'slurmd.log'}
+StateSaveLocation={base / "state"}
+SlurmdSpoolDir={base / "spool"}
+SlurmctldPidFile={base / "slurmctld.pid"}
+SlurmdPidFile={base / "slurmd.pid"}
+SlurmctldLogFile={base / "slurmctld.log"}
+SlurmdLogFile={base / "slurmd.log"}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -179,11 +187,26 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     cluster = SlurmCluster(base, conf, node, munge_dir)
     env = cluster.env()
     log = open(base / "munged.log", "ab")
-    cluster.procs.append(subprocess.Popen(
-        ["runuser", "-u", "munge", "--", MUNGED, "-F", f"--key-file={key}", f"--socket={sock}",
-         f"--pid-file={munge_dir / 'munged.pid'}", f"--seed-file={munge_dir / 'munged.seed'}",
-         f"--log-file={munge_dir / 'munged.log'}"],
-        stdout=log, stderr=log, start_new_session=True))
+    cluster.procs.append(
+        subprocess.Popen(
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                MUNGED,
+                "-F",
+                f"--key-file={key}",
+                f"--socket={sock}",
+                f"--pid-file={munge_dir / 'munged.pid'}",
+                f"--seed-file={munge_dir / 'munged.seed'}",
+                f"--log-file={munge_dir / 'munged.log'}",
+            ],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    )
     log.close()
     try:
         deadline = time.monotonic() + 20
@@ -193,8 +216,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.05)
         for argv in ([SLURMCTLD, "-D", "-i", "-f", str(conf)], [SLURMD, "-D", "-f", str(conf)]):
             out = open(base / f"{Path(argv[0]).name}.out", "ab")
-            cluster.procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=out,
-                                                  start_new_session=True))
+            cluster.procs.append(
+                subprocess.Popen(argv, env=env, stdout=out, stderr=out, start_new_session=True)
+            )
             out.close()
         cluster.wait_idle()
     except BaseException:

@@ -15,11 +15,36 @@ import msgspec
 from nsa.contract.records import Record
 
 # Slurm's job states, grouped by what they mean for a run.
-QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
-                           "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"})
+QUEUED_STATES = frozenset(
+    {
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "CONFIGURING",
+        "RESV_DEL_HOLD",
+        "SUSPENDED",
+        "STOPPED",
+        "SIGNALING",
+        "RESIZING",
+    }
+)
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "STAGE_OUT"})
-FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
-                          "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"})
+FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "PREEMPTED",
+        "NODE_FAIL",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
 UNKNOWN_STATE = "UNKNOWN"  # the cluster no longer knows the job and none was recorded
 
 

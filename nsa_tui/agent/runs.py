@@ -24,7 +24,6 @@ from nsa.contract import (
     read_json,
 )
 from nsa.contract.appended import rotated_path
-from nsa.contract.slurm import SlurmJob, SlurmState
 from nsa.contract.io import private_dir, tail_lines
 from nsa.contract.rundir import (
     ARCHIVED_JSON,
@@ -33,8 +32,8 @@ from nsa.contract.rundir import (
     HEARTBEATS,
     LAUNCH_JSON,
     RUN_ID_RE,
-    SLURM_JSON,
     RUN_JSON,
+    SLURM_JSON,
     STOP_JSON,
     TRAIN_LOG,
     is_complete_checkpoint,
@@ -43,6 +42,7 @@ from nsa.contract.rundir import (
     read_checkpoint_meta,
     step_of,
 )
+from nsa.contract.slurm import SlurmJob, SlurmState
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
 LOG_TAIL_LINES = 150

@@ -59,8 +59,9 @@ def slurm_version() -> str:
     return out.strip()
 
 
-def view_state(run_dir: Path, job: SlurmJob, trainer: RunStatus | None,
-               stop_requested: bool) -> tuple[RunStatus, bool, SlurmState]:
+def view_state(
+    run_dir: Path, job: SlurmJob, trainer: RunStatus | None, stop_requested: bool
+) -> tuple[RunStatus, bool, SlurmState]:
     """(status, alive, queue state) of a Slurm run; the first end state seen is recorded in
     slurm.json (squeue and scontrol forget an ended job after a few minutes)."""
     state = job.final or QUEUE.state(job.job_id)
@@ -80,9 +81,17 @@ def _remove(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def submit(launcher: Any, req: SlurmRequest, config_path: str | None, config_text: str | None,
-           nproc: int | None, overrides: list[str], name: str | None, parent_run: str | None = None,
-           resume_from: str | None = None) -> LaunchResult:
+def submit(
+    launcher: Any,
+    req: SlurmRequest,
+    config_path: str | None,
+    config_text: str | None,
+    nproc: int | None,
+    overrides: list[str],
+    name: str | None,
+    parent_run: str | None = None,
+    resume_from: str | None = None,
+) -> LaunchResult:
     """Validate, create the run directory, write the script and submit it. sbatch refusing the
     job (an unknown partition, a request no node satisfies) leaves nothing behind."""
     from nsa_tui.agent.launcher import _check_nproc, validate_config
@@ -99,8 +108,11 @@ def submit(launcher: Any, req: SlurmRequest, config_path: str | None, config_tex
         cfg = validate_config(path, overrides, shown_as=shown)
         action = cfg.on_failure.action
         if action in ("restart", "fallback"):
-            raise OpError("bad_config", f"on_failure.action={action} relaunches on the node it runs on: a "
-                          "Slurm run supports none or stop (fall back or resume it with nsa-tui: a new job)")
+            raise OpError(
+                "bad_config",
+                f"on_failure.action={action} relaunches on the node it runs on: a "
+                "Slurm run supports none or stop (fall back or resume it with nsa-tui: a new job)",
+            )
         run_id = new_run_id(name or cfg.name)
         if not RUN_ID_RE.match(run_id):
             raise OpError("bad_request", f"bad run id {run_id!r}")
@@ -108,17 +120,41 @@ def submit(launcher: Any, req: SlurmRequest, config_path: str | None, config_tex
         run_dir.mkdir(mode=0o700)
         text = Path(path).read_text()
     try:
-        return _write_and_submit(launcher, req, run_id, run_dir, text, cfg, nproc or 1, overrides,
-                                 name or cfg.name, version, config_path if config_text is not None else path,
-                                 parent_run, resume_from)
+        return _write_and_submit(
+            launcher,
+            req,
+            run_id,
+            run_dir,
+            text,
+            cfg,
+            nproc or 1,
+            overrides,
+            name or cfg.name,
+            version,
+            config_path if config_text is not None else path,
+            parent_run,
+            resume_from,
+        )
     except BaseException:
         _remove(run_dir)
         raise
 
 
-def _write_and_submit(launcher: Any, req: SlurmRequest, run_id: str, run_dir: Path, text: str, cfg: Any,
-                      nproc: int, overrides: list[str], name: str, version: str, source: str | None,
-                      parent_run: str | None, resume_from: str | None) -> LaunchResult:
+def _write_and_submit(
+    launcher: Any,
+    req: SlurmRequest,
+    run_id: str,
+    run_dir: Path,
+    text: str,
+    cfg: Any,
+    nproc: int,
+    overrides: list[str],
+    name: str,
+    version: str,
+    source: str | None,
+    parent_run: str | None,
+    resume_from: str | None,
+) -> LaunchResult:
     import nsa
 
     os.chmod(run_dir, 0o700)
@@ -135,10 +171,20 @@ def _write_and_submit(launcher: Any, req: SlurmRequest, run_id: str, run_dir: Pa
     paths = env_with_package_path(env_with_package_path({}, nsa.__file__), nsa_tui.__file__)
     if paths.get("PYTHONPATH"):
         parts = [paths["PYTHONPATH"]] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for part in parts for p in part.split(os.pathsep)))
-    spec = S.JobSpec(run_id=run_id, run_dir=str(run_dir), name=name, python=launcher.python,
-                     nproc_per_node=nproc, train_args=train_args, resume_from=resume_from, env=env,
-                     log=str(run_dir / TRAIN_LOG))
+        env["PYTHONPATH"] = os.pathsep.join(
+            dict.fromkeys(p for part in parts for p in part.split(os.pathsep))
+        )
+    spec = S.JobSpec(
+        run_id=run_id,
+        run_dir=str(run_dir),
+        name=name,
+        python=launcher.python,
+        nproc_per_node=nproc,
+        train_args=train_args,
+        resume_from=resume_from,
+        env=env,
+        log=str(run_dir / TRAIN_LOG),
+    )
     script_path = run_dir / SLURM_SCRIPT
     argv = S.sbatch_argv(req, spec, str(script_path))
     body = S.build_script(req, spec, argv)
@@ -146,9 +192,17 @@ def _write_and_submit(launcher: Any, req: SlurmRequest, run_id: str, run_dir: Pa
     with os.fdopen(fd, "w") as fh:
         fh.write(body)
     command = ["srun", *S.torchrun_argv(spec, req.nodes), "-m", "nsa.train", *train_args]
-    launch = LaunchInfo(run_id=run_id, name=name, created=time.time(), command=command, nproc=nproc,
-                        overrides=overrides, parent_run=parent_run, resume_from=resume_from,
-                        config_file=source)
+    launch = LaunchInfo(
+        run_id=run_id,
+        name=name,
+        created=time.time(),
+        command=command,
+        nproc=nproc,
+        overrides=overrides,
+        parent_run=parent_run,
+        resume_from=resume_from,
+        config_file=source,
+    )
     write_json_atomic(run_dir / LAUNCH_JSON, launch)
     rc, out, err = run_command(argv)
     if rc != 0:
@@ -156,13 +210,29 @@ def _write_and_submit(launcher: Any, req: SlurmRequest, run_id: str, run_dir: Pa
     job_id = out.strip().split(";")[0]  # --parsable: ID or ID;CLUSTER
     if not job_id.isdigit():
         raise OpError("slurm_refused", f"sbatch gave no job id: {out.strip()[:200]!r}")
-    write_json_atomic(run_dir / SLURM_JSON, SlurmJob(
-        job_id=job_id, script=str(script_path), submitted=time.time(), sbatch=argv, slurm_version=version,
-        request=req, nproc_per_node=nproc))
+    write_json_atomic(
+        run_dir / SLURM_JSON,
+        SlurmJob(
+            job_id=job_id,
+            script=str(script_path),
+            submitted=time.time(),
+            sbatch=argv,
+            slurm_version=version,
+            request=req,
+            nproc_per_node=nproc,
+        ),
+    )
     QUEUE.invalidate()
-    return LaunchResult(run_id=run_id, dir=str(run_dir), nproc=nproc, command=command,
-                        view=launcher.store.view(run_id, with_tail=False), parent_run=parent_run,
-                        resume_from=resume_from, slurm_job_id=job_id)
+    return LaunchResult(
+        run_id=run_id,
+        dir=str(run_dir),
+        nproc=nproc,
+        command=command,
+        view=launcher.store.view(run_id, with_tail=False),
+        parent_run=parent_run,
+        resume_from=resume_from,
+        slurm_job_id=job_id,
+    )
 
 
 async def cancel(run_id: str, run_dir: Path, job: SlurmJob, grace_s: float) -> KillResult:
@@ -188,5 +258,7 @@ async def cancel(run_id: str, run_dir: Path, job: SlurmJob, grace_s: float) -> K
             await asyncio.to_thread(run_command, ["scancel", "--signal=KILL", "--full", job.job_id])
             forced = True
         await asyncio.sleep(0.5)
-    raise OpError("kill_incomplete", f"job {job.job_id} of {run_id} is still in the queue "
-                  f"({state.state if state else '?'}) after scancel")
+    raise OpError(
+        "kill_incomplete",
+        f"job {job.job_id} of {run_id} is still in the queue ({state.state if state else '?'}) after scancel",
+    )

@@ -53,8 +53,14 @@ def parse_squeue(text: str) -> dict[str, SlurmState]:
         if len(parts) != 5 or not parts[0].strip():
             continue
         jid, state, reason, start, nodes = (p.strip() for p in parts)
-        out[jid] = SlurmState(job_id=jid, state=base_state(state), reason=_none(reason),
-                              start_time=_none(start), nodes=_none(nodes), source="squeue")
+        out[jid] = SlurmState(
+            job_id=jid,
+            state=base_state(state),
+            reason=_none(reason),
+            start_time=_none(start),
+            nodes=_none(nodes),
+            source="squeue",
+        )
     return out
 
 
@@ -74,10 +80,17 @@ def parse_scontrol(text: str) -> SlurmState | None:
         restarts = int(fields.get("Restarts", "0"))
     except ValueError:
         restarts = 0
-    return SlurmState(job_id=fields["JobId"], state=state, reason=_none(fields.get("Reason", "")),
-                      nodes=_none(fields.get("NodeList", "")), start_time=_none(fields.get("StartTime", "")),
-                      exit_code=code if state in FINAL_STATES else None,
-                      signal=sig if state in FINAL_STATES else None, restarts=restarts, source="scontrol")
+    return SlurmState(
+        job_id=fields["JobId"],
+        state=state,
+        reason=_none(fields.get("Reason", "")),
+        nodes=_none(fields.get("NodeList", "")),
+        start_time=_none(fields.get("StartTime", "")),
+        exit_code=code if state in FINAL_STATES else None,
+        signal=sig if state in FINAL_STATES else None,
+        restarts=restarts,
+        source="scontrol",
+    )
 
 
 def parse_sacct(text: str, job_id: str) -> SlurmState | None:
@@ -88,16 +101,25 @@ def parse_sacct(text: str, job_id: str) -> SlurmState | None:
             continue
         state = base_state(parts[1])
         code, sig = parse_exit(parts[2])
-        return SlurmState(job_id=job_id, state=state, exit_code=code, signal=sig, nodes=_none(parts[3]),
-                          reason=_none(parts[4]), start_time=_none(parts[5]), source="sacct")
+        return SlurmState(
+            job_id=job_id,
+            state=state,
+            exit_code=code,
+            signal=sig,
+            nodes=_none(parts[3]),
+            reason=_none(parts[4]),
+            start_time=_none(parts[5]),
+            source="sacct",
+        )
     return None
 
 
 def run_command(argv: Sequence[str]) -> tuple[int, str, str]:
     """(returncode, stdout, stderr); a missing command is rc 127."""
     try:
-        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=TIMEOUT_S,
-                             stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
     except FileNotFoundError as exc:
         return 127, "", str(exc)
     except subprocess.TimeoutExpired:

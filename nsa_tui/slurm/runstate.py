@@ -13,7 +13,9 @@ from nsa.contract import RunStatus
 from nsa.contract.slurm import FINAL_STATES, QUEUED_STATES, RUNNING_STATES, SlurmState
 
 
-def run_status(state: SlurmState | None, trainer: RunStatus | None, stop_requested: bool) -> tuple[RunStatus, bool]:
+def run_status(
+    state: SlurmState | None, trainer: RunStatus | None, stop_requested: bool
+) -> tuple[RunStatus, bool]:
     """(status, alive) of the run."""
     if state is not None and state.state in QUEUED_STATES:
         return RunStatus.QUEUED, False

@@ -23,9 +23,25 @@ _TIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$|^\d+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.,+-]*$")  # partitions and accounts
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # options whose meaning nsa-tui owns: given through --sbatch-arg they would contradict the script
-_OWNED = ("--nodes", "-N", "--ntasks-per-node", "--output", "-o", "--error", "-e", "--chdir", "-D",
-          "--parsable", "--signal", "--requeue", "--no-requeue", "--job-name", "-J", "--open-mode",
-          "--wrap")
+_OWNED = (
+    "--nodes",
+    "-N",
+    "--ntasks-per-node",
+    "--output",
+    "-o",
+    "--error",
+    "-e",
+    "--chdir",
+    "-D",
+    "--parsable",
+    "--signal",
+    "--requeue",
+    "--no-requeue",
+    "--job-name",
+    "-J",
+    "--open-mode",
+    "--wrap",
+)
 
 
 def check_request(req: SlurmRequest) -> None:
@@ -61,8 +77,16 @@ class JobSpec:
 
 def sbatch_argv(req: SlurmRequest, spec: JobSpec, script: str) -> list[str]:
     """sbatch's arguments: ``--parsable`` (the job id alone), the allocation, the script last."""
-    argv = ["sbatch", "--parsable", f"--job-name=nsa-{spec.name}"[:64], f"--nodes={req.nodes}",
-            "--ntasks-per-node=1", f"--chdir={spec.run_dir}", f"--output={spec.log}", "--open-mode=append"]
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=nsa-{spec.name}"[:64],
+        f"--nodes={req.nodes}",
+        "--ntasks-per-node=1",
+        f"--chdir={spec.run_dir}",
+        f"--output={spec.log}",
+        "--open-mode=append",
+    ]
     if req.partition:
         argv.append(f"--partition={req.partition}")
     if req.time:
@@ -78,8 +102,15 @@ def sbatch_argv(req: SlurmRequest, spec: JobSpec, script: str) -> list[str]:
 
 def torchrun_argv(spec: JobSpec, nnodes: int) -> list[str]:
     """torchrun on one node of the allocation (the rendezvous endpoint comes from the script)."""
-    return [spec.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
-            f"--nproc_per_node={spec.nproc_per_node}", "--rdzv-backend=c10d", "--max-restarts=0"]
+    return [
+        spec.python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={spec.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        "--max-restarts=0",
+    ]
 
 
 def build_script(req: SlurmRequest, spec: JobSpec, submitted_with: list[str]) -> str:
@@ -99,8 +130,9 @@ def build_script(req: SlurmRequest, spec: JobSpec, submitted_with: list[str]) ->
         f"rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 1000 ))",
         "# the newest complete checkpoint of this run, else the one the run starts from",
         f"resume=$({q(spec.python)} -m nsa_tui.slurm.jobside resume-arg {q(spec.run_dir)}"
-        + (f" {q(spec.resume_from)}" if spec.resume_from else "") + ")",
-        'resume_args=()',
+        + (f" {q(spec.resume_from)}" if spec.resume_from else "")
+        + ")",
+        "resume_args=()",
         'if [ -n "$resume" ]; then resume_args=(--resume "$resume"); fi',
     ]
     if req.requeue:
@@ -112,15 +144,17 @@ def build_script(req: SlurmRequest, spec: JobSpec, submitted_with: list[str]) ->
         ]
     train = " ".join(q(a) for a in torchrun_argv(spec, req.nodes))
     train += ' --rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id="$SLURM_JOB_ID"'
-    train += " -m nsa.train " + " ".join(q(a) for a in spec.train_args) + ' ${resume_args[@]+"${resume_args[@]}"}'
+    train += (
+        " -m nsa.train " + " ".join(q(a) for a in spec.train_args) + ' ${resume_args[@]+"${resume_args[@]}"}'
+    )
     lines += [
         f"srun --nodes={req.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {train} &",
         "srun_pid=$!",
         "# wait returns early when a trapped signal arrives: wait again until srun has ended",
-        'while true; do',
+        "while true; do",
         '  set +e; wait "$srun_pid"; code=$?; set -e',
         '  if ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
-        'done',
+        "done",
         'echo "nsa-tui: srun exited with $code"',
         'exit "$code"',
     ]

@@ -29,8 +29,10 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 def check_supported(version: tuple[int, int, int]) -> None:
     if version[:2] < MIN_VERSION:
-        raise SlurmVersionError(f"Slurm {'.'.join(map(str, version))} is older than "
-                                f"{'.'.join(map(str, MIN_VERSION))}, the oldest nsa-tui submits to")
+        raise SlurmVersionError(
+            f"Slurm {'.'.join(map(str, version))} is older than "
+            f"{'.'.join(map(str, MIN_VERSION))}, the oldest nsa-tui submits to"
+        )
 
 
 def has_squeue_json(version: tuple[int, int, int]) -> bool:

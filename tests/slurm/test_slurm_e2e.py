@@ -25,8 +25,13 @@ LONG = ["train.steps=100000", "train.save_every=5", "train.eval_every=100000"]
 
 def cli(login: SshServer, *args: str, timeout: float = 180) -> tuple[int, Any, str]:
     """(exit code, --json output, stderr) of ``nsa-tui ARGS --json`` against the login node."""
-    res = subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args, "--json"], env=login.env(),
-                         capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(
+        [sys.executable, "-m", "nsa_tui.cli", *args, "--json"],
+        env=login.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     try:
         out = json.loads(res.stdout) if res.stdout.strip() else None
     except json.JSONDecodeError:
@@ -59,13 +64,16 @@ def wait_for(what: str, pred: Any, login: SshServer, rid: str, slurm: SlurmClust
         time.sleep(0.5)
     run_dir = Path(rep.get("run", {}).get("dir", "."))
     log = (run_dir / TRAIN_LOG).read_text(errors="replace")[-3000:] if (run_dir / TRAIN_LOG).exists() else ""
-    pytest.fail(f"{what}: not within {timeout:.0f} s\nstatus: {json.dumps(rep)[:3000]}\n"
-                f"squeue: {slurm.run('squeue', check=False)}\ntrain.log: {log}\n{slurm.logs()[-3000:]}")
+    pytest.fail(
+        f"{what}: not within {timeout:.0f} s\nstatus: {json.dumps(rep)[:3000]}\n"
+        f"squeue: {slurm.run('squeue', check=False)}\ntrain.log: {log}\n{slurm.logs()[-3000:]}"
+    )
 
 
 def launch(login: SshServer, *extra: str) -> dict[str, Any]:
-    code, out, err = cli(login, "launch", ALIAS, "--slurm", "--nproc-per-node", "1", "--config", SMOKE,
-                         "--set", *LONG, *extra)
+    code, out, err = cli(
+        login, "launch", ALIAS, "--slurm", "--nproc-per-node", "1", "--config", SMOKE, "--set", *LONG, *extra
+    )
     assert code == 0 and isinstance(out, dict), (code, out, err)
     return out
 
@@ -82,7 +90,9 @@ def killed_and_gone(login: SshServer, slurm: SlurmCluster, rid: str, job: str) -
     assert rep["slurm"]["state"] == "CANCELLED" and rep["run"]["status"] == "stopped", rep
 
 
-def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(login: SshServer, slurm: SlurmCluster) -> None:
+def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(
+    login: SshServer, slurm: SlurmCluster
+) -> None:
     """Submitted held: PENDING with its reason, status ``queued``, no alert; released: it runs and
     its steps advance; kill: scancel, the job leaves the queue, no process of it is left."""
     res = launch(login, "--sbatch-arg=--hold", "--time", "00:30:00")
@@ -93,7 +103,11 @@ def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(login: SshSer
     assert rep["slurm"]["reason"] == "JobHeldUser", rep["slurm"]
     assert rep["alerts"] == [], rep["alerts"]
     script = Path(rep["slurm"]["script"])
-    assert script.name == SLURM_SCRIPT and "srun " in script.read_text() and "torch.distributed.run" in script.read_text()
+    assert (
+        script.name == SLURM_SCRIPT
+        and "srun " in script.read_text()
+        and "torch.distributed.run" in script.read_text()
+    )
     slurm.run("scontrol", "release", job)
     rep = wait_for("running with its node", lambda r: r["slurm"]["state"] == "RUNNING", login, rid, slurm, 60)
     assert rep["slurm"]["nodes"] == slurm.node
@@ -105,7 +119,9 @@ def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(login: SshSer
 def test_unknown_partition_is_refused_and_leaves_nothing(login: SshServer, slurm: SlurmCluster) -> None:
     root = login.runs_root
     before = sorted(p.name for p in root.iterdir()) if root.exists() else []
-    code, out, err = cli(login, "launch", ALIAS, "--slurm", "--partition", "nosuchpartition", "--config", SMOKE)
+    code, out, err = cli(
+        login, "launch", ALIAS, "--slurm", "--partition", "nosuchpartition", "--config", SMOKE
+    )
     assert code != 0
     assert "partition" in (err + json.dumps(out)).lower(), (out, err)
     after = sorted(p.name for p in root.iterdir()) if root.exists() else []
@@ -124,9 +140,14 @@ def test_requeued_job_resumes_from_its_checkpoint(login: SshServer, slurm: Slurm
     slurm.run("scontrol", "requeue", job)
     wait_for("requeued", lambda r: r["slurm"]["restarts"] >= 1, login, rid, slurm, 60)
     before = len(train_steps(run_dir))
-    rep = wait_for("steps advance after the requeue",
-                   lambda r: r["slurm"]["state"] == "RUNNING" and len(train_steps(run_dir)) >= before + 3,
-                   login, rid, slurm, 300)
+    rep = wait_for(
+        "steps advance after the requeue",
+        lambda r: r["slurm"]["state"] == "RUNNING" and len(train_steps(run_dir)) >= before + 3,
+        login,
+        rid,
+        slurm,
+        300,
+    )
     killed_and_gone(login, slurm, rid, job)
     steps = train_steps(run_dir)
     assert steps == list(range(1, len(steps) + 1)), steps  # no gap, no duplicate across the requeue

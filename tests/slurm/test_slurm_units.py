@@ -16,13 +16,17 @@ from nsa_tui.slurm.queue import SlurmQueue, parse_exit, parse_sacct, parse_scont
 from nsa_tui.slurm.runstate import run_status
 from nsa_tui.slurm.version import SlurmVersionError, check_supported, parse_version
 
-SCONTROL = ("JobId=17 JobName=nsa-x UserId=me(1000) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
-            "Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:15 RunTime=00:10:00 StartTime=2026-11-25T21:03:34 "
-            "NodeList=gpu[01-04] BatchHost=gpu01 NumNodes=4")
+SCONTROL = (
+    "JobId=17 JobName=nsa-x UserId=me(1000) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
+    "Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:15 RunTime=00:10:00 StartTime=2026-11-25T21:03:34 "
+    "NodeList=gpu[01-04] BatchHost=gpu01 NumNodes=4"
+)
 
 
 def test_squeue_lines() -> None:
-    jobs = parse_squeue("12|PENDING|Priority|2026-11-26T03:00:00|\n13|RUNNING|None|2026-11-25T20:00:00|n[1-2]\n")
+    jobs = parse_squeue(
+        "12|PENDING|Priority|2026-11-26T03:00:00|\n13|RUNNING|None|2026-11-25T20:00:00|n[1-2]\n"
+    )
     assert jobs["12"].state == "PENDING" and jobs["12"].reason == "Priority"
     assert jobs["12"].start_time == "2026-11-26T03:00:00" and jobs["12"].nodes is None
     assert jobs["13"].reason is None and jobs["13"].nodes == "n[1-2]"
@@ -46,7 +50,11 @@ def test_queue_prefers_squeue_and_falls_back_to_scontrol_then_sacct() -> None:
         if argv[0] == "squeue":
             return 0, "5|PENDING|Resources|2026-11-26T01:00:00|\n", ""
         if argv[0] == "scontrol":
-            return (0, SCONTROL.replace("JobId=17", "JobId=6"), "") if argv[-1] == "6" else (1, "", "Invalid job id")
+            return (
+                (0, SCONTROL.replace("JobId=17", "JobId=6"), "")
+                if argv[-1] == "6"
+                else (1, "", "Invalid job id")
+            )
         return 0, "7|FAILED|1:0|n1|None|x\n", ""
 
     q = SlurmQueue(run, cache_s=60)
@@ -59,18 +67,23 @@ def test_queue_prefers_squeue_and_falls_back_to_scontrol_then_sacct() -> None:
     assert len(calls) == n  # cached
 
 
-@pytest.mark.parametrize("state,trainer,stop,want", [
-    ("PENDING", None, False, (RunStatus.QUEUED, False)),
-    ("REQUEUED", RunStatus.STOPPED, False, (RunStatus.QUEUED, False)),
-    ("RUNNING", None, False, (RunStatus.STARTING, True)),
-    ("RUNNING", RunStatus.RUNNING, False, (RunStatus.RUNNING, True)),
-    ("COMPLETED", RunStatus.FINISHED, False, (RunStatus.FINISHED, False)),
-    ("CANCELLED", None, True, (RunStatus.STOPPED, False)),
-    ("TIMEOUT", RunStatus.STOPPED, False, (RunStatus.STOPPED, False)),
-    ("NODE_FAIL", RunStatus.RUNNING, False, (RunStatus.CRASHED, False)),
-    (None, RunStatus.RUNNING, False, (RunStatus.LOST, False)),
-])
-def test_run_status(state: str | None, trainer: RunStatus | None, stop: bool, want: tuple[RunStatus, bool]) -> None:
+@pytest.mark.parametrize(
+    "state,trainer,stop,want",
+    [
+        ("PENDING", None, False, (RunStatus.QUEUED, False)),
+        ("REQUEUED", RunStatus.STOPPED, False, (RunStatus.QUEUED, False)),
+        ("RUNNING", None, False, (RunStatus.STARTING, True)),
+        ("RUNNING", RunStatus.RUNNING, False, (RunStatus.RUNNING, True)),
+        ("COMPLETED", RunStatus.FINISHED, False, (RunStatus.FINISHED, False)),
+        ("CANCELLED", None, True, (RunStatus.STOPPED, False)),
+        ("TIMEOUT", RunStatus.STOPPED, False, (RunStatus.STOPPED, False)),
+        ("NODE_FAIL", RunStatus.RUNNING, False, (RunStatus.CRASHED, False)),
+        (None, RunStatus.RUNNING, False, (RunStatus.LOST, False)),
+    ],
+)
+def test_run_status(
+    state: str | None, trainer: RunStatus | None, stop: bool, want: tuple[RunStatus, bool]
+) -> None:
     st = SlurmState(job_id="1", state=state) if state else None
     assert run_status(st, trainer, stop) == want
 
@@ -81,8 +94,15 @@ def test_a_queued_run_with_old_beats_is_not_stalled() -> None:
     beat = Beat(run_id="r", rank=0, ts=now - 300, pid=1, step=8, phase=Phase.TRAIN)
     for status, alerted in ((RunStatus.QUEUED, False), (RunStatus.RUNNING, True)):
         det = AlertDetector("login")
-        view = RunView(run_id="r", dir="/x", name="r", status=status, info=RunInfo(run_id="r", name="r"),
-                       launch=LaunchInfo(run_id="r", name="r", created=now - 600), alive=status.is_alive())
+        view = RunView(
+            run_id="r",
+            dir="/x",
+            name="r",
+            status=status,
+            info=RunInfo(run_id="r", name="r"),
+            launch=LaunchInfo(run_id="r", name="r", created=now - 600),
+            alive=status.is_alive(),
+        )
         det.feed_view("r", view)
         det.feed_beat("r", beat)
         kinds = [a.kind for a in det.check(now)]
@@ -91,11 +111,21 @@ def test_a_queued_run_with_old_beats_is_not_stalled() -> None:
 
 def test_script_quotes_every_user_value_and_is_valid_bash(tmp_path) -> None:  # type: ignore[no-untyped-def]
     req = SlurmRequest(nodes=2, partition="gpu", time="1-00:00:00", requeue=True, sbatch_args=["--qos=high"])
-    spec = S.JobSpec(run_id="r", run_dir=str(tmp_path / "a b"), name="x", python="/py", nproc_per_node=8,
-                     train_args=["--set", "data.path=$(touch /tmp/pwned)"], resume_from=None,
-                     env={"NSA_RUN_ID": "r"}, log=str(tmp_path / "log"))
+    spec = S.JobSpec(
+        run_id="r",
+        run_dir=str(tmp_path / "a b"),
+        name="x",
+        python="/py",
+        nproc_per_node=8,
+        train_args=["--set", "data.path=$(touch /tmp/pwned)"],
+        resume_from=None,
+        env={"NSA_RUN_ID": "r"},
+        log=str(tmp_path / "log"),
+    )
     argv = S.sbatch_argv(req, spec, str(tmp_path / "job.sh"))
-    assert argv[:2] == ["sbatch", "--parsable"] and "--signal=B:USR1@120" in argv and argv[-1].endswith("job.sh")
+    assert (
+        argv[:2] == ["sbatch", "--parsable"] and "--signal=B:USR1@120" in argv and argv[-1].endswith("job.sh")
+    )
     assert "--partition=gpu" in argv and "--time=1-00:00:00" in argv and "--qos=high" in argv
     body = S.build_script(req, spec, argv)
     assert "'data.path=$(touch /tmp/pwned)'" in body and "--nproc_per_node=8" in body and "--nnodes=2" in body
@@ -107,11 +137,17 @@ def test_script_quotes_every_user_value_and_is_valid_bash(tmp_path) -> None:  # 
     assert "trap " not in plain and "--no-requeue" in S.sbatch_argv(SlurmRequest(), spec, "j")
 
 
-@pytest.mark.parametrize("req,bad", [
-    (SlurmRequest(partition="a;b"), "--partition"), (SlurmRequest(time="forever"), "--time"),
-    (SlurmRequest(sbatch_args=["--nodes=3"]), "sets --nodes"), (SlurmRequest(sbatch_args=["--x=1\nrm"]), "one sbatch"),
-    (SlurmRequest(sbatch_args=["-N2"]), "sets -N"), (SlurmRequest(account="x y"), "--account"),
-])
+@pytest.mark.parametrize(
+    "req,bad",
+    [
+        (SlurmRequest(partition="a;b"), "--partition"),
+        (SlurmRequest(time="forever"), "--time"),
+        (SlurmRequest(sbatch_args=["--nodes=3"]), "sets --nodes"),
+        (SlurmRequest(sbatch_args=["--x=1\nrm"]), "one sbatch"),
+        (SlurmRequest(sbatch_args=["-N2"]), "sets -N"),
+        (SlurmRequest(account="x y"), "--account"),
+    ],
+)
 def test_bad_requests_are_refused_naming_the_value(req: SlurmRequest, bad: str) -> None:
     with pytest.raises(ValueError, match=bad):
         S.check_request(req)
@@ -133,7 +169,8 @@ def test_cli_options_need_slurm() -> None:
     args = parser().parse_args(["launch", "h", "--config", "c", "--partition", "gpu"])
     with pytest.raises(SlurmUsageError, match="--partition"):
         slurm_request(args)
-    args = parser().parse_args(["launch", "h", "--slurm", "--nodes", "2", "--config", "c", "--sbatch-arg=--qos=x",
-                                "--requeue"])
+    args = parser().parse_args(
+        ["launch", "h", "--slurm", "--nodes", "2", "--config", "c", "--sbatch-arg=--qos=x", "--requeue"]
+    )
     req = slurm_request(args)
     assert req is not None and req.nodes == 2 and req.sbatch_args == ["--qos=x"] and req.requeue
