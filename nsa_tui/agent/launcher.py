@@ -314,11 +314,6 @@ class Launcher:
         """Stop a run: the whole of it, confirmed (under the run's lock)."""
         run_dir = self.store.run_dir(run_id)
         async with run_lock_async(run_dir):
-            from nsa_tui.slurm.ops import cancel, read_job
-
-            job = read_job(run_dir)
-            if job is not None:  # a Slurm batch job: scancel, confirmed by the queue
-                return await cancel(run_id, run_dir, job, grace_s)
             return await self._kill(run_id, run_dir, grace_s)
 
     async def _kill(self, run_id: str, run_dir: Path, grace_s: float) -> KillResult:

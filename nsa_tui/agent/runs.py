@@ -172,7 +172,7 @@ class RunStore:
         slurm_job = read_json(d / SLURM_JSON, SlurmJob)
         slurm: SlurmState | None = None
         if slurm_job is not None:  # a batch job: the queue says whether it is alive (nsa_tui/slurm)
-            from nsa_tui.slurm.ops import view_state
+            from nsa_tui.slurm.view import view_state
 
             same_boot = False
             status, alive, slurm = view_state(d, slurm_job, info.status if info else None, stop_requested)

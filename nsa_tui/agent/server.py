@@ -61,7 +61,7 @@ from nsa.contract.rundir import METRICS_JSONL
 from nsa_tui import __version__
 from nsa_tui.agent import ckptfiles, sample
 from nsa_tui.agent.housekeeping import Housekeeping
-from nsa_tui.agent.launcher import Launcher, OpError, run_lock
+from nsa_tui.agent.launcher import Launcher, OpError, run_lock, run_lock_async
 from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
@@ -292,6 +292,14 @@ class Agent:
         return await asyncio.to_thread(preflight, self.launcher, self.hello(), a)
 
     async def op_kill(self, rid: Any, a: KillArgs) -> Any:
+        from nsa_tui.slurm.ops import cancel
+        from nsa_tui.slurm.view import read_job
+
+        run_dir = self.store.run_dir(a.run)
+        job = read_job(run_dir)
+        if job is not None:  # a Slurm batch job: scancel, confirmed by the queue
+            async with run_lock_async(run_dir):
+                return await cancel(a.run, run_dir, job, float(a.grace_s))
         return await self.launcher.kill(a.run, float(a.grace_s))
 
     async def op_fallback(self, rid: Any, a: FallbackArgs) -> Any:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import nsa_tui
-from nsa.contract import LaunchInfo, RunStatus, StopInfo, read_json, write_json_atomic
+from nsa.contract import LaunchInfo, StopInfo, write_json_atomic
 from nsa.contract.protocol import KillResult, LaunchResult
 from nsa.contract.rundir import (
     CONFIG_YAML,
@@ -30,19 +30,14 @@ from nsa.contract.rundir import (
     TRAIN_LOG,
     new_run_id,
 )
-from nsa.contract.slurm import FINAL_STATES, SlurmJob, SlurmRequest, SlurmState
+from nsa.contract.slurm import FINAL_STATES, SlurmJob, SlurmRequest
 from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.launcher import _check_nproc, validate_config
 from nsa_tui.pkgpath import env_with_package_path
 from nsa_tui.slurm import script as S
-from nsa_tui.slurm.queue import SlurmQueue, run_command
-from nsa_tui.slurm.runstate import run_status
+from nsa_tui.slurm.queue import run_command
 from nsa_tui.slurm.version import SlurmVersionError, check_supported, parse_version
-
-QUEUE = SlurmQueue()  # one per agent process: its cache serves every view
-
-
-def read_job(run_dir: Path) -> SlurmJob | None:
-    return read_json(run_dir / SLURM_JSON, SlurmJob)
+from nsa_tui.slurm.view import QUEUE
 
 
 def slurm_version() -> str:
@@ -57,24 +52,6 @@ def slurm_version() -> str:
     except SlurmVersionError as exc:
         raise OpError("no_slurm", str(exc)) from None
     return out.strip()
-
-
-def view_state(
-    run_dir: Path, job: SlurmJob, trainer: RunStatus | None, stop_requested: bool
-) -> tuple[RunStatus, bool, SlurmState]:
-    """(status, alive, queue state) of a Slurm run; the first end state seen is recorded in
-    slurm.json (squeue and scontrol forget an ended job after a few minutes)."""
-    state = job.final or QUEUE.state(job.job_id)
-    if state is not None and job.final is None and state.state in FINAL_STATES:
-        job.final = state
-        try:
-            write_json_atomic(run_dir / SLURM_JSON, job)
-        except OSError:
-            pass  # shown anyway; recorded by the next view
-    status, alive = run_status(state, trainer, stop_requested)
-    shown = state or SlurmState(job_id=job.job_id, state="UNKNOWN", source="")
-    shown.script = job.script
-    return status, alive, shown
 
 
 def _remove(run_dir: Path) -> None:
@@ -94,8 +71,6 @@ def submit(
 ) -> LaunchResult:
     """Validate, create the run directory, write the script and submit it. sbatch refusing the
     job (an unknown partition, a request no node satisfies) leaves nothing behind."""
-    from nsa_tui.agent.launcher import _check_nproc, validate_config
-
     try:
         S.check_request(req)
     except ValueError as exc:
