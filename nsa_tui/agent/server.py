@@ -303,9 +303,24 @@ class Agent:
         return await self.launcher.kill(a.run, float(a.grace_s))
 
     async def op_fallback(self, rid: Any, a: FallbackArgs) -> Any:
+        job = self._slurm_job(a.run)
+        if job is not None:  # a new Slurm job: one node, one process, the same global batch
+            from nsa_tui.slurm.ops import relaunch
+
+            return await relaunch(self.launcher, a.run, job, "fallback", float(a.grace_s))
         return await self.launcher.fallback(a.run, float(a.grace_s), a.nproc, a.checkpoint)
 
+    def _slurm_job(self, run: str) -> Any:
+        from nsa_tui.slurm.view import read_job
+
+        return read_job(self.store.run_dir(run))
+
     async def op_resume(self, rid: Any, a: ResumeArgs) -> Any:
+        job = self._slurm_job(a.run)
+        if job is not None:  # a new Slurm job on the same allocation, from the newest checkpoint
+            from nsa_tui.slurm.ops import relaunch
+
+            return await relaunch(self.launcher, a.run, job, "resume")
         return await asyncio.to_thread(self.launcher.resume, a.run, a.nproc, a.checkpoint, a.run_id, a.nodes)
 
     async def op_checkpoints(self, rid: Any, a: RunArgs) -> Any:

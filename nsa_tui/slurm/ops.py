@@ -237,3 +237,48 @@ async def cancel(run_id: str, run_dir: Path, job: SlurmJob, grace_s: float) -> K
         "kill_incomplete",
         f"job {job.job_id} of {run_id} is still in the queue ({state.state if state else '?'}) after scancel",
     )
+
+
+async def relaunch(launcher: Any, run_id: str, job: SlurmJob, op: str, grace_s: float = 60.0) -> LaunchResult:
+    """``fallback`` (one node, one process) or ``resume`` (the same allocation) of a Slurm run: a
+    new job, a new run linked to this one, from its newest complete checkpoint with the
+    gradient accumulation that keeps the global batch. Idempotent, under the run's lock."""
+    from nsa.contract import Relaunch
+    from nsa.contract.rundir import RELAUNCH_JSON
+    from nsa_tui.agent.launcher import run_lock_async
+
+    run_dir = launcher.store.run_dir(run_id)
+    async with run_lock_async(run_dir):
+        done = launcher._done_before(run_dir, op)
+        if done is not None:
+            return done
+        nproc = 1 if op == "fallback" else job.nproc_per_node
+        nodes = 1 if op == "fallback" else job.request.nodes
+        plan, overrides = launcher._relaunch_args(run_id, nproc * nodes, op)
+        if plan.checkpoint is None:
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint: nothing to start from")
+        if plan.problem:
+            raise OpError("bad_request", plan.problem)
+        QUEUE.invalidate()
+        state = QUEUE.state(job.job_id)
+        killed = None
+        if state is not None and state.state not in FINAL_STATES:
+            if op == "resume":
+                raise OpError("running", f"{run_id} is still in the queue ({state.state}): kill it first")
+            killed = await cancel(run_id, run_dir, job, grace_s)
+        # the new job starts when it can: a hold the first submission asked for is not repeated
+        args = [a for a in job.request.sbatch_args if a not in ("--hold", "-H")]
+        req = msgspec_replace(job.request, nodes=nodes, sbatch_args=args)
+        res = await asyncio.to_thread(
+            submit, launcher, req, str(run_dir / CONFIG_YAML), None, nproc, overrides, plan.name,
+            run_id, plan.checkpoint)
+        write_json_atomic(run_dir / RELAUNCH_JSON, Relaunch(op=op, child_run=res.run_id,  # type: ignore[arg-type]
+                                                            resume_from=plan.checkpoint, ts=time.time()))
+        res.killed = killed
+        return res
+
+
+def msgspec_replace(req: SlurmRequest, **changes: Any) -> SlurmRequest:
+    import msgspec
+
+    return msgspec.structs.replace(req, **changes)

@@ -94,7 +94,8 @@ def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(
     login: SshServer, slurm: SlurmCluster
 ) -> None:
     """Submitted held: PENDING with its reason, status ``queued``, no alert; released: it runs and
-    its steps advance; kill: scancel, the job leaves the queue, no process of it is left."""
+    its steps advance; kill: scancel, the job leaves the queue, no process of it is left; resume:
+    a new job continues from the checkpoint the kill saved."""
     res = launch(login, "--sbatch-arg=--hold", "--time", "00:30:00")
     rid, job = res["run_id"], res["slurm_job_id"]
     assert job and job in slurm.queue()
@@ -112,8 +113,18 @@ def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(
     rep = wait_for("running with its node", lambda r: r["slurm"]["state"] == "RUNNING", login, rid, slurm, 60)
     assert rep["slurm"]["nodes"] == slurm.node
     run_dir = Path(rep["run"]["dir"])
-    wait_for("steps advance", lambda r: len(train_steps(run_dir)) >= 3, login, rid, slurm, 240)
+    wait_for("steps advance", lambda r: len(train_steps(run_dir)) >= 6, login, rid, slurm, 240)
     killed_and_gone(login, slurm, rid, job)
+    # resume: a new job, a new run linked to this one, from its newest checkpoint
+    last = train_steps(run_dir)[-1]
+    code, out, err = cli(login, "resume", ALIAS, rid)
+    assert code == 0 and out["slurm_job_id"] and out["slurm_job_id"] != job, (code, out, err)
+    child, child_job = out["run_id"], out["slurm_job_id"]
+    assert out["parent_run"] == rid and out["resume_from"].endswith(f"step-{last}"), out
+    child_dir = Path(out["dir"])
+    wait_for("the resumed run's steps", lambda r: len(train_steps(child_dir)) >= 2, login, child, slurm, 240)
+    assert train_steps(child_dir)[0] == last + 1
+    killed_and_gone(login, slurm, child, child_job)
 
 
 def test_unknown_partition_is_refused_and_leaves_nothing(login: SshServer, slurm: SlurmCluster) -> None:
