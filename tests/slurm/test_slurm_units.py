@@ -174,3 +174,56 @@ def test_cli_options_need_slurm() -> None:
     )
     req = slurm_request(args)
     assert req is not None and req.nodes == 2 and req.sbatch_args == ["--qos=x"] and req.requeue
+
+
+def _view(status: RunStatus, slurm: SlurmState | None) -> RunView:
+    return RunView(
+        run_id="r",
+        dir="/x",
+        name="r",
+        status=status,
+        info=RunInfo(run_id="r", name="r"),
+        alive=status.is_alive(),
+        slurm=slurm,
+    )
+
+
+def test_job_text_and_the_status_and_runs_texts_show_the_queue() -> None:
+    from nsa.contract import RunStatusReport
+    from nsa_tui.cli_text import runs_table, status_text
+    from nsa_tui.slurm.text import job_text
+
+    held = SlurmState(
+        job_id="12",
+        state="PENDING",
+        reason="Priority",
+        start_time="2026-11-26T03:00:00",
+        script="/runs/r/slurm-job.sh",
+    )
+    assert job_text(held) == "job 12 PENDING (Priority), expected start 2026-11-26T03:00:00"
+    running = SlurmState(job_id="12", state="RUNNING", nodes="gpu[01-02]", restarts=1)
+    assert job_text(running) == "job 12 RUNNING on gpu[01-02], requeued 1x"
+    assert job_text(SlurmState(job_id="12", state="FAILED", exit_code=3)) == "job 12 FAILED, exit code 3"
+    assert (
+        job_text(SlurmState(job_id="12", state="NODE_FAIL", signal=9))
+        == "job 12 NODE_FAIL, killed by signal 9"
+    )
+    text = status_text(RunStatusReport(run=_view(RunStatus.QUEUED, held)), [], time.time(), 0.0)
+    assert "status=queued" in text and "slurm: job 12 PENDING (Priority)" in text
+    assert "script: /runs/r/slurm-job.sh" in text
+    assert "queued [Priority]" in runs_table([_view(RunStatus.QUEUED, held)], time.time())
+
+
+def test_the_panel_takes_a_requeued_job_back_to_queued() -> None:
+    """The panel never moves a status backwards, except for a job Slurm requeued."""
+    from nsa_tui.app.reducer import run_view
+    from nsa_tui.app.state import PanelState
+
+    state = PanelState()
+    run_view(state, "login", _view(RunStatus.RUNNING, SlurmState(job_id="1", state="RUNNING")))
+    late = run_view(state, "login", _view(RunStatus.QUEUED, SlurmState(job_id="1", state="PENDING")))
+    assert late.view is not None and late.view.status == RunStatus.RUNNING  # a late report: kept
+    again = run_view(
+        state, "login", _view(RunStatus.QUEUED, SlurmState(job_id="1", state="PENDING", restarts=1))
+    )
+    assert again.view is not None and again.view.status == RunStatus.QUEUED
