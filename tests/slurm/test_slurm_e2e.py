@@ -14,11 +14,13 @@ import pytest
 
 from nsa.contract.rundir import METRICS_JSONL, SLURM_SCRIPT, TRAIN_LOG
 from nsa_tui.agent.procs import run_processes
+from nsa_tui.alerts import Thresholds
 from tests.agent.e2e import SMOKE
 from tests.slurmcluster import SlurmCluster
 from tests.sshd import ALIAS, SshServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
+NO_HEARTBEAT_S = Thresholds().no_heartbeat_s
 # goes on until stopped, a checkpoint every 5 steps, no eval pauses
 LONG = ["train.steps=100000", "train.save_every=5", "train.eval_every=100000"]
 
@@ -55,11 +57,13 @@ def train_steps(run_dir: Path) -> list[int]:
 
 def wait_for(what: str, pred: Any, login: SshServer, rid: str, slurm: SlurmCluster, timeout: float) -> dict:
     """Poll ``status`` until ``pred(report)``; on giving up, say everything that explains why."""
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     rep: dict[str, Any] = {}
     while time.monotonic() < deadline:
         rep = status(login, rid)
         if pred(rep):
+            print(f"MEASURE {what}: {time.monotonic() - t0:.1f} s")
             return rep
         time.sleep(0.5)
     run_dir = Path(rep.get("run", {}).get("dir", "."))
@@ -141,15 +145,29 @@ def test_unknown_partition_is_refused_and_leaves_nothing(login: SshServer, slurm
 
 
 def test_requeued_job_resumes_from_its_checkpoint(login: SshServer, slurm: SlurmCluster) -> None:
-    """scontrol requeue of a running job: the ranks save on TERM, the job runs again from that
-    checkpoint, and the run's steps go on with no gap and no duplicate."""
+    """scontrol requeue of a running job: the ranks save on TERM; held in the queue (scontrol hold)
+    it is ``queued`` with its reason and no stall alert however old its beats; released, it runs
+    again from that checkpoint, and the run's steps go on with no gap and no duplicate."""
     res = launch(login, "--requeue")
     rid, job = res["run_id"], res["slurm_job_id"]
     rep = wait_for("running", lambda r: r["slurm"]["state"] == "RUNNING", login, rid, slurm, 60)
     run_dir = Path(rep["run"]["dir"])
     wait_for("steps advance", lambda r: len(train_steps(run_dir)) >= 3, login, rid, slurm, 240)
     slurm.run("scontrol", "requeue", job)
-    wait_for("requeued", lambda r: r["slurm"]["restarts"] >= 1, login, rid, slurm, 60)
+    wait_for("requeued", lambda r: r["slurm"]["restarts"] >= 1 and r["slurm"]["state"] == "PENDING",
+             login, rid, slurm, 60)
+    # held while it waits, until its last heartbeats are older than the no-heartbeat threshold:
+    # a job in the queue owes none, so no stall alert
+    slurm.run("scontrol", "hold", job)
+    rep = wait_for("held, beats older than the no-heartbeat threshold",
+                   lambda r: (r["slurm"]["reason"] or "").startswith("JobHeld") and r["beats"]
+                   and min(r["heartbeat_age_s"].values()) > NO_HEARTBEAT_S + 2, login, rid, slurm, 120)
+    assert rep["run"]["status"] == "queued" and rep["alerts"] == [], rep["alerts"]
+    code, _, _ = cli(login, "status", ALIAS, rid)
+    assert code == 0  # healthy: nothing to look at
+    # released: Slurm would hold a requeued job back ~2 min (BeginTime); start it now
+    slurm.run("scontrol", "release", job)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     before = len(train_steps(run_dir))
     rep = wait_for(
         "steps advance after the requeue",
