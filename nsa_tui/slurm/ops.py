@@ -266,6 +266,8 @@ async def relaunch(launcher: Any, run_id: str, job: SlurmJob, op: str, grace_s: 
             if op == "resume":
                 raise OpError("running", f"{run_id} is still in the queue ({state.state}): kill it first")
             killed = await cancel(run_id, run_dir, job, grace_s)
+            # the ranks saved as they stopped: start from that checkpoint, not the one before
+            plan, overrides = launcher._relaunch_args(run_id, nproc * nodes, op)
         # the new job starts when it can: a hold the first submission asked for is not repeated
         args = [a for a in job.request.sbatch_args if a not in ("--hold", "-H")]
         req = msgspec_replace(job.request, nodes=nodes, sbatch_args=args)

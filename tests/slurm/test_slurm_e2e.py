@@ -147,7 +147,8 @@ def test_unknown_partition_is_refused_and_leaves_nothing(login: SshServer, slurm
 def test_requeued_job_resumes_from_its_checkpoint(login: SshServer, slurm: SlurmCluster) -> None:
     """scontrol requeue of a running job: the ranks save on TERM; held in the queue (scontrol hold)
     it is ``queued`` with its reason and no stall alert however old its beats; released, it runs
-    again from that checkpoint, and the run's steps go on with no gap and no duplicate."""
+    again from that checkpoint, and the run's steps go on with no gap and no duplicate; fallback:
+    a new job from the checkpoint its cancellation saved."""
     res = launch(login, "--requeue")
     rid, job = res["run_id"], res["slurm_job_id"]
     rep = wait_for("running", lambda r: r["slurm"]["state"] == "RUNNING", login, rid, slurm, 60)
@@ -177,8 +178,17 @@ def test_requeued_job_resumes_from_its_checkpoint(login: SshServer, slurm: Slurm
         slurm,
         300,
     )
-    killed_and_gone(login, slurm, rid, job)
+    # fallback: the job is cancelled (its ranks save), a new job of one node and one process
+    # continues from that checkpoint as a run linked to this one
+    code, out, err = cli(login, "fallback", ALIAS, rid, "--grace", "30")
+    assert code == 0 and out["killed"]["was_running"] and out["parent_run"] == rid, (code, out, err)
+    assert job not in slurm.queue() and status(login, rid)["slurm"]["state"] == "CANCELLED"
     steps = train_steps(run_dir)
     assert steps == list(range(1, len(steps) + 1)), steps  # no gap, no duplicate across the requeue
     log = (run_dir / TRAIN_LOG).read_text()
     assert "restart 1" in log and "resume from" in log
+    child, child_job, child_dir = out["run_id"], out["slurm_job_id"], Path(out["dir"])
+    assert out["resume_from"].endswith(f"step-{steps[-1]}") and out["nproc"] == 1, out
+    wait_for("the fallback's steps", lambda r: len(train_steps(child_dir)) >= 2, login, child, slurm, 240)
+    assert train_steps(child_dir)[0] == steps[-1] + 1
+    killed_and_gone(login, slurm, child, child_job)
