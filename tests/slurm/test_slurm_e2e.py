@@ -98,9 +98,10 @@ def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(
     login: SshServer, slurm: SlurmCluster
 ) -> None:
     """Submitted held: PENDING with its reason, status ``queued``, no alert; released: it runs and
-    its steps advance; kill: scancel, the job leaves the queue, no process of it is left; resume:
-    a new job continues from the checkpoint the kill saved."""
-    res = launch(login, "--sbatch-arg=--hold", "--time", "00:30:00")
+    its steps advance; the time-limit warning (USR1 to the batch shell): the job requeues itself
+    and continues from the checkpoint its ranks saved; kill: scancel, the job leaves the queue, no
+    process of it is left; resume: a new job continues from the checkpoint the kill saved."""
+    res = launch(login, "--sbatch-arg=--hold", "--time", "00:30:00", "--requeue")
     rid, job = res["run_id"], res["slurm_job_id"]
     assert job and job in slurm.queue()
     rep = wait_for("held job pending", lambda r: r["slurm"]["state"] == "PENDING", login, rid, slurm, 30)
@@ -118,7 +119,31 @@ def test_held_job_is_queued_not_stalled_then_runs_and_is_cancelled(
     assert rep["slurm"]["nodes"] == slurm.node
     run_dir = Path(rep["run"]["dir"])
     wait_for("steps advance", lambda r: len(train_steps(run_dir)) >= 6, login, rid, slurm, 240)
+    # the warning Slurm sends the batch shell before the time limit (--signal=B:USR1@S), sent
+    # now: the script requeues the job, the ranks save, the requeued job continues from there
+    slurm.run("scancel", "--batch", "--signal=USR1", job)
+    wait_for(
+        "requeued by the script",
+        lambda r: r["slurm"]["restarts"] >= 1 and r["slurm"]["state"] == "PENDING",
+        login,
+        rid,
+        slurm,
+        90,
+    )
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # skip Slurm's requeue delay
+    before = len(train_steps(run_dir))
+    wait_for(
+        "steps advance after the time-limit requeue",
+        lambda r: r["slurm"]["state"] == "RUNNING" and len(train_steps(run_dir)) >= before + 3,
+        login,
+        rid,
+        slurm,
+        240,
+    )
+    assert "time limit near: requeueing" in (run_dir / TRAIN_LOG).read_text()
     killed_and_gone(login, slurm, rid, job)
+    steps = train_steps(run_dir)
+    assert steps == list(range(1, len(steps) + 1)), steps  # no gap, no duplicate across the requeue
     # resume: a new job, a new run linked to this one, from its newest checkpoint
     last = train_steps(run_dir)[-1]
     code, out, err = cli(login, "resume", ALIAS, rid)
@@ -155,14 +180,29 @@ def test_requeued_job_resumes_from_its_checkpoint(login: SshServer, slurm: Slurm
     run_dir = Path(rep["run"]["dir"])
     wait_for("steps advance", lambda r: len(train_steps(run_dir)) >= 3, login, rid, slurm, 240)
     slurm.run("scontrol", "requeue", job)
-    wait_for("requeued", lambda r: r["slurm"]["restarts"] >= 1 and r["slurm"]["state"] == "PENDING",
-             login, rid, slurm, 60)
+    wait_for(
+        "requeued",
+        lambda r: r["slurm"]["restarts"] >= 1 and r["slurm"]["state"] == "PENDING",
+        login,
+        rid,
+        slurm,
+        60,
+    )
     # held while it waits, until its last heartbeats are older than the no-heartbeat threshold:
     # a job in the queue owes none, so no stall alert
     slurm.run("scontrol", "hold", job)
-    rep = wait_for("held, beats older than the no-heartbeat threshold",
-                   lambda r: (r["slurm"]["reason"] or "").startswith("JobHeld") and r["beats"]
-                   and min(r["heartbeat_age_s"].values()) > NO_HEARTBEAT_S + 2, login, rid, slurm, 120)
+    rep = wait_for(
+        "held, beats older than the no-heartbeat threshold",
+        lambda r: (
+            (r["slurm"]["reason"] or "").startswith("JobHeld")
+            and r["beats"]
+            and min(r["heartbeat_age_s"].values()) > NO_HEARTBEAT_S + 2
+        ),
+        login,
+        rid,
+        slurm,
+        120,
+    )
     assert rep["run"]["status"] == "queued" and rep["alerts"] == [], rep["alerts"]
     code, _, _ = cli(login, "status", ALIAS, rid)
     assert code == 0  # healthy: nothing to look at
