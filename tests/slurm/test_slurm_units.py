@@ -227,3 +227,20 @@ def test_the_panel_takes_a_requeued_job_back_to_queued() -> None:
         state, "login", _view(RunStatus.QUEUED, SlurmState(job_id="1", state="PENDING", restarts=1))
     )
     assert again.view is not None and again.view.status == RunStatus.QUEUED
+
+
+def test_settings_mark_slurm_login_nodes_and_refuse_bad_entries(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from nsa_tui.settings import SettingsError, load_settings
+
+    path = tmp_path / "settings.yaml"
+    path.write_text("slurm:\n  mycluster:\n    partition: gpu\n    nodes: 2\n    requeue: true\n")
+    req = load_settings(path).slurm["mycluster"]
+    assert (req.partition, req.nodes, req.requeue) == ("gpu", 2, True)
+    for bad, said in (
+        ("    partitoin: gpu\n", "unknown key 'partitoin'"),
+        ("    nodes: 0\n", "slurm.mycluster"),
+        ("    time: soon\n", "--time"),
+    ):
+        path.write_text("slurm:\n  mycluster:\n" + bad)
+        with pytest.raises(SettingsError, match=said):
+            load_settings(path)
