@@ -12,6 +12,8 @@
     nsa-tui sample HOST RUN [--checkpoint STEP] [--prompt TEXT | --prompt-file FILE]
                    [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device D]
     nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
+    nsa-tui launch LOGIN --slurm --config PATH [--nodes N] [--nproc-per-node G] [--partition P]
+                   [--time HH:MM:SS] [--account A] [--sbatch-arg ARG ...] [--requeue]  (docs/slurm.md)
 
 HOST is a host list: ``local`` or an SSH destination (``[user@]host[:port]`` or a
 ~/.ssh/config alias), or ``H1,H2,...``, one run over several hosts (docs/multi-node.md); a

@@ -2,8 +2,9 @@
 keeps an ended job for MinJobAge, with its exit code), then sacct (where accounting runs).
 
 The parsers are pure. ``SlurmQueue`` runs the commands (argument lists, no shell) with a short
-cache, so a run list of many Slurm runs costs one squeue call, not one per run. ``squeue --json``
-is never needed: many login nodes lack its plugin.
+cache: every ``CACHE_S`` at most one squeue call for all of the user's jobs and one scontrol call
+per job shown (a job whose end is recorded in slurm.json is not asked about again). ``squeue
+--json`` is never needed: many login nodes lack its plugin.
 """
 
 from __future__ import annotations

@@ -34,7 +34,3 @@ def check_supported(version: tuple[int, int, int]) -> None:
             f"{'.'.join(map(str, MIN_VERSION))}, the oldest nsa-tui submits to"
         )
 
-
-def has_squeue_json(version: tuple[int, int, int]) -> bool:
-    """``squeue --json`` exists from 21.08 (and needs a plugin some sites lack): never required."""
-    return version[:2] >= (21, 8)
