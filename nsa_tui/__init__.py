@@ -7,6 +7,7 @@ Packages by job (docs/architecture.md draws the data path through them):
 - ``hosts``: the client of one host's agent, and runs over several hosts;
 - ``transport``: the bytes to an agent, as a local subprocess or over SSH;
 - ``agent``: what runs on the host (the agent, a run's supervisor and watchdog);
+- ``slurm``: runs submitted through a Slurm login node (batch script, queue state, requeue);
 - ``health``: alert rules, the alert ledger, root causes, stack dumps, notifications;
 - ``user``: the user's settings and what the panel remembers between sessions;
 - ``install``: nsa-tui's own code onto hosts and into child processes.

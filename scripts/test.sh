@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Install everything the test suite needs (Python packages and the OpenSSH server used
-# by the transport tests), then run the whole suite. Extra arguments go to pytest.
+# Install everything the test suite needs (Python packages, the OpenSSH server and the
+# Slurm daemons the tests run for real), then run the whole suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-if [ ! -x /usr/sbin/sshd ]; then
+# System packages the suite runs for real: an OpenSSH server (the transport tests run sshd on
+# 127.0.0.1) and a one-node Slurm (munge, slurmctld, slurmd and the client commands).
+need=()
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+[ -x /usr/bin/sbatch ] || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
+if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
-  echo "test: installing openssh-server (the SSH tests run a real sshd on 127.0.0.1)"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssh-server >/dev/null
+  echo "test: installing ${need[*]} (the SSH and Slurm tests run the real daemons)"
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null; }; then
+    echo "test: could not install ${need[*]}: the tests that need them are skipped, each saying why" >&2
+  fi
 fi
 export TRITON_INTERPRET=1 PYTHONUNBUFFERED=1
 # pytest's default output: one line per test file with its progress, so a long run is never silent

@@ -142,8 +142,9 @@ class SshServer:
 
 
 def make_server(base: Path, home: Path | None = None, alias: str = ALIAS,
-                client_key: Path | None = None) -> SshServer:
-    """One server's files; ``home``: its sessions' HOME (and one thread per process)."""
+                client_key: Path | None = None, extra_env: dict[str, str] | None = None) -> SshServer:
+    """One server's files; ``home``: its sessions' HOME (and one thread per process);
+    ``extra_env``: more variables for its sessions (a Slurm login node's SLURM_CONF)."""
     base.mkdir(parents=True, exist_ok=True)
     os.chmod(base, 0o700)
     port = _free_port()
@@ -163,7 +164,7 @@ def make_server(base: Path, home: Path | None = None, alias: str = ALIAS,
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPidFile {base / 'sshd.pid'}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "PermitRootLogin prohibit-password\nLogLevel ERROR\nSubsystem sftp internal-sftp\n"
-        + _set_env(home))
+        + _set_env(home, extra_env))
     if home is not None:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
     user = getpass.getuser()
@@ -172,12 +173,13 @@ def make_server(base: Path, home: Path | None = None, alias: str = ALIAS,
     return SshServer(base, port, user, host_key, client_key, known, cfg, home=home)
 
 
-def _set_env(home: Path | None) -> str:
+def _set_env(home: Path | None, extra: dict[str, str] | None = None) -> str:
     """The sshd's SetEnv line: the test home and one thread per rank, and this process's
     PYTHONPATH, so the agent on the "remote" end runs the same checkout as the test."""
     pairs = [f"HOME={home}", "NSA_THREADS=1"] if home is not None else []
     if os.environ.get("PYTHONPATH"):
         pairs.append(f"PYTHONPATH={os.environ['PYTHONPATH']}")
+    pairs += [f"{k}={v}" for k, v in (extra or {}).items()]
     return f"SetEnv {' '.join(pairs)}\n" if pairs else ""
 
 

@@ -10,15 +10,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from nsa.contract import evals, protocol, records, series
+from nsa.contract import evals, protocol, records, series, slurm
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 # "## file — `Struct`", "text — `Struct`:", "`Struct` — text:", "`Struct`:" or "`Struct` (note):"
 ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:)\s*$")
-STRUCTS = {name: obj for mod in (records, series, protocol, evals) for name, obj in vars(mod).items()
+STRUCTS = {name: obj for mod in (records, series, protocol, evals, slurm) for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
 RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch",
-                 "Archived", "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
+                 "Archived", "SlurmJob", "SlurmRequest", "SlurmState",
+                 "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData", "AlertEvent", "Alert", "CheckpointMeta", "PasskeyEval",
                  "LossBucket"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",

@@ -26,6 +26,7 @@ from nsa.contract.records import (
     RunInfo,
 )
 from nsa.contract.series import MetricsSummary
+from nsa.contract.slurm import SlurmRequest, SlurmState
 from nsa.contract.status import RunStatus
 
 PROTOCOL = 3  # the agent's protocol version: client and agent must agree
@@ -90,6 +91,7 @@ class RunView(Record, kw_only=True):
     log_tail: list[str] = []  # the end of train.log, for crashed and failed runs
     launcher_alive: bool = False  # the run's supervisor (the parent of torchrun) is alive
     watchdog: bool = False  # the host records its alerts (alerts.jsonl): its watchdog runs or ran to the end
+    slurm: SlurmState | None = None  # a run submitted to Slurm: its job's queue state
 
 
 class RunStatusReport(Record, kw_only=True):
@@ -102,6 +104,7 @@ class RunStatusReport(Record, kw_only=True):
     alerts: list[Alert] = []
     ts: float = 0.0  # the host's clock when the report was made: the ages below are at this time
     heartbeat_age_s: dict[int, float] = {}  # rank -> seconds since its newest beat was written
+    slurm: SlurmState | None = None  # a Slurm run: its job (the same as ``run.slurm``)
 
 
 class LogLines(Record, kw_only=True):
@@ -342,6 +345,7 @@ class LaunchArgs(Args, kw_only=True, forbid_unknown_fields=True):
     nodes: NodeLayout | None = None  # several hosts: this host's place among them
     on_failure: str | None = None  # the config's on_failure.action for this run
     force: bool = False  # start even when ``describe`` finds a problem (the probe may be wrong)
+    slurm: SlurmRequest | None = None  # submit as a Slurm batch job from this login node
 
 
 class DescribeArgs(Args, kw_only=True, forbid_unknown_fields=True):
@@ -546,6 +550,7 @@ class LaunchResult(Record, kw_only=True):
     resume_from: str | None = None
     killed: KillResult | None = None
     again: bool = False  # this relaunch had already been done: the same run, nothing new started
+    slurm_job_id: str | None = None  # a Slurm run: the job sbatch created
 
 
 class KillResult(Record, kw_only=True):

@@ -44,6 +44,8 @@ CHECKPOINTS = "checkpoints"  # step-N/ directories and ``latest``
 DEBUG = "debug"  # debug.record_rank_state (tests)
 EVAL = "eval"  # long-context evaluations: passkey.jsonl
 EVAL_PASSKEY_JSONL = EVAL + "/passkey.jsonl"  # eval worker, rank 0 (eval.every_steps): PasskeyEval lines
+SLURM_JSON = "slurm.json"  # agent: the Slurm job of a run submitted through a login node
+SLURM_SCRIPT = "slurm-job.sh"  # agent: that job's batch script (kept)
 
 # -- inside checkpoints/ -----------------------------------------------------------------------
 STEP_PREFIX = "step-"
@@ -53,7 +55,7 @@ LATEST = "latest"  # text: the name of the newest complete checkpoint
 META_JSON = "meta.json"  # written last: a step directory with it is complete
 
 # The files whose change of mtime means a run's view may have changed (the run list's poll).
-STATE_FILES = (RUN_JSON, LAUNCH_JSON, EXIT_JSON, STOP_JSON, ARCHIVED_JSON)
+STATE_FILES = (RUN_JSON, LAUNCH_JSON, EXIT_JSON, STOP_JSON, ARCHIVED_JSON, SLURM_JSON)
 # The files ``read_log`` may serve (appended text and metric lines).
 LOG_FILES = (TRAIN_LOG, METRICS_JSONL)
 # Created by the trainer at boot (nccl/ too, on CUDA).

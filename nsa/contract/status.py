@@ -13,9 +13,10 @@ from enum import Enum
 
 
 class RunStatus(str, Enum):
-    """A run's status. Order: unknown < starting < running < stopping < every end status."""
+    """A run's status. Order: unknown < queued < starting < running < stopping < every end status."""
 
     UNKNOWN = "unknown"  # started by hand, no run.json status yet: nothing to check against
+    QUEUED = "queued"  # a batch job waiting in the cluster's queue (Slurm): not started, not stalled
     STARTING = "starting"  # boot: imports, process group, model, data
     RUNNING = "running"  # the first step has begun
     STOPPING = "stopping"  # the trainer wrote its end status but processes remain
@@ -44,12 +45,13 @@ class RunStatus(str, Enum):
         return new if new.order >= self.order else self
 
 
-_END = 4
+_END = 5
 _ORDER = {
     RunStatus.UNKNOWN: 0,
-    RunStatus.STARTING: 1,
-    RunStatus.RUNNING: 2,
-    RunStatus.STOPPING: 3,
+    RunStatus.QUEUED: 1,
+    RunStatus.STARTING: 2,
+    RunStatus.RUNNING: 3,
+    RunStatus.STOPPING: 4,
     RunStatus.FINISHED: _END,
     RunStatus.STOPPED: _END,
     RunStatus.FAILED: _END,

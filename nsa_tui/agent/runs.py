@@ -33,6 +33,7 @@ from nsa.contract.rundir import (
     LAUNCH_JSON,
     RUN_ID_RE,
     RUN_JSON,
+    SLURM_JSON,
     STOP_JSON,
     TRAIN_LOG,
     is_complete_checkpoint,
@@ -41,6 +42,7 @@ from nsa.contract.rundir import (
     read_checkpoint_meta,
     step_of,
 )
+from nsa.contract.slurm import SlurmJob, SlurmState
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
 LOG_TAIL_LINES = 150
@@ -167,6 +169,13 @@ class RunStore:
         procs: list[RunProcess] = []
         launcher = launch.launcher_pid if launch else None
         launcher_alive = False
+        slurm_job = read_json(d / SLURM_JSON, SlurmJob)
+        slurm: SlurmState | None = None
+        if slurm_job is not None:  # a batch job: the queue says whether it is alive (nsa_tui/slurm)
+            from nsa_tui.slurm.view import view_state
+
+            same_boot = False
+            status, alive, slurm = view_state(d, slurm_job, info.status if info else None, stop_requested)
         if same_boot and launch is not None:
             procs = run_processes(run_id, pgid, run_dir=str(d))  # no pgid yet (launching): every group
             if not procs and pgid and _younger_than(d / LAUNCH_JSON, 2 * GROUPS_MAX_AGE_S + 1.0):
@@ -181,8 +190,9 @@ class RunStore:
                 procs = [p for p in procs if p.pid != launcher]
             if not procs and not (info is not None and info.status.is_terminal()):
                 procs = _orphan_ranks(d, run_id)  # launcher and torchrun gone, ranks still up
-        alive = bool(procs)
-        status = derive_status(info, launch, alive, same_boot, stop_requested, exited)
+        if slurm is None:
+            alive = bool(procs)
+            status = derive_status(info, launch, alive, same_boot, stop_requested, exited)
         if info is None:
             name = launch.name if launch else run_id
             nodes = launch.nodes if launch else None
@@ -201,7 +211,7 @@ class RunStore:
                        parent_run=info.parent_run or (launch.parent_run if launch else None),
                        created=launch.created if launch else (info.started_at or 0.0), archived=archived,
                        log_tail=tail, launcher_alive=launcher_alive,
-                       watchdog=launcher_alive or (exited is not None and exited.watchdog))
+                       watchdog=launcher_alive or (exited is not None and exited.watchdog), slurm=slurm)
 
     def views(self) -> list[RunView]:
         """Every run's view, newest first; unreadable ones are skipped."""

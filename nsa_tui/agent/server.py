@@ -63,7 +63,7 @@ from nsa.contract.rundir import METRICS_JSONL
 from nsa_tui import __version__
 from nsa_tui.agent import ckptfiles, evaluate, sample
 from nsa_tui.agent.housekeeping import Housekeeping
-from nsa_tui.agent.launcher import Launcher, OpError, run_lock
+from nsa_tui.agent.launcher import Launcher, OpError, run_lock, run_lock_async
 from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
@@ -266,7 +266,8 @@ class Agent:
             beats = latest_beats(d)
             now = time.time()  # the ages are measured here, on the clock the beats were written by
             return RunStatusReport(run=view, beats=beats, recent_metrics=decode_lines(lines, Metric), ts=now,
-                                   heartbeat_age_s={b.rank: max(0.0, now - b.ts) for b in beats})
+                                   heartbeat_age_s={b.rank: max(0.0, now - b.ts) for b in beats},
+                                   slurm=view.slurm)
 
         return await asyncio.to_thread(report)
 
@@ -274,6 +275,11 @@ class Agent:
         overrides = list(a.overrides)
         if a.on_failure is not None:  # validated with the config: a wrong value is a bad_config naming it
             overrides.append(f"on_failure.action={a.on_failure}")
+        if a.slurm is not None:  # a batch job from this login node (nsa_tui/slurm)
+            from nsa_tui.slurm.ops import submit
+
+            return await asyncio.to_thread(submit, self.launcher, a.slurm, a.config_path, a.config_text,
+                                           a.nproc, overrides, a.name)
         return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
                                        nproc=a.nproc, overrides=overrides, name=a.name, check=not a.force,
                                        run_id=a.run_id, nodes=a.nodes)
@@ -289,12 +295,35 @@ class Agent:
         return await asyncio.to_thread(preflight, self.launcher, self.hello(), a)
 
     async def op_kill(self, rid: Any, a: KillArgs) -> Any:
+        from nsa_tui.slurm.ops import cancel
+        from nsa_tui.slurm.view import read_job
+
+        run_dir = self.store.run_dir(a.run)
+        job = read_job(run_dir)
+        if job is not None:  # a Slurm batch job: scancel, confirmed by the queue
+            async with run_lock_async(run_dir):
+                return await cancel(a.run, run_dir, job, float(a.grace_s))
         return await self.launcher.kill(a.run, float(a.grace_s))
 
     async def op_fallback(self, rid: Any, a: FallbackArgs) -> Any:
+        job = self._slurm_job(a.run)
+        if job is not None:  # a new Slurm job: one node, one process, the same global batch
+            from nsa_tui.slurm.ops import relaunch
+
+            return await relaunch(self.launcher, a.run, job, "fallback", float(a.grace_s))
         return await self.launcher.fallback(a.run, float(a.grace_s), a.nproc, a.checkpoint)
 
+    def _slurm_job(self, run: str) -> Any:
+        from nsa_tui.slurm.view import read_job
+
+        return read_job(self.store.run_dir(run))
+
     async def op_resume(self, rid: Any, a: ResumeArgs) -> Any:
+        job = self._slurm_job(a.run)
+        if job is not None:  # a new Slurm job on the same allocation, from the newest checkpoint
+            from nsa_tui.slurm.ops import relaunch
+
+            return await relaunch(self.launcher, a.run, job, "resume")
         return await asyncio.to_thread(self.launcher.resume, a.run, a.nproc, a.checkpoint, a.run_id, a.nodes)
 
     async def op_checkpoints(self, rid: Any, a: RunArgs) -> Any:

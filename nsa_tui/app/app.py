@@ -212,7 +212,8 @@ class NsaApp(ViewActions, App[str | None]):
             run_id = await multiactions.launch(self.state, self.services, opts["hosts"], opts)
             self.select(opts["hosts"][0], run_id)
             return run_id
-        run_id = await self._service(host).actions.launch(opts)
+        slurm = self.settings.slurm.get(host)  # a Slurm login node (settings: slurm:): a batch job
+        run_id = await self._service(host).actions.launch(dict(opts, slurm=slurm) if slurm else opts)
         try:
             userstate.remember(host, RecentLaunch(
                 config=str(opts["config"]), nproc=opts.get("nproc") if isinstance(opts.get("nproc"), int)
@@ -229,8 +230,14 @@ class NsaApp(ViewActions, App[str | None]):
         return out + list(opts.get("overrides") or [])
 
     async def describe_config(self, host: str, opts: dict[str, Any]) -> Any:
-        """What the dialog's config is on ``host`` (the agent's ``describe``)."""
-        return await self._service(host).actions.describe(opts)
+        """What the dialog's config is on ``host`` (the agent's ``describe``). On a Slurm login
+        node the job runs on compute nodes, not there: the login node's lack of GPUs is no problem."""
+        import msgspec
+
+        summary = await self._service(host).actions.describe(opts)
+        if host in self.settings.slurm and summary.problems:
+            summary = msgspec.structs.replace(summary, problems=[])
+        return summary
 
     def action_launch(self) -> None:
         host = self.state.current_host()

@@ -42,7 +42,9 @@ def run_view(state: PanelState, dest: str, view: RunView) -> RunState:
     status never moves backwards: a late report of an earlier state cannot undo a later one."""
     run = state.host(dest).run(view.run_id)
     old = run.view
-    if old is not None and old.status != view.status:
+    requeued = (old is not None and old.slurm is not None and view.slurm is not None
+                and view.slurm.restarts > old.slurm.restarts)  # a requeued job queues again: not late
+    if old is not None and old.status != view.status and not requeued:
         status = old.status.advance(view.status)
         if status != view.status:
             view = msgspec.structs.replace(view, status=status, alive=old.alive and status.is_alive())

@@ -47,6 +47,17 @@ def parser() -> argparse.ArgumentParser:
     ak.add_argument("host", metavar="HOST", help=HOSTS)
     ak.add_argument("run")
     ak.add_argument("alert")
+    sl = la.add_argument_group("Slurm", "HOST is the cluster's login node; the run is a batch job "
+                               "(docs/slurm.md)")
+    sl.add_argument("--slurm", action="store_true", help="submit with sbatch from HOST, a Slurm login node")
+    sl.add_argument("--nodes", type=int, default=None, help="--slurm: nodes of the allocation (default 1)")
+    sl.add_argument("--partition", default=None, help="--slurm: the partition (default: the cluster's)")
+    sl.add_argument("--time", default=None, metavar="HH:MM:SS", help="--slurm: the job's time limit")
+    sl.add_argument("--account", default=None, help="--slurm: the account charged")
+    sl.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                    help="--slurm: one more sbatch option, e.g. --sbatch-arg=--qos=high (repeatable)")
+    sl.add_argument("--requeue", action="store_true", help="--slurm: on preemption or near the time limit "
+                    "save a checkpoint, requeue and resume from it")
     la.add_argument("--force", action="store_true",
                     help="start even when the host says the config cannot run there (no GPU for a CUDA-only "
                          "config, a Hub data source without network)")

@@ -14,6 +14,8 @@
     nsa-tui eval HOST RUN --passkey [--checkpoint STEP] [--lengths N,..] [--depths F,..] [--trials N]
                    [--seed S] [--beyond-context] [--device D]        nsa-tui eval HOST RUN --history
     nsa-tui launch H1,H2 --config PATH --nproc-per-node N [--rdzv-host ADDR]   (several hosts)
+    nsa-tui launch LOGIN --slurm --config PATH [--nodes N] [--nproc-per-node G] [--partition P]
+                   [--time HH:MM:SS] [--account A] [--sbatch-arg ARG ...] [--requeue]  (docs/slurm.md)
 
 HOST is a host list: ``local`` or an SSH destination (``[user@]host[:port]`` or a
 ~/.ssh/config alias), or ``H1,H2,...``, one run over several hosts (docs/multi-node.md); a
@@ -112,6 +114,15 @@ async def _run_command(args: argparse.Namespace) -> int:
         return fail(args, "bad_request", f"no host in {args.host!r}")
     if args.cmd == "setup":
         return await _setup(args, hosts)
+    if args.cmd == "launch":  # Slurm options checked before connecting (nsa_tui/slurm/cli.py)
+        from nsa_tui.slurm.cli import SlurmUsageError, slurm_request
+
+        try:
+            if slurm_request(args) is not None and len(hosts) > 1:
+                raise SlurmUsageError("--slurm takes one host, the cluster's login node "
+                                      "(--nodes N for more nodes)")
+        except SlurmUsageError as exc:
+            return fail(args, "bad_request", str(exc))
     clients, unreachable = await _connect(args, hosts)
     try:
         if not clients:

@@ -154,9 +154,16 @@ async def dispatch(c: Any, args: argparse.Namespace) -> int:
     elif args.cmd == "delete":
         return await _delete(c, args)
     elif args.cmd == "launch":
+        from nsa_tui.slurm.cli import slurm_request
+
+        slurm = slurm_request(args)
         res = await c.launch(args.config, nproc=args.nproc, overrides=args.set, name=args.name,
-                             upload=args.upload, on_failure=args.on_failure, force=args.force)
-        emit(args, res, res.run_id)
+                             upload=args.upload, on_failure=args.on_failure, force=args.force, slurm=slurm)
+        text = res.run_id
+        if res.slurm_job_id:
+            script = res.view.slurm.script if res.view and res.view.slurm else "?"
+            text += f"\nSlurm job {res.slurm_job_id} (script: {script})"
+        emit(args, res, text)
     elif args.cmd == "export":
         return await _export(c, args)
     elif args.cmd == "alerts":

@@ -11,6 +11,7 @@ from nsa.contract import Alert, AttentionOps, RunStatus, RunStatusReport, RunVie
 from nsa.contract.protocol import AlertState
 from nsa_tui.cli.runref import short_ids
 from nsa_tui.fmt import fmt_count, fmt_duration
+from nsa_tui.slurm.text import job_text, short_text
 
 MIN_NAME = 12
 WIDTH = 100
@@ -76,6 +77,8 @@ def runs_table(runs: Sequence[RunView], now: float) -> str:
         i = r.info
         age = fmt_duration(now - r.created) if r.created else "-"
         status = r.status.value + (" (archived)" if r.archived else "")
+        if r.slurm is not None:  # a Slurm run: why it waits, or where it runs
+            status += f" [{short_text(r.slurm)}]"
         rows.append([short[r.run_id], age, r.name, status, _step(r), str(i.world_size),
                      fmt_count(i.param_count) if i.param_count else "-"])
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
@@ -118,6 +121,9 @@ def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew:
         since = f" for {fmt_duration(now - skew - created)}" if created else ""
         parts.append(f"(booting{since}: " + ("no heartbeat yet)" if not rep.beats else "see the ranks)"))
     lines = ["  ".join(parts)]
+    if run.slurm is not None:
+        lines.append(f"  slurm: {job_text(run.slurm)}")
+        lines.append(f"  script: {run.slurm.script}")
     if info.attention_ops is not None:  # chosen at boot (absent before that, and from older trainers)
         lines.append(f"  attention: {attention_text(info.attention_ops)}")
     for b in rep.beats:

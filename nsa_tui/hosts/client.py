@@ -65,6 +65,7 @@ from nsa.contract.protocol import (
     PreflightResult,
 )
 from nsa.contract.rundir import METRICS_JSONL, TRAIN_LOG
+from nsa.contract.slurm import SlurmRequest
 from nsa_tui.hosts.connection import (
     AgentConnection,
     AgentError,
@@ -95,7 +96,7 @@ class HostClient(AgentConnection):
     async def launch(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
                      name: str | None = None, upload: bool = False, on_failure: str | None = None,
                      force: bool = False, config_text: str | None = None, run_id: str | None = None,
-                     nodes: NodeLayout | None = None) -> LaunchResult:
+                     nodes: NodeLayout | None = None, slurm: SlurmRequest | None = None) -> LaunchResult:
         """Validate on the host and start; ``upload`` sends this machine's file text along (errors
         still name ``config_path``; ``config_text``: that text, read already); ``on_failure``: the
         watchdog's policy for the run (restart, fallback, stop, none); ``force`` starts what
@@ -112,6 +113,8 @@ class HostClient(AgentConnection):
             args["run_id"] = run_id
         if nodes is not None:
             args["nodes"] = nodes
+        if slurm is not None:  # submitted as a Slurm batch job by the agent on the login node
+            args["slurm"] = slurm
         return await self.request("launch", LaunchResult, **args)
 
     async def preflight(self, *, port: int | None = None, want_port: bool = False, nproc: int | None = None,

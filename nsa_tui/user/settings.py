@@ -107,6 +107,7 @@ class Settings:
     alerts: AlertSettings = field(default_factory=AlertSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+    slurm: dict[str, Any] = field(default_factory=dict)  # Slurm login nodes: host -> SlurmRequest
     path: str = ""  # where they were read from ("" = defaults)
 
 
@@ -139,11 +140,17 @@ def load_settings(path: Path | None = None) -> Settings:
         raise SettingsError(f"{where}: expected a mapping at the top level, got {type(raw).__name__}")
     raw = dict(raw)
     keys = _keys(raw.pop("keys", None), where)
-    known = {"alerts", "notify", "watchdog"}
+    known = {"alerts", "notify", "watchdog", "slurm"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SettingsError(f"{where}: unknown key {unknown[0]!r}; "
-                            "known keys: alerts, keys, notify, watchdog")
+                            "known keys: alerts, keys, notify, slurm, watchdog")
+    from nsa_tui.slurm.settings import parse_slurm_hosts
+
+    try:
+        slurm = parse_slurm_hosts(raw.get("slurm"), where)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     notify = raw.get("notify") or {}
     try:
         webhook = None
@@ -158,7 +165,7 @@ def load_settings(path: Path | None = None) -> Settings:
             alerts=build_section(AlertSettings, raw.get("alerts") or {}, where, "alerts"),
             notify=build_section(NotifySettings, notify, where, "notify"),
             watchdog=build_section(WatchdogSettings, raw.get("watchdog") or {}, where, "watchdog"),
-            path=where)
+            slurm=slurm, path=where)
         out.notify.webhook = webhook
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None

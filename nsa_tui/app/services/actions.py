@@ -50,7 +50,7 @@ class HostActions:
         """Launch from the dialog's options; returns the new run id or raises AgentError."""
         config, nproc, overrides, upload = self._config_opts(opts)
         res = await self.client.launch(config, nproc=nproc, overrides=overrides, name=opts.get("name"),
-                                       upload=upload)
+                                       upload=upload, slurm=opts.get("slurm"))
         return self._started(res)
 
     async def describe(self, opts: dict[str, Any]) -> ConfigSummary:

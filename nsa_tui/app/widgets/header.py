@@ -14,6 +14,7 @@ from nsa_tui.fmt import NA, fmt_count, fmt_duration
 CONN_STYLE = {"connected": "bold green", "connecting": "yellow", "reconnecting": "bold yellow",
               "lost": "bold red"}
 STATUS_STYLE = {RunStatus.RUNNING.value: "bold green", RunStatus.STARTING.value: "yellow",
+                RunStatus.QUEUED.value: "magenta",
                 RunStatus.STOPPING.value: "yellow", RunStatus.FINISHED.value: "bold cyan",
                 RunStatus.STOPPED.value: "cyan", **{s.value: "bold red" for s in UNHEALTHY_STATUSES}}
 

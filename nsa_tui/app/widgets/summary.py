@@ -143,6 +143,11 @@ def summary_table(run: RunState, now: float = 0.0, merged: MergedRun | None = No
         t.add_row("timeouts", timeouts_text(run))
     if run.alive or run.beats or (merged is not None and merged.ranks):
         t.add_row("ranks", ranks_text(run, now, merged))
+    if view.slurm is not None:  # a batch job: why it waits, where it runs, how it ended
+        from nsa_tui.slurm.text import job_text
+
+        t.add_row("slurm", Text(job_text(view.slurm)))
+        t.add_row("script", Text(view.slurm.script))
     if view.parent_run:
         t.add_row("parent", Text(view.parent_run))
     if info.resumed_from:

@@ -1,0 +1,286 @@
+"""The agent's Slurm side, on the login node: submit a run as a batch job, read its queue
+state into the run's view, cancel it, and relaunch it (fallback, resume) as a new job.
+
+The run directory is the same contract as a run on one host (nsa/contract/rundir.py): the
+agent writes config.yaml, launch.json, the batch script and slurm.json; the ranks, on the
+allocation's nodes, write run.json, heartbeats, metrics, checkpoints and train.log into it
+through the shared filesystem. The job's processes are not on this machine, so the queue,
+not /proc, says whether the run is alive (``runstate.run_status``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import nsa_tui
+from nsa.contract import LaunchInfo, StopInfo, write_json_atomic
+from nsa.contract.protocol import KillResult, LaunchResult
+from nsa.contract.rundir import (
+    CONFIG_YAML,
+    LAUNCH_JSON,
+    RUN_ID_RE,
+    SLURM_JSON,
+    SLURM_SCRIPT,
+    STOP_JSON,
+    TRAIN_LOG,
+    new_run_id,
+)
+from nsa.contract.slurm import FINAL_STATES, SlurmJob, SlurmRequest
+from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.launcher import _check_nproc, validate_config
+from nsa_tui.install.pkgpath import env_with_package_path
+from nsa_tui.slurm import script as S
+from nsa_tui.slurm.queue import run_command
+from nsa_tui.slurm.version import SlurmVersionError, check_supported, parse_version
+from nsa_tui.slurm.view import QUEUE
+
+
+def slurm_version() -> str:
+    """``sinfo --version``, checked: a login node without Slurm, or too old a one, is refused."""
+    rc, out, err = run_command(["sinfo", "--version"])
+    if rc == 127:
+        raise OpError("no_slurm", "sinfo not found: this host is not a Slurm login node (no Slurm client)")
+    if rc != 0:
+        raise OpError("no_slurm", f"sinfo --version failed: {(err or out).strip()[:300]}")
+    try:
+        check_supported(parse_version(out))
+    except SlurmVersionError as exc:
+        raise OpError("no_slurm", str(exc)) from None
+    return out.strip()
+
+
+def _remove(run_dir: Path) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def submit(
+    launcher: Any,
+    req: SlurmRequest,
+    config_path: str | None,
+    config_text: str | None,
+    nproc: int | None,
+    overrides: list[str],
+    name: str | None,
+    parent_run: str | None = None,
+    resume_from: str | None = None,
+) -> LaunchResult:
+    """Validate, create the run directory, write the script and submit it. sbatch refusing the
+    job (an unknown partition, a request no node satisfies) leaves nothing behind."""
+    try:
+        S.check_request(req)
+    except ValueError as exc:
+        raise OpError("bad_request", str(exc)) from None
+    _check_nproc(nproc)
+    version = slurm_version()
+    store = launcher.store
+    store.ensure()
+    with launcher._config_file(config_path, config_text) as (path, shown):
+        cfg = validate_config(path, overrides, shown_as=shown)
+        action = cfg.on_failure.action
+        if action in ("restart", "fallback"):
+            raise OpError(
+                "bad_config",
+                f"on_failure.action={action} relaunches on the node it runs on: a "
+                "Slurm run supports none or stop (fall back or resume it with nsa-tui: a new job)",
+            )
+        run_id = new_run_id(name or cfg.name)
+        if not RUN_ID_RE.match(run_id):
+            raise OpError("bad_request", f"bad run id {run_id!r}")
+        run_dir = store.root / run_id
+        run_dir.mkdir(mode=0o700)
+        text = Path(path).read_text()
+    try:
+        return _write_and_submit(
+            launcher,
+            req,
+            run_id,
+            run_dir,
+            text,
+            cfg,
+            nproc or 1,
+            overrides,
+            name or cfg.name,
+            version,
+            config_path if config_text is not None else path,
+            parent_run,
+            resume_from,
+        )
+    except BaseException:
+        _remove(run_dir)
+        raise
+
+
+def _write_and_submit(
+    launcher: Any,
+    req: SlurmRequest,
+    run_id: str,
+    run_dir: Path,
+    text: str,
+    cfg: Any,
+    nproc: int,
+    overrides: list[str],
+    name: str,
+    version: str,
+    source: str | None,
+    parent_run: str | None,
+    resume_from: str | None,
+) -> LaunchResult:
+    import nsa
+
+    os.chmod(run_dir, 0o700)
+    cfg_copy = run_dir / CONFIG_YAML
+    fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    train_args = ["--config", str(cfg_copy), "--run-dir", str(run_dir)]
+    if overrides:
+        train_args += ["--set", *overrides]
+    if parent_run:
+        train_args += ["--parent-run", parent_run]
+    env: dict[str, str] = {"NSA_RUN_ID": run_id, "NSA_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"}
+    paths = env_with_package_path(env_with_package_path({}, nsa.__file__), nsa_tui.__file__)
+    if paths.get("PYTHONPATH"):
+        parts = [paths["PYTHONPATH"]] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        env["PYTHONPATH"] = os.pathsep.join(
+            dict.fromkeys(p for part in parts for p in part.split(os.pathsep))
+        )
+    spec = S.JobSpec(
+        run_id=run_id,
+        run_dir=str(run_dir),
+        name=name,
+        python=launcher.python,
+        nproc_per_node=nproc,
+        train_args=train_args,
+        resume_from=resume_from,
+        env=env,
+        log=str(run_dir / TRAIN_LOG),
+    )
+    script_path = run_dir / SLURM_SCRIPT
+    argv = S.sbatch_argv(req, spec, str(script_path))
+    body = S.build_script(req, spec, argv)
+    fd = os.open(script_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(body)
+    command = ["srun", *S.torchrun_argv(spec, req.nodes), "-m", "nsa.train", *train_args]
+    launch = LaunchInfo(
+        run_id=run_id,
+        name=name,
+        created=time.time(),
+        command=command,
+        nproc=nproc,
+        overrides=overrides,
+        parent_run=parent_run,
+        resume_from=resume_from,
+        config_file=source,
+    )
+    write_json_atomic(run_dir / LAUNCH_JSON, launch)
+    rc, out, err = run_command(argv)
+    if rc != 0:
+        raise OpError("slurm_refused", f"sbatch refused the job: {(err or out).strip()[:500]}")
+    job_id = out.strip().split(";")[0]  # --parsable: ID or ID;CLUSTER
+    if not job_id.isdigit():
+        raise OpError("slurm_refused", f"sbatch gave no job id: {out.strip()[:200]!r}")
+    write_json_atomic(
+        run_dir / SLURM_JSON,
+        SlurmJob(
+            job_id=job_id,
+            script=str(script_path),
+            submitted=time.time(),
+            sbatch=argv,
+            slurm_version=version,
+            request=req,
+            nproc_per_node=nproc,
+        ),
+    )
+    QUEUE.invalidate()
+    return LaunchResult(
+        run_id=run_id,
+        dir=str(run_dir),
+        nproc=nproc,
+        command=command,
+        view=launcher.store.view(run_id, with_tail=False),
+        parent_run=parent_run,
+        resume_from=resume_from,
+        slurm_job_id=job_id,
+    )
+
+
+async def cancel(run_id: str, run_dir: Path, job: SlurmJob, grace_s: float) -> KillResult:
+    """scancel, then wait until the job has left the queue (its processes are gone with it)."""
+    QUEUE.invalidate()
+    state = QUEUE.state(job.job_id)
+    if state is None or state.state in FINAL_STATES:
+        return KillResult(run_id=run_id, was_running=False)
+    write_json_atomic(run_dir / STOP_JSON, StopInfo(ts=time.time()))
+    rc, out, err = await asyncio.to_thread(run_command, ["scancel", job.job_id])
+    if rc != 0:
+        raise OpError("kill_incomplete", f"scancel {job.job_id} failed: {(err or out).strip()[:300]}")
+    # TERM now (the ranks save a checkpoint), KILL after the cluster's KillWait: wait for that
+    deadline = time.monotonic() + max(grace_s, 0.0) + 120.0
+    forced = False
+    while time.monotonic() < deadline:
+        QUEUE.invalidate()
+        state = await asyncio.to_thread(QUEUE.state, job.job_id)
+        if state is None or state.state in FINAL_STATES:
+            QUEUE.invalidate()
+            return KillResult(run_id=run_id, was_running=True, forced=forced)
+        if not forced and time.monotonic() > deadline - 120.0:
+            await asyncio.to_thread(run_command, ["scancel", "--signal=KILL", "--full", job.job_id])
+            forced = True
+        await asyncio.sleep(0.5)
+    raise OpError(
+        "kill_incomplete",
+        f"job {job.job_id} of {run_id} is still in the queue ({state.state if state else '?'}) after scancel",
+    )
+
+
+async def relaunch(launcher: Any, run_id: str, job: SlurmJob, op: str, grace_s: float = 60.0) -> LaunchResult:
+    """``fallback`` (one node, one process) or ``resume`` (the same allocation) of a Slurm run: a
+    new job, a new run linked to this one, from its newest complete checkpoint with the
+    gradient accumulation that keeps the global batch. Idempotent, under the run's lock."""
+    from nsa.contract import Relaunch
+    from nsa.contract.rundir import RELAUNCH_JSON
+    from nsa_tui.agent.launcher import run_lock_async
+
+    run_dir = launcher.store.run_dir(run_id)
+    async with run_lock_async(run_dir):
+        done = launcher._done_before(run_dir, op)
+        if done is not None:
+            return done
+        nproc = 1 if op == "fallback" else job.nproc_per_node
+        nodes = 1 if op == "fallback" else job.request.nodes
+        plan, overrides = launcher._relaunch_args(run_id, nproc * nodes, op)
+        if plan.checkpoint is None:
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint: nothing to start from")
+        if plan.problem:
+            raise OpError("bad_request", plan.problem)
+        QUEUE.invalidate()
+        state = QUEUE.state(job.job_id)
+        killed = None
+        if state is not None and state.state not in FINAL_STATES:
+            if op == "resume":
+                raise OpError("running", f"{run_id} is still in the queue ({state.state}): kill it first")
+            killed = await cancel(run_id, run_dir, job, grace_s)
+            # the ranks saved as they stopped: start from that checkpoint, not the one before
+            plan, overrides = launcher._relaunch_args(run_id, nproc * nodes, op)
+        # the new job starts when it can: a hold the first submission asked for is not repeated
+        args = [a for a in job.request.sbatch_args if a not in ("--hold", "-H")]
+        req = msgspec_replace(job.request, nodes=nodes, sbatch_args=args)
+        res = await asyncio.to_thread(
+            submit, launcher, req, str(run_dir / CONFIG_YAML), None, nproc, overrides, plan.name,
+            run_id, plan.checkpoint)
+        write_json_atomic(run_dir / RELAUNCH_JSON, Relaunch(op=op, child_run=res.run_id,  # type: ignore[arg-type]
+                                                            resume_from=plan.checkpoint, ts=time.time()))
+        res.killed = killed
+        return res
+
+
+def msgspec_replace(req: SlurmRequest, **changes: Any) -> SlurmRequest:
+    import msgspec
+
+    return msgspec.structs.replace(req, **changes)
