@@ -1,4 +1,8 @@
-"""The training loop: model, optimizer, data streams, resume, eval, checkpoints, telemetry."""
+"""The training loop: model, optimizer, data streams, eval, checkpoints, telemetry.
+
+What the loop is handed but does not decide lives beside it: the attention ops every rank
+agrees on (attention_ops.py) and how a checkpoint continues on this world size (resume.py).
+"""
 
 from __future__ import annotations
 
@@ -14,20 +18,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from nsa.config import Config, to_dict
-from nsa.contract import AttentionOps, CheckpointMeta, EpochMetric, EvalMetric, GateShares, TrainMetric
+from nsa.contract import CheckpointMeta, EpochMetric, EvalMetric, GateShares, TrainMetric
 from nsa.contract.io import JsonlWriter
-from nsa.contract.rundir import CHECKPOINTS, RunDir, global_batch, grad_accum_for
+from nsa.contract.rundir import CHECKPOINTS, RunDir, global_batch
+from nsa.train import attention_ops, longeval, resume
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
-from nsa.train import longeval
 from nsa.train.data import (
     EmptySplit,
     Packer,
     PrefetchLoader,
     StreamPos,
     own_streams,
-    positions_from_json,
-    reshard_positions,
     val_batches,
 )
 from nsa.train.faults import Faults, StopFlag
@@ -39,9 +41,6 @@ from nsa.train.tokenizer import build_tokenizer
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-# Sources read through ``datasets`` streaming: no global document index (see _load_checkpoint).
-STREAMED_SOURCES = ("files", "fineweb-edu")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -95,7 +94,8 @@ class Trainer:
         self.use_bf16 = t.dtype == "bf16" or (t.dtype == "auto" and info.device.type == "cuda")
         if self.use_bf16 and info.device.type != "cuda":
             raise RuntimeError("train.dtype bf16 needs CUDA here; use dtype auto or fp32 on CPU")
-        self.attention_ops = self._choose_attention_ops()
+        self.attention_ops = attention_ops.agree(cfg.model, info.device, self.use_bf16, info.rank, self.hb,
+                                                 self.log)
         from nsa import build_model
 
         torch.manual_seed(t.seed)  # identical initial weights on every rank
@@ -125,74 +125,14 @@ class Trainer:
                 "dtype": "bf16 autocast, fp32 params" if self.use_bf16 else "fp32",
                 "data_source": self.source.description, "n_streams": self.n_streams}
 
-    def _choose_attention_ops(self) -> AttentionOps:
-        """Settle the attention ops before anything trains, the same on every rank
-        (``nsa.ops.choose_ops``: on CUDA the kernels must pass a self-check first).
-        Returns run.json's ``attention_ops``."""
-        m = self.cfg.model
-        if m.attention.kind != "nsa":
-            return AttentionOps(backend="sdpa", requested="sdpa")
-        from nsa.ops import AttentionShape, choose_ops, fall_back
-
-        requested, device = m.attention.backend, self.info.device
-        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
-        choice, error = None, None
-        checks = requested == "triton" or (requested == "auto" and device.type == "cuda")
-        if checks:
-            self.hb.set_phase("compile")  # the check compiles the kernels for this GPU
-        try:
-            choice = choose_ops(requested, device, dtype, AttentionShape.of_model(m))
-        except Exception as exc:  # backend triton and a failing check: an error on every rank (no hang)
-            error = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
-        finally:
-            if checks:
-                self.hb.set_phase("boot")
-        ranks = D.all_gather_objects((error, choice.record() if choice else None))
-        for rank, (err, _) in enumerate(ranks):
-            if err:
-                raise RuntimeError(err if rank == self.info.rank else f"rank {rank}: {err}")
-        assert choice is not None
-        if not choice.fallback_reason:
-            for rank, (_, rec) in enumerate(ranks):
-                if rec.fallback_reason:  # every rank must run the same ops
-                    reason = f"rank {rank}: {rec.fallback_reason}"
-                    choice = fall_back(requested, device, reason, choice.check)
-                    break
-        if choice.fallback_reason:
-            self.log(f"WARNING: attention backend {requested!r}: training on the PyTorch reference ops, far "
-                     f"slower than the Triton kernels, because: {choice.fallback_reason}")
-        return choice.record()
-
     def _load_checkpoint(self, path: Path) -> dict[int, StreamPos]:
-        cfg, info = self.cfg, self.info
+        """Continue the checkpoint at ``path`` (resume.py decides the layout or refuses)."""
+        info = self.info
         meta = ckpt.read_meta(path)
-        ckpt.check_model_config(path, meta, to_dict(cfg.model))
-        for key, saved, mine in (("batch_size", meta.batch_size, cfg.train.batch_size),
-                                 ("seq_len", meta.seq_len, cfg.train.seq_len)):
-            if saved != mine:
-                raise ckpt.CheckpointError(f"{path}: saved with train.{key}={saved}, this run has "
-                                           f"{mine}; resume needs the same value")
-        g, b, w = meta.global_batch, cfg.train.batch_size, info.world_size
-        accum = grad_accum_for(g, b, w)
-        if accum is None:
-            raise ckpt.CheckpointError(
-                f"{path}: global batch {g} is not a multiple of batch_size {b} x world {w}: "
-                "cannot keep the global batch on this world size")
-        self.grad_accum = accum
-        old_streams = meta.n_streams
-        if own_streams(old_streams, w, info.rank) is None and cfg.data.source in STREAMED_SOURCES:
-            # A streamed source has no global document index (split_dataset_by_node shards by
-            # file or interleaves, and validation counts each stream's own documents), so
-            # re-sharding would replay documents already trained on, skip others and move the
-            # validation split onto trained documents: refuse instead.
-            raise ckpt.CheckpointError(
-                f"{path}: {old_streams} data stream(s) of data.source {cfg.data.source} cannot be re-sharded "
-                f"over {w} ranks without replaying documents or mixing validation into training: resume "
-                f"on a world size that divides {old_streams}")
-        if meta.world_size != w or self.grad_accum != cfg.train.grad_accum:
-            self.resume_note = (f"resuming a {meta.world_size}-rank checkpoint on {w} rank(s): "
-                                f"grad_accum {meta.grad_accum} -> {self.grad_accum} keeps the global "
-                                f"batch of {g} sequences")
+        plan = resume.layout(path, meta, self.cfg, info.world_size, info.rank)
+        self.grad_accum, self.n_streams = plan.grad_accum, plan.n_streams
+        self.micro_per_stream = plan.micro_per_stream
+        self.resume_note = plan.note
         note = ckpt.load(path, meta, self.model, self.optimizer, info.rank, info.device)
         if note:
             self.log(note)
@@ -201,16 +141,9 @@ class Trainer:
         self.step, self.tokens = meta.step, meta.tokens
         own = path.parent.resolve() == (self.run_dir / CHECKPOINTS).resolve()
         self.last_ckpt = path.name if own else str(path)  # the last good one until a new save
-        positions = positions_from_json(meta.data_positions)
-        if own_streams(old_streams, w, info.rank) is None:
-            new = reshard_positions(positions, old_streams, w)
-            self.log(f"data: {old_streams} streams cannot be split over {w} ranks; re-sharding into {w} "
-                     f"streams starting at document {new[0].doc} of each (nothing replayed, the rest of "
-                     "partly read documents skipped)")
-            self.n_streams, self.micro_per_stream = w, self.grad_accum
-            return new
-        self.n_streams = old_streams
-        self.micro_per_stream = g // (b * old_streams)  # micro-batches of each saved stream per step
+        positions, reshard_note = resume.positions(meta, plan)
+        if reshard_note:
+            self.log(reshard_note)
         return positions
 
     def _setup_data(self, positions: dict[int, StreamPos]) -> None:

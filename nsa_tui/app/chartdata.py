@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nsa.contract.rundir import RUN_JSON
-from nsa_tui.app.state import PanelState, Points, RunState
+from nsa_tui.app.runmetrics import Points
+from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.fmt import GIB, MIB
 
 # line colours (RGB: plotext and the legend draw the same ones); the bucket min/max envelope

@@ -22,9 +22,10 @@ from nsa.contract.series import MetricsFolder
 from nsa_tui.app import chartdata, reducer
 from nsa_tui.app.app import NsaApp
 from nsa_tui.app.listing import parse_filter, run_rows
+from nsa_tui.app.runmetrics import RunMetrics, thin_points
 from nsa_tui.app.screens.dialogs import ConfirmScreen, HelpScreen
 from nsa_tui.app.screens.main import MainScreen
-from nsa_tui.app.state import PanelState, RunMetrics, thin_points
+from nsa_tui.app.state import PanelState
 from nsa_tui.app.viewprefs import load_prefs
 from nsa_tui.app.widgets.charts import MetricChart, spikes, y_axis
 from nsa_tui.app.widgets.gpus import GpuTable

@@ -7,7 +7,8 @@ import time
 
 from nsa.contract import RunInfo, RunStatus, RunView, SeriesSummary, TrainMetric
 from nsa_tui.app.keymap import load_keymap
-from nsa_tui.app.state import LogBuffer, PanelState, thin
+from nsa_tui.app.runmetrics import thin
+from nsa_tui.app.state import LogBuffer, PanelState
 from nsa_tui.fmt import fmt_bytes, fmt_count, fmt_duration, fmt_pair_bytes
 
 

@@ -17,7 +17,7 @@ from rich.text import Text
 from textual_plotext import PlotextPlot
 
 from nsa_tui.app.chartdata import ENVELOPE, ChartData
-from nsa_tui.app.state import Points, thin_points
+from nsa_tui.app.runmetrics import Points, thin_points
 from nsa_tui.fmt import fmt_ticks, nice_ticks
 
 Y_LABEL_COLS = 8  # room plotext keeps left of the plot for y labels (roughly)

@@ -8,7 +8,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from nsa.contract import FAILED_STATUSES, UNHEALTHY_STATUSES, RunStatus, TrainMetric
-from nsa_tui.app.state import HostState, PanelState, RunMetrics, RunState
+from nsa_tui.app.runmetrics import RunMetrics
+from nsa_tui.app.state import HostState, PanelState, RunState
 from nsa_tui.fmt import NA, fmt_count, fmt_duration
 
 CONN_STYLE = {"connected": "bold green", "connecting": "yellow", "reconnecting": "bold yellow",
