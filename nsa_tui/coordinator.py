@@ -16,6 +16,7 @@ The agents know nothing of each other; this client-side module does what spans h
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class MultiLaunch:
     run_id: str
     rdzv_endpoint: str
     results: dict[str, LaunchResult] = field(default_factory=dict)
+    shared: bool = False  # the hosts share the runs root: one run directory
 
 
 async def connect(dests: Sequence[str], make: Callable[[str], HostClient]) -> tuple[dict[str, HostClient],
@@ -72,8 +74,44 @@ def _endpoint(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
-def _layout(hosts: list[str], i: int, endpoint: str, addrs: list[str]) -> NodeLayout:
-    return NodeLayout(nnodes=len(hosts), node_rank=i, hosts=hosts, rdzv_endpoint=endpoint, node_addr=addrs[i])
+def _layout(hosts: list[str], i: int, endpoint: str, addrs: list[str], shared: bool = False) -> NodeLayout:
+    return NodeLayout(nnodes=len(hosts), node_rank=i, hosts=hosts, rdzv_endpoint=endpoint, node_addr=addrs[i],
+                      shared_root=shared)
+
+
+async def shared_root(clients: dict[str, HostClient], pre: list[PreflightResult]) -> bool:
+    """Whether the hosts share one runs root: a marker written through the first host and looked
+    for through the others (never guessed from paths: one path may be a different disk on each
+    host, two paths one disk). All share: one run directory; none share: one per host; a mix is
+    refused before anything starts, as is one machine named twice on a shared root."""
+    hosts = list(clients)
+    token = secrets.token_hex(8)
+    first = await clients[hosts[0]].preflight(marker_write=token)
+    try:
+        if first.marker_error:
+            raise MultiHostError(hosts[0], f"cannot probe whether the runs root is shared: {first.marker_error}",
+                                 "refused")
+        looks = await asyncio.gather(*(clients[h].preflight(marker_look=token) for h in hosts[1:]))
+    finally:
+        await clients[hosts[0]].preflight(marker_remove=token)
+    for h, r in zip(hosts[1:], looks):
+        if r.marker_error:
+            raise MultiHostError(h, f"cannot probe whether the runs root is shared: {r.marker_error}", "refused")
+    seen = [bool(r.marker_seen) for r in looks]
+    if any(seen) and not all(seen):
+        with_first = [hosts[0]] + [h for h, s in zip(hosts[1:], seen) if s]
+        apart = [h for h, s in zip(hosts[1:], seen) if not s]
+        raise MultiHostError(apart[0], f"{', '.join(with_first)} share one runs root but {', '.join(apart)} "
+                             "do not: a run over hosts that partly share a runs root is not supported; give "
+                             "every host the shared runs root (or each its own)", "bad_request")
+    if all(seen):
+        nodes = [p.node for p in pre]
+        twice = next((h for i, h in enumerate(hosts) if nodes[i] and nodes[i] in nodes[:i]), None)
+        if twice is not None:
+            raise MultiHostError(twice, f"is the same machine as {hosts[nodes.index(nodes[hosts.index(twice)])]} "
+                                 f"(node {nodes[hosts.index(twice)]}) on one runs root: name each host once",
+                                 "bad_request")
+    return all(seen)
 
 
 def _addr(c: HostClient) -> str:
@@ -124,16 +162,17 @@ async def launch(clients: dict[str, HostClient], config: str, *, nproc: int | No
         if isinstance(p, BaseException):
             raise MultiHostError(host, f"preflight failed: {p}", "unreachable")
     first = check_preflight(hosts, pre, force)  # type: ignore[arg-type]
+    shared = await shared_root(clients, pre)  # type: ignore[arg-type]
     addrs = [rdzv_host if i == 0 and rdzv_host else _addr(clients[h]) for i, h in enumerate(hosts)]
     assert first.port is not None  # check_preflight refuses a first host without a free port
     endpoint = _endpoint(addrs[0], first.port)
     run_id = new_run_id(name or first.config_name or "run")
-    out = MultiLaunch(run_id=run_id, rdzv_endpoint=endpoint)
+    out = MultiLaunch(run_id=run_id, rdzv_endpoint=endpoint, shared=shared)
     for i, host in enumerate(hosts):
         try:
             out.results[host] = await clients[host].launch(
                 config, nproc=nproc, overrides=overrides, name=name, config_text=text, run_id=run_id,
-                nodes=_layout(hosts, i, endpoint, addrs), force=force)
+                nodes=_layout(hosts, i, endpoint, addrs, shared), force=force)
         except (AgentError, TransportError) as exc:
             await _roll_back(clients, list(out.results), run_id)
             raise MultiHostError(host, f"launch failed: {exc}; stopped what had started on "
