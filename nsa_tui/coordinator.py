@@ -8,9 +8,11 @@ The agents know nothing of each other; this client-side module does what spans h
   rolled back (what started is stopped; nothing is left running anywhere);
 - :func:`parts`: each host's part of a run, for :func:`nsa_tui.multihost.merge`;
 - :func:`kill`, :func:`dump`: on every host at once;
+- :func:`shared_root`: whether the hosts share one runs root (a marker file probe);
 - :func:`fallback`: stop everywhere, gather the newest checkpoint complete on every host
-  onto rank 0's host, relaunch there on one node (or one GPU) with the same global batch;
-- :func:`resume`: gather that checkpoint onto every host, relaunch across all of them.
+  onto rank 0's host (hosts with runs roots of their own; a shared root is read in place),
+  relaunch there on one node (or one GPU) with the same global batch;
+- :func:`resume`: the same checkpoint on every host, relaunch across all of them.
 """
 
 from __future__ import annotations
@@ -312,7 +314,8 @@ async def fallback(clients: dict[str, HostClient], run_id: str, *, nproc: int | 
     parts_at = {p.host: p for p in known}
     live = {h: c for h, c in clients.items() if h in parts_at}
     ckpt = await newest_common_checkpoint(live, run_id)
-    await gather(live, run_id, ckpt, [target], log)
+    if not any(p.view is not None and p.view.shared for p in known):  # shared: read in place
+        await gather(live, run_id, ckpt, [target], log)
     return await clients[target].fallback(run_id, grace_s, nproc=nproc or 1, checkpoint=ckpt)
 
 
@@ -332,7 +335,9 @@ async def resume(clients: dict[str, HostClient], run_id: str, *, rdzv_host: str 
     assert first is not None
     nproc = first.launch.nproc if first.launch is not None else 1
     ckpt = await newest_common_checkpoint(clients, run_id)
-    await gather(clients, run_id, ckpt, hosts, log)
+    shared = first.shared  # one directory on every host: the checkpoint is read in place
+    if not shared:
+        await gather(clients, run_id, ckpt, hosts, log)
     port = await _port(clients[hosts[0]], hosts[0], rdzv_port)
     addrs = [rdzv_host if i == 0 and rdzv_host else _addr(clients[h]) for i, h in enumerate(hosts)]
     endpoint = _endpoint(addrs[0], port)
@@ -341,7 +346,7 @@ async def resume(clients: dict[str, HostClient], run_id: str, *, rdzv_host: str 
     for i, host in enumerate(hosts):
         try:
             res = await clients[host].resume(run_id, nproc=nproc, checkpoint=ckpt, new_run_id=new_id,
-                                             nodes=_layout(hosts, i, endpoint, addrs))
+                                             nodes=_layout(hosts, i, endpoint, addrs, shared))
         except (AgentError, TransportError) as exc:
             await _roll_back(clients, list(out.results), new_id)
             raise MultiHostError(host, f"resume failed: {exc}; stopped what had started",

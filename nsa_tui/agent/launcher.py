@@ -341,7 +341,8 @@ class Launcher:
         pgid = launch.launcher_pgid if launch else None
         procs = await asyncio.to_thread(run_processes, run_id, None, False, mark)
         if not procs:
-            refuse_live_elsewhere(self.store, run_id, "stop")
+            if launch is None or (launch.node and launch.node != this_node()):  # no part of it is this host's
+                refuse_live_elsewhere(self.store, run_id, "stop")
             return KillResult(run_id=run_id, was_running=False)
         write_json_atomic(part / STOP_JSON, StopInfo(ts=time.time()))
         ranks = [p for p in procs if p.rank is not None]

@@ -80,8 +80,14 @@ class LeaseKeeper:
             self._stop.wait(self.every_s)
 
     def stop(self) -> None:
+        """Stop renewing and release the lease (``ttl_s`` 0): this part has ended, say so at once
+        rather than after the lease would have expired."""
         self._stop.set()
         self._thread.join(timeout=5)
+        try:
+            write_lease(self.part, 0.0, os.getpid())
+        except OSError:
+            pass
 
 
 def newest_beat_of(hostname: str, beats: list[Beat]) -> Beat | None:
@@ -91,8 +97,9 @@ def newest_beat_of(hostname: str, beats: list[Beat]) -> Beat | None:
 
 
 def judge_remote(part: Path, launch: LaunchInfo | None, beats: list[Beat], now: float | None = None) -> Owner:
-    """Another host's part of a run, judged without its process table: a fresh lease or a fresh
-    beat of its ranks (not a final one) is alive, an exit record is ended, neither is expired."""
+    """Another host's part of a run, judged without its process table: a fresh lease is alive; a
+    released lease or an exit record is ended; else a fresh beat of its ranks (not a final one)
+    is alive (no lease yet, or a supervisor killed while its ranks go on); else expired."""
     now = time.time() if now is None else now
     node = launch.node if launch is not None else part.name
     host = launch.hostname if launch is not None else ""
@@ -100,11 +107,11 @@ def judge_remote(part: Path, launch: LaunchInfo | None, beats: list[Beat], now: 
     lease_age = now - lease.ts if lease is not None else None
     if lease is not None and lease_age is not None and lease_age < lease.ttl_s:
         return Owner(node=node, hostname=host or lease.hostname, alive=True, how="lease", age_s=max(0.0, lease_age))
+    if (lease is not None and lease.ttl_s == 0) or read_json(part / EXIT_JSON, ExitInfo) is not None:
+        return Owner(node=node, hostname=host, alive=False, how="exit")  # released, or torchrun ended
     beat = newest_beat_of(host, beats) if host else None
     if beat is not None and not beat.phase.is_final() and now - beat.ts < LEASE_TTL_S:
         return Owner(node=node, hostname=host, alive=True, how="beats", age_s=max(0.0, now - beat.ts))
-    if read_json(part / EXIT_JSON, ExitInfo) is not None:
-        return Owner(node=node, hostname=host, alive=False, how="exit")
     ages = [a for a in (lease_age, now - beat.ts if beat is not None else None) if a is not None]
     return Owner(node=node, hostname=host, alive=False, how="expired", age_s=min(ages) if ages else None)
 

@@ -9,6 +9,7 @@ age: small JSON files, a /proc scan shared by every caller, and the last lines o
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -84,7 +85,11 @@ def _orphan_ranks(run_dir: Path, run_id: str, mark: str | None = None) -> list[R
     PDEATHSIG or hung for good; the run is not dead (crashed) while it holds its GPU.
     """
     found = []
+    shared = mark is not None and mark != str(run_dir)
+    host = socket.gethostname()
     for beat in latest_beats(run_dir):
+        if shared and beat.host != host:
+            continue  # another host's rank: its pid means nothing in this process table
         proc = run_process(beat.pid, run_id, mark or str(run_dir))
         if proc is not None:
             found.append(proc)

@@ -109,10 +109,12 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001
             log(f"nsa-tui watchdog: final check failed: {type(exc).__name__}: {exc}")
     write_json_atomic(part / EXIT_JSON, record)
-    lease.stop()
     print(f"nsa-tui supervise: command exited with {code}", flush=True)
-    if wd is not None:
-        _after(wd, final)
+    try:
+        if wd is not None:
+            _after(wd, final)  # ranks that outlived torchrun keep the lease renewed
+    finally:
+        lease.stop()
     return 0
 
 

@@ -1,0 +1,206 @@
+"""Hosts that share one runs root, as a cluster's NFS home is: two real OpenSSH servers on
+127.0.0.1, each in PID and UTS namespaces of its own with its own hostname (two machines: neither
+sees the other's processes), one home and so one ``~/nsa-runs`` (tests/sshd.py ``machines``).
+
+- a run over both hosts has one directory, each host's per-node files under ``nodes/<node>/``,
+  world size 2, steps advancing; its checkpoints are written once (every rank's shard in one
+  directory); delete and archive through either host are refused while it runs and remove
+  nothing; kill stops every rank on both machines; a fallback to one process reads the
+  checkpoint in place (no copy) and redoes its steps with bit-identical losses;
+- a run of one host is never judged dead by the other: seen alive there by its lease, delete,
+  archive and kill through the other host are refused naming the owner; when the owner's
+  machine vanishes, the other host shows the run lost once the lease and heartbeats expire,
+  and its directory is intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nsa.contract import RunStatus
+from nsa.contract.rundir import node_name
+from nsa_tui import coordinator as co
+from nsa_tui.agent.owners import LEASE_TTL_S
+from nsa_tui.agent.procs import boot_id, run_processes
+from nsa_tui.client import HostClient
+from nsa_tui.multihost import MergedRun, merge
+from nsa_tui.transport.ssh import SshTransport
+from tests.agent.e2e import SMOKE
+from tests.sshd import SshNodes
+from tests.train.trainrun import metrics, run_train
+
+pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(300)]
+
+LONG = ["train.steps=100000", "train.save_every=4", "train.eval_every=100000", "train.batch_size=1",
+        "train.grad_accum=2"]
+
+
+def cli(nodes: SshNodes, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], env=nodes.env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def logs(d: Path) -> str:
+    """Each node's train.log, last lines: what a failure needs to be understood."""
+    return "\n".join(f"== {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                     for p in sorted(d.glob("nodes/*/train.log")))
+
+
+def files_under(d: Path) -> list[str]:
+    """The run's files, its checkpoints aside (the trainer prunes old ones as it goes)."""
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.relative_to(d).parts[0] != "checkpoints")
+
+
+async def until(what: str, fn: Callable[[], Any], timeout: float = 150, show: Callable[[], Any] | None = None
+                ) -> Any:
+    """Poll ``fn`` until it returns something truthy: states, not times."""
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = await fn()
+        if last:
+            return last
+        await asyncio.sleep(0.5)
+    extra = f"; {await show()}" if show is not None else ""
+    raise AssertionError(f"timed out waiting for {what}; last: {last}{extra}")
+
+
+@pytest.fixture
+async def clients(machines: SshNodes) -> AsyncIterator[dict[str, HostClient]]:
+    def make(dest: str) -> HostClient:
+        tr = SshTransport(dest, config=[str(machines.ssh_config)], remote_python=sys.executable)
+        return HostClient(dest, transport=tr)
+
+    connected, bad = await co.connect(machines.aliases, make)
+    assert not bad, bad
+    try:
+        yield connected
+    finally:
+        await asyncio.gather(*(c.close() for c in connected.values()), return_exceptions=True)
+
+
+def root_of(machines: SshNodes) -> Path:
+    roots = {s.runs_root for s in machines.servers}
+    assert len(roots) == 1
+    return roots.pop()
+
+
+def nodes_of(machines: SshNodes) -> list[str]:
+    """The node names of the two machines (their hostnames; one kernel, so one boot id)."""
+    return [node_name(s.machine or "", boot_id()) for s in machines.servers]
+
+
+def stepped(n: int, clients: dict[str, HostClient], run_id: str) -> Callable[[], Any]:
+    async def check() -> MergedRun | None:
+        m = merge(run_id, await co.parts(clients, run_id))
+        ok = len(m.ranks) == 2 and min(b.step for _, b in m.ranks) >= n
+        return m if ok else None
+    return check
+
+
+def kill_leftovers(*run_ids: str) -> None:
+    """No process of these runs may outlive the test (this namespace sees both machines')."""
+    import os
+    import signal
+
+    for rid in run_ids:
+        for p in run_processes(rid, fresh=True):
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+async def test_one_directory_for_a_run_over_hosts_sharing_the_runs_root(
+        machines: SshNodes, clients: dict[str, HostClient], tmp_path: Path) -> None:
+    hosts = ",".join(machines.aliases)
+    root = root_of(machines)
+    r = cli(machines, "launch", hosts, "--config", SMOKE, "--nproc-per-node", "1", "--set", *LONG, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rid = json.loads(r.stdout)["run_id"]
+    child = ""
+    try:
+        d = root / rid
+        assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == [rid]  # one directory
+        nodes = nodes_of(machines)
+        assert sorted(p.name for p in (d / "nodes").iterdir()) == sorted(nodes)
+        assert not (d / "launch.json").exists()  # per-node records are per node
+        for i, n in enumerate(nodes):
+            launch = json.loads((d / "nodes" / n / "launch.json").read_text())
+            assert launch["node"] == n and launch["hostname"] == f"nsa-m{i}"
+            assert launch["nodes"]["shared_root"] and launch["nodes"]["node_rank"] == i
+            assert (d / "nodes" / n / "lease.json").is_file() and (d / "nodes" / n / "train.log").is_file()
+        m = await until("4 steps on both ranks", stepped(4, clients, rid))
+        assert m.status == RunStatus.RUNNING and sorted(h for h, _ in m.ranks) == sorted(machines.aliases), m
+        info = json.loads((d / "run.json").read_text())
+        assert info["world_size"] == 2 and info["nnodes"] == 2
+
+        async def saved() -> list[str] | None:
+            try:  # the trainer prunes old checkpoints as it goes: a listing may lose a race
+                latest = d / "checkpoints" / (d / "checkpoints" / "latest").read_text().strip()
+                return sorted(p.name for p in latest.iterdir())
+            except OSError:
+                return None
+        # written once: every rank's shard and the metadata in the one directory
+        assert await until("a checkpoint", saved) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"]
+
+        # the live run through either host: delete and archive refused, nothing removed
+        before = files_under(d)
+        for h in machines.aliases:
+            for args in (["delete", h, rid, "--yes"], ["archive", h, rid]):
+                res = cli(machines, *args, "--json")
+                assert res.returncode != 0, (args, res.stdout, res.stderr)
+                assert "stop it" in res.stdout + res.stderr, res.stdout + res.stderr
+        assert d.is_dir() and not (d / "archived.json").exists()
+        assert set(before) <= set(files_under(d))
+        # no crash or lost alert from either host's watchdog for the other's ranks
+        al = cli(machines, "alerts", hosts, rid, "--json")
+        assert al.returncode in (0, 6), al.stdout + al.stderr
+        doc = json.loads(al.stdout)
+        assert not [a for h in machines.aliases for a in doc[h]["alerts"]
+                    if a["alert"]["kind"] in ("crash", "lost")], al.stdout
+
+        k = cli(machines, "kill", hosts, rid, "--json")
+        assert k.returncode == 0, k.stdout + k.stderr
+        assert any(v["was_running"] for v in json.loads(k.stdout).values()), (k.stdout, logs(d))
+        assert not run_processes(rid, fresh=True)  # no rank left on either machine
+
+        # fall back to one process: the checkpoint read where it is, nothing copied
+        ckpts = {p.name: sorted((f.name, f.stat().st_mtime_ns) for f in p.iterdir())
+                 for p in (d / "checkpoints").glob("step-*")}
+        fb = cli(machines, "fallback", machines.aliases[1], rid, "--grace", "60", "--json")
+        assert fb.returncode == 0, fb.stdout + fb.stderr
+        out = json.loads(fb.stdout)
+        child, ckpt = out["run_id"], Path(out["resume_from"])
+        assert ckpt.parent.parent == d and out["nproc"] == 1
+        assert {p.name: sorted((f.name, f.stat().st_mtime_ns) for f in p.iterdir())
+                for p in (d / "checkpoints").glob("step-*") if p.name in ckpts} == {
+                    n: v for n, v in ckpts.items() if (d / "checkpoints" / n).exists()}
+        step = int(ckpt.name.split("-")[1])
+        cd = root / child
+
+        async def child_steps() -> bool:
+            return (cd / "metrics.jsonl").exists() and len(metrics(cd)) >= 3
+        await until("3 steps of the 1-process run", child_steps)
+        kc = cli(machines, "kill", m.primary, child, "--json")
+        assert kc.returncode == 0, kc.stdout + kc.stderr
+        launch = json.loads((cd / "launch.json").read_text())
+        ref = run_train(tmp_path / "ref", [*launch["overrides"], f"debug.stop_at_step={step + 3}"], nproc=1,
+                        config=cd / "config.yaml", resume=str(ckpt), env={"NSA_THREADS": "1"})
+        assert ref.rc == 0, ref.output[-3000:]
+        got = {x["step"]: x["loss"] for x in metrics(cd)}
+        want = {x["step"]: x["loss"] for x in metrics(ref.run_dir)}
+        assert sorted(want) == [step + 1, step + 2, step + 3]
+        for s in want:
+            assert got[s] == want[s], f"step {s}: fallback {got[s]!r} vs 1-process run {want[s]!r}"
+    finally:
+        kill_leftovers(rid, *([child] if child else []))
