@@ -204,3 +204,60 @@ async def test_one_directory_for_a_run_over_hosts_sharing_the_runs_root(
             assert got[s] == want[s], f"step {s}: fallback {got[s]!r} vs 1-process run {want[s]!r}"
     finally:
         kill_leftovers(rid, *([child] if child else []))
+
+
+async def test_a_run_of_one_host_is_never_judged_dead_by_another(
+        machines: SshNodes, clients: dict[str, HostClient]) -> None:
+    owner, other = machines.aliases
+    root = root_of(machines)
+    r = cli(machines, "launch", owner, "--config", SMOKE, "--nproc", "1", "--set", *LONG, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rid = json.loads(r.stdout)["run_id"]
+    d = root / rid
+    # and a run over both machines, which loses the one that vanishes below
+    both = (await co.launch(clients, SMOKE, nproc=1, overrides=[*LONG, "train.pg_timeout_s=30"])).run_id
+    try:
+        await until("2 steps on both ranks", stepped(2, clients, both))
+        async def steps() -> bool:
+            return (d / "metrics.jsonl").exists() and len(metrics(d)) >= 2
+        await until("2 steps", steps)
+        # the other host cannot see its processes, yet knows it is alive: the owner's lease
+        view = await clients[other].run(rid)
+        assert view.alive and view.status == RunStatus.RUNNING, view
+        assert [(o.hostname, o.alive, o.how) for o in view.owners] == [("nsa-m0", True, "lease")], view.owners
+        before = files_under(d)
+        for args in (["delete", other, rid, "--yes"], ["archive", other, rid], ["kill", other, rid]):
+            res = cli(machines, *args, "--json")
+            assert res.returncode != 0, (args, res.stdout, res.stderr)
+            assert "alive on nsa-m0" in res.stdout, res.stdout + res.stderr  # names the owner
+        assert set(before) <= set(files_under(d)) and not (d / "archived.json").exists()
+        assert run_processes(rid, fresh=True)  # still training
+
+        # the owner's machine vanishes: through the other host the run is lost once the lease and
+        # heartbeats have expired, and nothing of it is removed
+        machines.servers[0].vanish()
+        t0 = time.monotonic()
+
+        async def lost() -> Any:
+            v = await clients[other].run(rid)
+            return v if v.status == RunStatus.LOST else None
+        v = await until("the run to be lost", lost, timeout=LEASE_TTL_S + 60)
+        assert time.monotonic() - t0 >= LEASE_TTL_S - 5 and not v.alive, v  # not before the lease expired
+        assert [(o.hostname, o.how) for o in v.owners] == [("nsa-m0", "expired")], v.owners
+        assert set(before) <= set(files_under(d))
+        st = cli(machines, "status", other, rid, "--json")
+        assert st.returncode == 6 and json.loads(st.stdout)["run"]["status"] == "lost", st.stdout + st.stderr
+
+        # the run over both: lost (its first host's lease expired) or crashed (the other host's
+        # ranks failed without it), through the host that is left; its directory intact
+        bd = root / both
+        kept = files_under(bd)
+
+        async def ended() -> MergedRun | None:
+            m = merge(both, await co.parts({other: clients[other]}, both, {owner: "gone"}, machines.aliases))
+            return m if m.status in (RunStatus.LOST, RunStatus.CRASHED, RunStatus.FAILED) else None
+        m = await until("the run over both to be lost or crashed", ended, timeout=LEASE_TTL_S + 60)
+        assert m.problem, m
+        assert set(kept) <= set(files_under(bd)) and len(list((bd / "nodes").iterdir())) == 2
+    finally:
+        kill_leftovers(rid, both)
