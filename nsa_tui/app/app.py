@@ -31,7 +31,8 @@ from nsa_tui.app.view_actions import ViewActions
 from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.header import why_not_connected
 from nsa_tui.app.widgets.runlist import RunList
-from nsa_tui.settings import Settings, SettingsError, load_settings, settings_path
+from nsa_tui.hostspec import runs_root_for
+from nsa_tui.settings import Settings, SettingsError, host_runs_roots, load_settings, settings_path
 from nsa_tui.userstate import RecentLaunch
 
 TICK_S = 0.1
@@ -87,7 +88,8 @@ class NsaApp(ViewActions, App[str | None]):
         if self.live:
             for dest in self.destinations:
                 svc = HostService(self.state, dest, self.post_message, self.clients.get(dest),
-                                  self.alert_thresholds, log_error=self.log.error)
+                                  self.alert_thresholds, log_error=self.log.error,
+                                  runs_root=runs_root_for(dest, None, host_runs_roots(self.settings)))
                 self.services[dest] = svc
                 self.run_worker(svc.run(), group=f"host:{dest}", exit_on_error=False)
         self.set_interval(TICK_S, self.tick)

@@ -261,3 +261,19 @@ async def test_a_run_of_one_host_is_never_judged_dead_by_another(
         assert set(kept) <= set(files_under(bd)) and len(list((bd / "nodes").iterdir())) == 2
     finally:
         kill_leftovers(rid, both)
+
+
+def test_hosts_that_partly_share_a_runs_root_are_refused_before_anything_starts(
+        machines: SshNodes, tmp_path: Path) -> None:
+    """``HOST:/path`` gives a host its own runs root: here the second machine once with the shared
+    root and once with one of its own, a mix that is refused naming both sides."""
+    own = tmp_path / "own-runs"
+    hosts = f"{machines.aliases[0]},{machines.aliases[1]},{machines.aliases[1]}:{own}"
+    r = cli(machines, "launch", hosts, "--config", SMOKE, "--nproc-per-node", "1", "--json")
+    assert r.returncode == 2, r.stdout + r.stderr
+    msg = json.loads(r.stdout)["error"]["message"]
+    assert f"{machines.aliases[0]}, {machines.aliases[1]} share one runs root but {machines.aliases[1]}:{own}" \
+        in msg, msg
+    root = root_of(machines)
+    assert not [p for p in root.iterdir()], list(root.iterdir())  # no run directory, no marker left
+    assert not own.exists() or not [p for p in own.iterdir()]
