@@ -64,7 +64,8 @@ async def _setup(args: argparse.Namespace, hosts: list[str]) -> int:
     for host in hosts:
         where = f"{host}: " if len(hosts) > 1 else ""
         try:
-            res = await setup_host(split_runs_root(host)[0], confirm_host_key=_ask_host_key, no_deps=args.no_deps,
+            res = await setup_host(split_runs_root(host)[0], confirm_host_key=_ask_host_key,
+                                   no_deps=args.no_deps,
                                    prefix=args.prefix, python=args.python,
                                    log=None if args.json else lambda m: print(m, file=sys.stderr))
         except TransportError as exc:

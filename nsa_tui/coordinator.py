@@ -91,14 +91,15 @@ async def shared_root(clients: dict[str, HostClient], pre: list[PreflightResult]
     first = await clients[hosts[0]].preflight(marker_write=token)
     try:
         if first.marker_error:
-            raise MultiHostError(hosts[0], f"cannot probe whether the runs root is shared: {first.marker_error}",
-                                 "refused")
+            raise MultiHostError(hosts[0], f"cannot probe whether the runs root is shared: "
+                                 f"{first.marker_error}", "refused")
         looks = await asyncio.gather(*(clients[h].preflight(marker_look=token) for h in hosts[1:]))
     finally:
         await clients[hosts[0]].preflight(marker_remove=token)
     for h, r in zip(hosts[1:], looks):
         if r.marker_error:
-            raise MultiHostError(h, f"cannot probe whether the runs root is shared: {r.marker_error}", "refused")
+            raise MultiHostError(h, f"cannot probe whether the runs root is shared: {r.marker_error}",
+                                 "refused")
     seen = [bool(r.marker_seen) for r in looks]
     if any(seen) and not all(seen):
         with_first = [hosts[0]] + [h for h, s in zip(hosts[1:], seen) if s]
@@ -108,11 +109,11 @@ async def shared_root(clients: dict[str, HostClient], pre: list[PreflightResult]
                              "every host the shared runs root (or each its own)", "bad_request")
     if all(seen):
         nodes = [p.node for p in pre]
-        twice = next((h for i, h in enumerate(hosts) if nodes[i] and nodes[i] in nodes[:i]), None)
+        twice = next((i for i in range(len(hosts)) if nodes[i] and nodes[i] in nodes[:i]), None)
         if twice is not None:
-            raise MultiHostError(twice, f"is the same machine as {hosts[nodes.index(nodes[hosts.index(twice)])]} "
-                                 f"(node {nodes[hosts.index(twice)]}) on one runs root: name each host once",
-                                 "bad_request")
+            same = hosts[nodes.index(nodes[twice])]
+            raise MultiHostError(hosts[twice], f"is the same machine as {same} (node {nodes[twice]}) on one "
+                                 "runs root: name each host once", "bad_request")
     return all(seen)
 
 

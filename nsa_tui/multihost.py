@@ -100,8 +100,9 @@ def _why(p: Part, status: RunStatus) -> str:
     if status == RunStatus.LOST:
         gone = [o for o in v.owners if o.how == "expired" and not o.mine]
         if gone:
-            return (f"{', '.join(o.hostname or o.node for o in gone)}: its lease and heartbeats expired while "
-                    "the run was running (the host is gone); the run directory is kept")
+            names = ", ".join(o.hostname or o.node for o in gone)
+            return (f"{names}: its lease and heartbeats expired while the run was running (the host is "
+                    "gone); the run directory is kept")
         return f"{who}: the host rebooted while the run was running"
     code = v.exit.exit_code if v.exit is not None else None
     last = next((ln.strip() for ln in reversed(v.log_tail) if ln.strip()), "")

@@ -172,7 +172,8 @@ def load_settings(path: Path | None = None) -> Settings:
             # a bare URL is the usual case; the URL is a secret: errors never quote it
             hook = {"url": hook} if isinstance(hook, str) else hook
             webhook = build_section(WebhookSettings, hook, where, "notify.webhook")
-        hosts = {str(h): build_section(HostSettings, v or {}, where, f"hosts.{h}") for h, v in hosts_raw.items()}
+        hosts = {str(h): build_section(HostSettings, v or {}, where, f"hosts.{h}")
+                 for h, v in hosts_raw.items()}
         out = Settings(
             keys=keys, hosts=hosts,
             alerts=build_section(AlertSettings, raw.get("alerts") or {}, where, "alerts"),

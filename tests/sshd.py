@@ -93,8 +93,8 @@ class SshServer:
         if self.machine is not None:  # a machine of its own: process table and hostname
             hosts = self.dir / "hosts"  # its name resolves, as a real machine's does (its /etc/hosts)
             hosts.write_text(Path("/etc/hosts").read_text() + f"\n127.0.0.1 {self.machine}\n")
-            argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", sys.executable, "-c",
-                    _INIT, self.machine, str(self.pid_base), str(hosts), *argv]
+            argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts",
+                    sys.executable, "-c", _INIT, self.machine, str(self.pid_base), str(hosts), *argv]
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
         log.close()
         deadline = time.monotonic() + 10

@@ -17,7 +17,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:)\s*$")
 STRUCTS = {name: obj for mod in (records, series, protocol) for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
-RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "Lease", "ExitInfo", "StopInfo", "Relaunch",
+RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "Lease", "ExitInfo", "StopInfo",
+                 "Relaunch",
                  "Archived", "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData", "AlertEvent", "Alert", "CheckpointMeta"]
 PROTOCOL = ["Hello", "Request", "Reply", "EventMsg", "LaunchResult", "KillResult", "DumpResult",

@@ -39,11 +39,11 @@ from nsa.contract import (
 )
 from nsa.contract.protocol import (
     ActionPlan,
-    Owner,
     ConfigSummary,
     DumpResult,
     KillResult,
     LaunchResult,
+    Owner,
 )
 from nsa.contract.rundir import (
     CHECKPOINTS,
@@ -54,9 +54,9 @@ from nsa.contract.rundir import (
     RELAUNCH_JSON,
     RUN_ID_RE,
     RUN_JSON,
+    SHARED_ENV,
     STOP_JSON,
     TRAIN_LOG,
-    SHARED_ENV,
     RunDir,
     global_batch,
     grad_accum_for,
@@ -591,7 +591,8 @@ def make_shared_part(run_dir: Path, node: str) -> Path:
     except FileExistsError:
         made = None
         if rd.launch_json.exists() or not rd.nodes.is_dir():
-            raise OpError("run_exists", f"{run_dir} already exists and is no shared run's directory") from None
+            raise OpError("run_exists",
+                          f"{run_dir} already exists and is no shared run's directory") from None
     rd.nodes.mkdir(mode=0o700, exist_ok=True)
     part = rd.node(node)
     try:

@@ -56,8 +56,8 @@ def own_part(run_dir: Path) -> Path:
 
 def write_lease(part: Path, ttl_s: float = LEASE_TTL_S, pid: int | None = None) -> None:
     """Renew this host's lease on its part of a run."""
-    write_json_atomic(part / LEASE_JSON, Lease(node=this_node(), hostname=socket.gethostname(), ts=time.time(),
-                                               ttl_s=ttl_s, pid=pid))
+    lease = Lease(node=this_node(), hostname=socket.gethostname(), ts=time.time(), ttl_s=ttl_s, pid=pid)
+    write_json_atomic(part / LEASE_JSON, lease)
 
 
 class LeaseKeeper:
@@ -106,7 +106,8 @@ def judge_remote(part: Path, launch: LaunchInfo | None, beats: list[Beat], now: 
     lease = read_json(part / LEASE_JSON, Lease)
     lease_age = now - lease.ts if lease is not None else None
     if lease is not None and lease_age is not None and lease_age < lease.ttl_s:
-        return Owner(node=node, hostname=host or lease.hostname, alive=True, how="lease", age_s=max(0.0, lease_age))
+        return Owner(node=node, hostname=host or lease.hostname, alive=True, how="lease",
+                     age_s=max(0.0, lease_age))
     if (lease is not None and lease.ttl_s == 0) or read_json(part / EXIT_JSON, ExitInfo) is not None:
         return Owner(node=node, hostname=host, alive=False, how="exit")  # released, or torchrun ended
     beat = newest_beat_of(host, beats) if host else None
@@ -136,7 +137,8 @@ def launch_of(run_dir: Path) -> LaunchInfo | None:
         return own
     found = [read_json(p / LAUNCH_JSON, LaunchInfo) for p in node_parts(run_dir).values()]
     known = [x for x in found if x is not None]
-    return next((x for x in known if x.nodes is not None and x.nodes.node_rank == 0), known[0] if known else None)
+    first = next((x for x in known if x.nodes is not None and x.nodes.node_rank == 0), None)
+    return first or (known[0] if known else None)
 
 
 def shown_part(run_dir: Path) -> Path:

@@ -26,6 +26,7 @@ from nsa.contract import (
 )
 from nsa.contract.appended import rotated_path
 from nsa.contract.io import private_dir, tail_lines
+from nsa.contract.protocol import Owner
 from nsa.contract.rundir import (
     ARCHIVED_JSON,
     CHECKPOINTS,
@@ -42,7 +43,6 @@ from nsa.contract.rundir import (
     read_checkpoint_meta,
     step_of,
 )
-from nsa.contract.protocol import Owner
 from nsa_tui.agent.owners import judge_remote, node_parts, remote_parts, shown_part, this_node
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 

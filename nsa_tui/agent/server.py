@@ -62,8 +62,8 @@ from nsa_tui import __version__
 from nsa_tui.agent import ckptfiles, sample
 from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher, OpError, run_lock
-from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.owners import shown_part
+from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
 from nsa_tui.agent.sampler import HostSampler

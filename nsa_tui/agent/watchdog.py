@@ -325,7 +325,8 @@ class Watchdog:
         from nsa_tui.agent.evidence import capture
 
         try:
-            got = capture(self.run_dir, self.run_id, {r: b for r, b in self.beats.items() if self._here(b)}, self.s.watchdog.evidence_wait_s,
+            here = {r: b for r, b in self.beats.items() if self._here(b)}  # this host's ranks only
+            got = capture(self.run_dir, self.run_id, here, self.s.watchdog.evidence_wait_s,
                           why=f"alert {ev.id}: {ev.alert.message}")
         except Exception as exc:  # noqa: BLE001 - evidence is a bonus; the alert stands without it
             self.log(f"nsa-tui watchdog: evidence for alert {ev.id} failed: {type(exc).__name__}: {exc}")

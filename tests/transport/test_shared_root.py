@@ -151,7 +151,8 @@ async def test_one_directory_for_a_run_over_hosts_sharing_the_runs_root(
             except OSError:
                 return None
         # written once: every rank's shard and the metadata in the one directory
-        assert await until("a checkpoint", saved) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"]
+        want = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"]
+        assert await until("a checkpoint", saved) == want
 
         # the live run through either host: delete and archive refused, nothing removed
         before = files_under(d)
@@ -272,8 +273,8 @@ def test_hosts_that_partly_share_a_runs_root_are_refused_before_anything_starts(
     r = cli(machines, "launch", hosts, "--config", SMOKE, "--nproc-per-node", "1", "--json")
     assert r.returncode == 2, r.stdout + r.stderr
     msg = json.loads(r.stdout)["error"]["message"]
-    assert f"{machines.aliases[0]}, {machines.aliases[1]} share one runs root but {machines.aliases[1]}:{own}" \
-        in msg, msg
+    a, b = machines.aliases
+    assert f"{a}, {b} share one runs root but {b}:{own}" in msg, msg
     root = root_of(machines)
     assert not [p for p in root.iterdir()], list(root.iterdir())  # no run directory, no marker left
     assert not own.exists() or not [p for p in own.iterdir()]

@@ -18,7 +18,6 @@ from typing import Any
 from textual.message import Message
 
 from nsa.contract.protocol import AlertList, AlertState, RunRemoved, RunsList
-from nsa_tui.hostspec import split_runs_root
 from nsa_tui.alerts import Thresholds
 from nsa_tui.app import reducer
 from nsa_tui.app.messages import AskHostKey, Toast
@@ -27,6 +26,7 @@ from nsa_tui.app.services.alerting import AlertChecker
 from nsa_tui.app.services.watches import WatchManager
 from nsa_tui.app.state import PanelState
 from nsa_tui.client import AgentError, ConnectionState, Event, HostClient
+from nsa_tui.hostspec import split_runs_root
 from nsa_tui.transport.ssh import SshTransport
 
 
