@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from nsa.contract import (
     Beat,
     Metric,
@@ -325,6 +327,12 @@ def _stamp(d: Path) -> tuple[float, ...]:
     return tuple(out)
 
 
+def _without_ages(view: RunView) -> RunView:
+    if not view.owners:
+        return view
+    return msgspec.structs.replace(view, owners=[msgspec.structs.replace(o, age_s=None) for o in view.owners])
+
+
 def _changed_views(store: RunStore, known: dict[str, tuple[bytes, bool]],
                    stamps: dict[str, tuple[float, ...]]) -> tuple[list[RunView], list[str]]:
     """(views that changed since the last call, ids that disappeared); updates ``known``."""
@@ -339,7 +347,7 @@ def _changed_views(store: RunStore, known: dict[str, tuple[bytes, bool]],
             view = store.view(rid, with_tail=False)
         except (KeyError, OSError):
             continue
-        data = encode(view)
+        data = encode(_without_ages(view))  # an owner's lease age changes every look: no change
         stamps[rid] = stamp
         if rid not in known or known[rid][0] != data:
             changed.append(view)
