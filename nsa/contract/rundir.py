@@ -82,7 +82,7 @@ def node_name(hostname: str, boot: str) -> str:
     The hostname says which machine to a person; the boot id tells two machines that share a
     name apart and ends a node's identity when it reboots (its processes are then gone)."""
     host = _NODE_UNSAFE.sub("-", hostname).strip("-.") or "host"
-    boot8 = _NODE_UNSAFE.sub("", boot)[:8] or "noboot"
+    boot8 = re.sub(r"[^A-Za-z0-9]+", "", boot)[:8] or "noboot"
     return f"{host[:64]}-{boot8}"
 
 

@@ -66,7 +66,15 @@ from nsa.contract.rundir import (
 )
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
-from nsa_tui.agent.owners import launch_of, own_part, owner_words, shown_part, this_node, write_lease
+from nsa_tui.agent.owners import (
+    launch_of,
+    own_part,
+    owner_words,
+    owns_part,
+    shown_part,
+    this_node,
+    write_lease,
+)
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.pkgpath import env_with_package_path
@@ -452,7 +460,9 @@ class Launcher:
         """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
         run_dir = self.store.run_dir(run_id)
         procs = run_processes(run_id, run_dir=str(own_part(run_dir)))
-        elsewhere = self.store.view(run_id, with_tail=False).live_elsewhere()
+        # a run whose processes are all on other hosts: this host can do nothing to it (a run
+        # with a part here is stopped on every host first by the coordinated commands)
+        elsewhere = [] if owns_part(run_dir) else self.store.view(run_id, with_tail=False).live_elsewhere()
         if op == "kill":
             run = read_json(run_dir / RUN_JSON, RunInfo)
             launch = launch_of(run_dir)
@@ -463,6 +473,8 @@ class Launcher:
         plan.alive, plan.pids = bool(procs), [p.pid for p in procs]
         plan.rank_pids = [p.pid for p in procs if p.rank is not None]
         if op == "kill":
+            if elsewhere:
+                plan.problem = live_elsewhere_words(run_id, elsewhere, "stop")
             return plan
         done = read_json(shown_part(run_dir) / RELAUNCH_JSON, Relaunch)
         if done is not None and done.op == op:
@@ -504,7 +516,10 @@ class Launcher:
             done = self._done_before(run_dir, "fallback")
             if done is not None:
                 return done
-            refuse_live_elsewhere(self.store, run_id, "fallback")  # its other hosts' parts first
+            # another host's processes (the other part of a run over hosts sharing the runs root, or
+            # a run of that host): refused before anything stops; the coordinated fallback stops
+            # every host's part first
+            refuse_live_elsewhere(self.store, run_id, "fallback")
             problem = self._relaunch_args(run_id, nproc or 1, "fallback", checkpoint)[0].problem
             if problem:  # refused before anything is stopped
                 raise OpError("bad_request", problem)

@@ -155,3 +155,10 @@ def shown_part(run_dir: Path) -> Path:
         if launch is not None and launch.nodes is not None and launch.nodes.node_rank == 0:
             return p
     return next(iter(parts.values()))
+
+
+def owns_part(run_dir: Path) -> bool:
+    """Whether this host owns processes of the run (a launch of its own; records of earlier
+    versions, without an owner, count as this host's)."""
+    launch = read_json(own_part(run_dir) / LAUNCH_JSON, LaunchInfo)
+    return launch is not None and launch.node in ("", this_node())
