@@ -5,8 +5,9 @@ sees the other's processes), one home and so one ``~/nsa-runs`` (tests/sshd.py `
 - a run over both hosts has one directory, each host's per-node files under ``nodes/<node>/``,
   world size 2, steps advancing; its checkpoints are written once (every rank's shard in one
   directory); delete and archive through either host are refused while it runs and remove
-  nothing; kill stops every rank on both machines; a fallback to one process reads the
-  checkpoint in place (no copy) and redoes its steps with bit-identical losses;
+  nothing; kill stops every rank on both machines; a resume over both and then a fallback to
+  one process read the checkpoint in place (no copy), and the fallback redoes its steps with
+  bit-identical losses;
 - a run of one host is never judged dead by the other: seen alive there by its lease, delete,
   archive and kill through the other host are refused naming the owner; when the owner's
   machine vanishes, the other host shows the run lost once the lease and heartbeats expire,
@@ -53,6 +54,12 @@ def logs(d: Path) -> str:
     """Each node's train.log, last lines: what a failure needs to be understood."""
     return "\n".join(f"== {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
                      for p in sorted(d.glob("nodes/*/train.log")))
+
+
+def snapshot(d: Path) -> dict[str, list[tuple[str, int]]]:
+    """Each checkpoint of a stopped run: its files and their modification times."""
+    return {p.name: sorted((f.name, f.stat().st_mtime_ns) for f in p.iterdir())
+            for p in (d / "checkpoints").glob("step-*")}
 
 
 def files_under(d: Path) -> list[str]:
@@ -127,7 +134,7 @@ async def test_one_directory_for_a_run_over_hosts_sharing_the_runs_root(
     r = cli(machines, "launch", hosts, "--config", SMOKE, "--nproc-per-node", "1", "--set", *LONG, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     rid = json.loads(r.stdout)["run_id"]
-    child = ""
+    child = resumed = ""
     try:
         d = root / rid
         assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == [rid]  # one directory
@@ -175,17 +182,29 @@ async def test_one_directory_for_a_run_over_hosts_sharing_the_runs_root(
         assert any(v["was_running"] for v in json.loads(k.stdout).values()), (k.stdout, logs(d))
         assert not run_processes(rid, fresh=True)  # no rank left on either machine
 
+        # resume over both: every host reads the one checkpoint where it is, nothing is copied
+        ckpts = snapshot(d)
+        res = cli(machines, "resume", machines.aliases[0], rid, "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        resumed = json.loads(res.stdout)["run_id"]
+        rd = root / resumed
+        latest = (d / "checkpoints" / "latest").read_text().strip()
+        for n in nodes:
+            launch = json.loads((rd / "nodes" / n / "launch.json").read_text())
+            assert launch["parent_run"] == rid and launch["resume_from"] == str(d / "checkpoints" / latest)
+        m = await until("both ranks past the checkpoint", stepped(int(latest[5:]) + 2, clients, resumed))
+        assert snapshot(d) == ckpts  # the parent's checkpoints untouched: read in place
+        k = cli(machines, "kill", hosts, resumed, "--json")
+        assert k.returncode == 0, k.stdout + k.stderr
+
         # fall back to one process: the checkpoint read where it is, nothing copied
-        ckpts = {p.name: sorted((f.name, f.stat().st_mtime_ns) for f in p.iterdir())
-                 for p in (d / "checkpoints").glob("step-*")}
-        fb = cli(machines, "fallback", machines.aliases[1], rid, "--grace", "60", "--json")
+        ckpts = snapshot(rd)
+        fb = cli(machines, "fallback", machines.aliases[1], resumed, "--grace", "60", "--json")
         assert fb.returncode == 0, fb.stdout + fb.stderr
         out = json.loads(fb.stdout)
         child, ckpt = out["run_id"], Path(out["resume_from"])
-        assert ckpt.parent.parent == d and out["nproc"] == 1
-        assert {p.name: sorted((f.name, f.stat().st_mtime_ns) for f in p.iterdir())
-                for p in (d / "checkpoints").glob("step-*") if p.name in ckpts} == {
-                    n: v for n, v in ckpts.items() if (d / "checkpoints" / n).exists()}
+        assert ckpt.parent.parent == rd and out["nproc"] == 1
+        assert snapshot(rd) == ckpts
         step = int(ckpt.name.split("-")[1])
         cd = root / child
 
@@ -204,7 +223,7 @@ async def test_one_directory_for_a_run_over_hosts_sharing_the_runs_root(
         for s in want:
             assert got[s] == want[s], f"step {s}: fallback {got[s]!r} vs 1-process run {want[s]!r}"
     finally:
-        kill_leftovers(rid, *([child] if child else []))
+        kill_leftovers(rid, *([resumed] if resumed else []), *([child] if child else []))
 
 
 async def test_a_run_of_one_host_is_never_judged_dead_by_another(
