@@ -19,8 +19,9 @@ from pathlib import Path
 from nsa.contract import Archived, RunView, write_json_atomic
 from nsa.contract.protocol import DeleteResult
 from nsa.contract.rundir import ARCHIVED_JSON
-from nsa_tui.agent.launcher import OpError, live_elsewhere_words, run_lock
+from nsa_tui.agent.launcher import OpError, run_lock
 from nsa_tui.agent.runs import RunStore
+from nsa_tui.agent.shared import live_elsewhere_words
 
 
 def dir_size(path: Path) -> tuple[int, int]:

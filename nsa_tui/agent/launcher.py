@@ -43,7 +43,6 @@ from nsa.contract.protocol import (
     DumpResult,
     KillResult,
     LaunchResult,
-    Owner,
 )
 from nsa.contract.rundir import (
     CHECKPOINTS,
@@ -57,7 +56,6 @@ from nsa.contract.rundir import (
     SHARED_ENV,
     STOP_JSON,
     TRAIN_LOG,
-    RunDir,
     global_batch,
     grad_accum_for,
     new_run_id,
@@ -69,7 +67,6 @@ from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.owners import (
     launch_of,
     own_part,
-    owner_words,
     owns_part,
     shown_part,
     this_node,
@@ -77,6 +74,12 @@ from nsa_tui.agent.owners import (
 )
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
+from nsa_tui.agent.shared import (
+    live_elsewhere_words,
+    make_shared_part,
+    refuse_live_elsewhere,
+    write_config_once,
+)
 from nsa_tui.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
@@ -593,58 +596,6 @@ def _signal_all(pgid: int | None, procs: list[RunProcess], sig: int) -> None:
                 os.kill(p.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-
-
-def make_shared_part(run_dir: Path, node: str) -> Path:
-    """This host's ``nodes/<node>/`` in the one directory of a run whose hosts share the runs
-    root (the first host to come creates the run directory). Refused: a directory of another
-    run by that id (one with per-node files at its top), or a part of this node already there."""
-    rd = RunDir(run_dir)
-    try:
-        run_dir.mkdir(mode=0o700)
-        made = run_dir  # this host made it: removed again if the launch fails
-    except FileExistsError:
-        made = None
-        if rd.launch_json.exists() or not rd.nodes.is_dir():
-            raise OpError("run_exists",
-                          f"{run_dir} already exists and is no shared run's directory") from None
-    rd.nodes.mkdir(mode=0o700, exist_ok=True)
-    part = rd.node(node)
-    try:
-        part.mkdir(mode=0o700)
-    except FileExistsError:
-        raise OpError("run_exists", f"{part} already exists: this host ({node}) already has a part of "
-                      f"{run_dir.name} (the same machine named twice in the host list?)") from None
-    creating.dir = made or part  # what a failed launch removes: never another host's part
-    return part
-
-
-def write_config_once(path: Path, text: str) -> None:
-    """The run's config copy, written by one host only: on a shared runs root the other hosts
-    of the run find it there and must have been given the same text."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        if path.read_text() != text:
-            raise OpError("bad_config", f"{path} was written by another host of the run with a different "
-                          "config: every host must be given the same") from None
-        return
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-
-
-def live_elsewhere_words(run_id: str, owners: list[Owner], verb: str) -> str:
-    who = ", ".join(owner_words(o) for o in owners)
-    return (f"{run_id} is alive on {who}: its processes are on that host, so this host cannot {verb} "
-            "it; stop it through that host first")
-
-
-def refuse_live_elsewhere(store: RunStore, run_id: str, verb: str) -> None:
-    """Refuse ``verb`` on a run whose processes live on another host and are alive there (its
-    lease or heartbeats fresh), naming that host."""
-    elsewhere = store.view(run_id, with_tail=False).live_elsewhere()
-    if elsewhere:
-        raise OpError("running", live_elsewhere_words(run_id, elsewhere, verb))
 
 
 def _private_temp(root: Path) -> tuple[int, str]:
