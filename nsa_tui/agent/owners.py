@@ -57,7 +57,7 @@ def own_part(run_dir: Path) -> Path:
 def write_lease(part: Path, ttl_s: float = LEASE_TTL_S, pid: int | None = None) -> None:
     """Renew this host's lease on its part of a run."""
     lease = Lease(node=this_node(), hostname=socket.gethostname(), ts=time.time(), ttl_s=ttl_s, pid=pid)
-    write_json_atomic(part / LEASE_JSON, lease)
+    write_json_atomic(part / LEASE_JSON, lease, durable=False)  # renewed every few s: no fsync each time
 
 
 class LeaseKeeper:
