@@ -57,6 +57,16 @@ class SshServer:
     ssh_config: Path
     proc: subprocess.Popen[bytes] | None = None
     home: Path | None = None  # the HOME of its sessions (None: the user's own)
+    machine: str | None = None  # run in PID and UTS namespaces of its own with this hostname
+    pid_base: int = 100  # its namespace's pids start after this
+
+    def vanish(self) -> None:
+        """The whole machine goes at once (power loss): SIGKILL to ``unshare`` kills its init, and
+        with it every process of the namespace (sshd, agents, runs)."""
+        assert self.proc is not None and self.machine is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        self.proc = None
 
     @property
     def dest(self) -> str:
@@ -79,8 +89,13 @@ class SshServer:
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         log = open(self.dir / "sshd.log", "ab")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")],
-                                     stdout=log, stderr=log, start_new_session=True)
+        argv = [SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")]
+        if self.machine is not None:  # a machine of its own: process table and hostname
+            hosts = self.dir / "hosts"  # its name resolves, as a real machine's does (its /etc/hosts)
+            hosts.write_text(Path("/etc/hosts").read_text() + f"\n127.0.0.1 {self.machine}\n")
+            argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts",
+                    sys.executable, "-c", _INIT, self.machine, str(self.pid_base), str(hosts), *argv]
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
         log.close()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -139,6 +154,24 @@ class SshServer:
         for p in (self.host_key, Path(f"{self.host_key}.pub")):
             p.unlink()
         _keygen(self.host_key)
+
+
+# PID 1 of a test machine: set its hostname, run sshd, reap every orphan (detached runs end up
+# as its children), and end when sshd ends. Its pids start at a number of its own: torchrun's
+# rendezvous tells nodes apart by address and pid, and on 127.0.0.1 two namespaces that start
+# alike would give two torchruns one pid (real machines differ by address).
+_INIT = """
+import os, socket, subprocess, sys
+socket.sethostname(sys.argv[1])
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    f.write(sys.argv[2])
+subprocess.run(["mount", "--bind", sys.argv[3], "/etc/hosts"], check=True)
+child = subprocess.Popen(sys.argv[4:])
+while True:
+    pid, status = os.wait()
+    if pid == child.pid:
+        sys.exit(1)
+"""
 
 
 def make_server(base: Path, home: Path | None = None, alias: str = ALIAS,
@@ -235,3 +268,35 @@ def sshd_nodes(tmp_path: Path) -> Iterator[SshNodes]:
     finally:
         for s in started:
             s.stop()
+
+
+@pytest.fixture
+def machines(tmp_path: Path) -> Iterator[SshNodes]:
+    """Two machines sharing one home (so one runs root, as a cluster's NFS home is): each sshd in
+    PID and UTS namespaces of its own with its own hostname (``nsa-m0``, ``nsa-m1``), so neither
+    sees the other's processes; aliases ``nsa-node0`` and ``nsa-node1``. Needs root (unshare)."""
+    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("two machines on one box need root and unshare (PID and UTS namespaces)")
+    key = tmp_path / "client_ed25519"
+    _keygen(key)
+    aliases = ["nsa-node0", "nsa-node1"]
+    home = tmp_path / "home"
+    servers = [make_server(tmp_path / f"sshd{i}", home=home, alias=a, client_key=key)
+               for i, a in enumerate(aliases)]
+    for i, s in enumerate(servers):
+        s.machine, s.pid_base = f"nsa-m{i}", 100 + 20000 * i
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("".join(config_entry(a, s.port, s.user, key, s.known_hosts)
+                           for a, s in zip(aliases, servers)))
+    started = []
+    try:
+        for s in servers:
+            s.start()
+            started.append(s)
+        yield SshNodes(servers, aliases, cfg)
+    finally:
+        for s in started:
+            if s.proc is not None:
+                s.vanish()  # the machine and everything still running on it

@@ -17,8 +17,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:)\s*$")
 STRUCTS = {name: obj for mod in (records, series, protocol, evals, slurm) for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
-RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "ExitInfo", "StopInfo", "Relaunch",
-                 "Archived", "SlurmJob", "SlurmRequest", "SlurmState",
+RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "Lease", "ExitInfo", "StopInfo",
+                 "Relaunch", "Archived", "SlurmJob", "SlurmRequest", "SlurmState",
                  "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData", "AlertEvent", "Alert", "CheckpointMeta", "PasskeyEval",
                  "LossBucket"]

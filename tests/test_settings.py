@@ -68,3 +68,17 @@ def test_a_webhook_url_is_never_quoted_in_an_error(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as err:
         load_settings(p)
     assert "s3cr3t" not in str(err.value) and "notify.webhook.url" in str(err.value)
+
+
+def test_a_host_may_have_its_own_runs_root(tmp_path: Path) -> None:
+    from nsa_tui.user.settings import host_runs_roots
+
+    p = tmp_path / "s.yaml"
+    p.write_text("hosts:\n  gpu1: {runs_root: /scratch/runs}\n  gpu2: {}\n")
+    assert host_runs_roots(load_settings(p)) == {"gpu1": "/scratch/runs"}
+    p.write_text("hosts:\n  gpu1: {runs_rot: /scratch/runs}\n")
+    with pytest.raises(SettingsError, match="runs_rot"):
+        load_settings(p)
+    p.write_text("hosts: [gpu1]\n")
+    with pytest.raises(SettingsError, match="hosts"):
+        load_settings(p)

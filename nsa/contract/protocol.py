@@ -70,6 +70,19 @@ class Reply(Record, kw_only=True):
     error: ErrorInfo | None = None
 
 
+class Owner(Record, kw_only=True):
+    """A host that owns processes of a run, and whether they are alive as this host can tell:
+    its own from its process table (``how``: ``proc``), another host's from that host's lease
+    and its ranks' heartbeats (``lease``, ``beats``), or ended (``exit``: its exit.json)."""
+
+    node: str
+    hostname: str = ""
+    mine: bool = False  # the host that answers is this owner
+    alive: bool = False
+    how: str = "proc"  # proc | lease | beats | exit | expired
+    age_s: float | None = None  # seconds since the lease (or the newest beat) was written
+
+
 class RunView(Record, kw_only=True):
     """What the agent knows of one run: run.json (``info``; synthesised from launch.json before
     the trainer writes it) combined with launch.json, exit.json and process liveness into the
@@ -92,6 +105,12 @@ class RunView(Record, kw_only=True):
     launcher_alive: bool = False  # the run's supervisor (the parent of torchrun) is alive
     watchdog: bool = False  # the host records its alerts (alerts.jsonl): its watchdog runs or ran to the end
     slurm: SlurmState | None = None  # a run submitted to Slurm: its job's queue state
+    owners: list[Owner] = []  # the hosts that own the run's processes (several: a shared runs root)
+    shared: bool = False  # its hosts share the runs root: one directory, per-node files under nodes/
+
+    def live_elsewhere(self) -> list[Owner]:
+        """Owners other than the answering host whose part is alive (by lease or heartbeats)."""
+        return [o for o in self.owners if o.alive and not o.mine]
 
 
 class RunStatusReport(Record, kw_only=True):
@@ -418,6 +437,11 @@ class PreflightArgs(Args, kw_only=True, forbid_unknown_fields=True):
     config_path: str | None = None
     config_text: str | None = None
     overrides: list[str] = []
+    # does this host share its runs root with another? one host writes a marker file, the others
+    # look for it, the first removes it: sharing is seen, never guessed from paths
+    marker_write: str | None = None
+    marker_look: str | None = None
+    marker_remove: str | None = None
 
 
 class PreflightResult(Record, kw_only=True):
@@ -434,6 +458,9 @@ class PreflightResult(Record, kw_only=True):
     config_name: str | None = None  # the validated config's name
     config_error: str | None = None  # why the config does not validate here
     join_timeout_s: float | None = None  # train.pg_timeout_start_s: torchrun's rendezvous join timeout
+    node: str = ""  # this host's node name (hostname and boot id): two hosts of one run differ
+    marker_seen: bool | None = None  # ``marker_look``: the marker is in this host's runs root
+    marker_error: str = ""  # the marker could not be written or looked for (why)
 
 
 class CheckpointFile(Record, kw_only=True):

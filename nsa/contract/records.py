@@ -109,6 +109,8 @@ class NodeLayout(Record, kw_only=True):
     hosts: list[str]  # the destinations, as the launching client named them; the first hosts the rendezvous
     rdzv_endpoint: str  # "addr:port" on hosts[0], reachable from every host
     node_addr: str | None = None  # the address the other hosts reach this one by (torchrun --local-addr)
+    # the hosts share one runs root: one run directory, this host's files under nodes/<node>/
+    shared_root: bool = False
 
 
 class LaunchInfo(Record, kw_only=True):
@@ -128,6 +130,22 @@ class LaunchInfo(Record, kw_only=True):
     config_file: str | None = None
     cuda_visible_devices: str | None = None
     nodes: NodeLayout | None = None  # several hosts: this host's place among them (None: one host)
+    # the host that owns the processes (rundir.node_name; "" in records before owners were kept):
+    # only that host judges them from its process table, every other host by the lease and beats
+    node: str = ""
+    hostname: str = ""
+
+
+class Lease(Record, kw_only=True):
+    """lease.json: the owning host says its part of the run is alive; the supervisor renews it
+    every few seconds. Another host sharing the runs root cannot see the owner's processes: a
+    fresh lease (or fresh heartbeats) is what tells it the run lives."""
+
+    node: str
+    hostname: str
+    ts: float  # the owner's clock when renewed
+    ttl_s: float  # stale after this long without renewal: the owner is gone
+    pid: int | None = None  # the supervisor
 
 
 class ExitInfo(Record, kw_only=True):

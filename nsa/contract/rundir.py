@@ -46,6 +46,19 @@ EVAL = "eval"  # long-context evaluations: passkey.jsonl
 EVAL_PASSKEY_JSONL = EVAL + "/passkey.jsonl"  # eval worker, rank 0 (eval.every_steps): PasskeyEval lines
 SLURM_JSON = "slurm.json"  # agent: the Slurm job of a run submitted through a login node
 SLURM_SCRIPT = "slurm-job.sh"  # agent: that job's batch script (kept)
+LEASE_JSON = "lease.json"  # agent (the supervisor): renewed while the run's processes live there
+NODES = "nodes"  # a run over several hosts sharing the runs root: nodes/<node>/ per host
+# A run directory's per-node files: at the top of the directory for a run of one host (or of
+# several hosts with runs roots of their own); under nodes/<node>/ for each host of a run whose
+# hosts share the runs root, so that every file has one writer.
+NODE_FILES = (LAUNCH_JSON, EXIT_JSON, STOP_JSON, RELAUNCH_JSON, TRAIN_LOG, ALERTS_JSONL, LEASE_JSON)
+
+# The environment variable the agent sets ("1") for the ranks of a run whose hosts share the runs
+# root: they all write the one run directory (checkpoints are written once and committed by rank 0).
+SHARED_ENV = "NSA_SHARED_RUN_DIR"
+
+# -- in the runs root ----------------------------------------------------------------------------
+SHARE_MARKER_PREFIX = ".nsa-share-"  # written through one host, looked for through the others
 
 # -- inside checkpoints/ -----------------------------------------------------------------------
 STEP_PREFIX = "step-"
@@ -63,6 +76,23 @@ TRAINER_SUBDIRS = (HEARTBEATS, STACKS, CHECKPOINTS)
 
 _RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 _STACK_FILE = re.compile(r"^(py-spy-)?rank-(\d+)-\d+\.txt$")
+
+
+_NODE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def node_name(hostname: str, boot: str) -> str:
+    """``<hostname>-<first 8 of the boot id>``: one host during one boot, as a directory name.
+    The hostname says which machine to a person; the boot id tells two machines that share a
+    name apart and ends a node's identity when it reboots (its processes are then gone)."""
+    host = _NODE_UNSAFE.sub("-", hostname).strip("-.") or "host"
+    boot8 = re.sub(r"[^A-Za-z0-9]+", "", boot)[:8] or "noboot"
+    return f"{host[:64]}-{boot8}"
+
+
+def share_marker(token: str) -> str:
+    """The name of a sharing probe's marker file in a runs root."""
+    return f"{SHARE_MARKER_PREFIX}{_NODE_UNSAFE.sub('', token)[:32]}"
 
 
 def rank_file(rank: int) -> str:
@@ -190,6 +220,18 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
+
+    @property
+    def lease_json(self) -> Path:
+        return self.path / LEASE_JSON
+
+    @property
+    def nodes(self) -> Path:
+        return self.path / NODES
+
+    def node(self, name: str) -> Path:
+        """``nodes/<node>``: one host's per-node files of a run over hosts sharing the runs root."""
+        return self.nodes / name
 
     def heartbeat(self, rank: int) -> Path:
         """``heartbeats/rank-R.jsonl``: a rank's current heartbeat file."""

@@ -13,10 +13,13 @@ and ``meta.json``; then ``latest`` is rewritten and old checkpoints beyond ``kee
 An interrupted save (a crash, a KILL) leaves a ``.tmp-`` directory that is never read and
 is removed by the next save: it never becomes ``latest``.
 
-Several nodes: each node writes its own ranks' shards into its own run directory (rank 0's
-node also gets ``.metadata``), and each node's local rank 0 commits its directory. A load
-needs every file of the checkpoint in one directory: a shared filesystem, or the files
-gathered first (``nsa-tui fallback``/``resume`` gather them; docs/multi-node.md).
+Several nodes sharing the runs root (``NSA_SHARED_RUN_DIR=1``, set by the agent): one run
+directory, every rank writes its shards once into the one ``.tmp-`` directory and rank 0
+commits it; resume and fallback read it in place. Several nodes with runs roots of their own:
+each node writes its own ranks' shards into its own run directory (rank 0's node also gets
+``.metadata``) and each node's local rank 0 commits its directory; a load needs every file of
+the checkpoint in one directory, so ``nsa-tui fallback``/``resume`` gather them first
+(docs/multi-node.md).
 
 Resume on any world size: DCP reshards on load (DDP and FSDP2 alike). Loading never runs
 arbitrary pickles: shards are read by DCP with ``torch.load(weights_only=True)``, the state
@@ -53,6 +56,7 @@ from nsa.contract.rundir import (
     CHECKPOINTS,
     LATEST,
     META_JSON,
+    SHARED_ENV,
     complete_checkpoints,
     latest_checkpoint,
     step_name,
@@ -245,6 +249,13 @@ class _Pending:
         self.final = final
         self.done = threading.Event()
         self.error: BaseException | None = None
+
+
+def is_committer(rank: int, local_rank: int) -> bool:
+    """Whether this rank commits checkpoints: the one rank 0 when every node writes one shared
+    run directory (DCP writes each shard once, into it), else each node's local rank 0 (its
+    node's own directory)."""
+    return rank == 0 if os.environ.get(SHARED_ENV) == "1" else local_rank == 0
 
 
 class Checkpointer:

@@ -110,7 +110,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg, info.device)
         self.timeouts = D.Timeouts(t.pg_timeout_start_s, t.pg_timeout_s, self.log)
         self.ckpt = ckpt.Checkpointer(self.run_dir / CHECKPOINTS, t.keep_checkpoints,
-                                      committer=info.local_rank == 0, use_async=t.checkpoint_async,
+                                      committer=ckpt.is_committer(info.rank, info.local_rank),
+                                      use_async=t.checkpoint_async,
                                       timeout_s=t.pg_timeout_start_s, log=self.log if info.is_main else None,
                                       before_commit=self.faults.maybe_die_in_save)
         self.grad_accum, self.n_streams, self.micro_per_stream = t.grad_accum, info.world_size, t.grad_accum

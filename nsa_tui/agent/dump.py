@@ -17,12 +17,13 @@ from nsa.contract import LaunchInfo, RunInfo, read_json
 from nsa.contract.protocol import DumpFile, DumpResult, MissingRank
 from nsa.contract.rundir import LAUNCH_JSON, RUN_JSON, STACKS, rank_of_stack_file, stack_file
 from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.owners import own_part
 from nsa_tui.agent.procs import run_processes
 
 
 async def dump(run_dir: Path, run_id: str, wait_s: float = 3.0) -> DumpResult:
     """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
-    ranks = [p for p in await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
+    ranks = [p for p in await asyncio.to_thread(run_processes, run_id, None, False, str(own_part(run_dir)))
              if p.rank is not None]
     if not ranks:
         raise OpError("not_running", f"{run_id} has no live rank to dump")
@@ -74,7 +75,7 @@ def _missing_ranks(run_dir: Path, signalled: list[int], files: dict[str, str],
     from nsa_tui.agent.runs import latest_beats
 
     run = read_json(run_dir / RUN_JSON, RunInfo)
-    launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+    launch = read_json(own_part(run_dir) / LAUNCH_JSON, LaunchInfo)
     world = (run.world_size if run else None) or (launch.nproc if launch else 1)
     have = {r for name in files if (r := rank_of_stack_file(name.rpartition("/")[2])) is not None}
     beats = {b.rank: b for b in latest_beats(run_dir)}

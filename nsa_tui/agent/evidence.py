@@ -23,6 +23,7 @@ from pathlib import Path
 
 from nsa.contract import Beat
 from nsa.contract.rundir import NCCL, STACKS, rank_of_stack_file, stack_file, watchdog_stack_file
+from nsa_tui.agent.owners import own_part
 from nsa_tui.agent.procs import run_process
 
 PY_SPY_TIMEOUT_S = 20.0
@@ -101,7 +102,7 @@ def capture(run_dir: Path, run_id: str, beats: dict[int, Beat], wait_s: float = 
     live = {}
     seen: dict[int, str] = {}  # each rank's state as found, before anything is done to it
     for rank, b in sorted(beats.items()):
-        proc = run_process(b.pid, run_id, str(run_dir))
+        proc = run_process(b.pid, run_id, str(own_part(run_dir)))
         if proc is None or b.pid is None:
             continue
         live[rank] = b

@@ -2,7 +2,8 @@
 
 Both hold the run's lock (the launcher's ``run_lock``), so they cannot interleave with a
 stop, fallback or resume of the same run from another panel, and both refuse a run that is
-alive: a live run is never hidden or removed under its own processes. Delete also refuses a
+alive: a live run is never hidden or removed under its own processes, whichever host they run
+on (another host's by its lease and heartbeats: nsa_tui/agent/owners.py). Delete also refuses a
 run whose continuation (a fallback or resume started from its checkpoint) is alive: that
 run may still be reading the checkpoint.
 """
@@ -20,6 +21,7 @@ from nsa.contract.protocol import DeleteResult
 from nsa.contract.rundir import ARCHIVED_JSON
 from nsa_tui.agent.launcher import OpError, run_lock
 from nsa_tui.agent.runs import RunStore
+from nsa_tui.agent.shared import live_elsewhere_words
 
 
 def dir_size(path: Path) -> tuple[int, int]:
@@ -43,6 +45,9 @@ class Housekeeping:
 
     def _refuse_alive(self, run_id: str, verb: str) -> RunView:
         view = self.store.view(run_id, with_tail=False)
+        elsewhere = view.live_elsewhere()
+        if elsewhere:  # another host's processes: alive by their lease or heartbeats
+            raise OpError("running", live_elsewhere_words(run_id, elsewhere, verb))
         if view.alive:
             raise OpError("running", f"{run_id} is {view.status.value}: stop it before you {verb} it")
         return view
@@ -73,7 +78,7 @@ class Housekeeping:
         with run_lock(run_dir):
             self._refuse_alive(run_id, "delete")
             kids = self.children(run_id)
-            live = [k.run_id for k in kids if k.alive]
+            live = [k.run_id for k in kids if k.alive or k.live_elsewhere()]
             if live:
                 raise OpError("running", f"{', '.join(live)} continues {run_id} and is running: "
                                          "its checkpoint may still be read; stop that run first")

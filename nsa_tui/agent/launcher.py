@@ -18,6 +18,7 @@ import fcntl
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,7 @@ from nsa.contract.rundir import (
     RELAUNCH_JSON,
     RUN_ID_RE,
     RUN_JSON,
+    SHARED_ENV,
     STOP_JSON,
     TRAIN_LOG,
     global_batch,
@@ -62,8 +64,22 @@ from nsa.contract.rundir import (
 )
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.owners import (
+    launch_of,
+    own_part,
+    owns_part,
+    shown_part,
+    this_node,
+    write_lease,
+)
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
 from nsa_tui.agent.runs import RunStore
+from nsa_tui.agent.shared import (
+    live_elsewhere_words,
+    make_shared_part,
+    refuse_live_elsewhere,
+    write_config_once,
+)
 from nsa_tui.install.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
@@ -249,19 +265,20 @@ class Launcher:
                 check_policy_over_hosts(cfg)
             run_id = run_id or new_run_id(name or cfg.name)
             run_dir = self.store.root / run_id
-            try:
-                run_dir.mkdir(mode=0o700)
-            except FileExistsError:
-                raise OpError("run_exists", f"{run_dir} already exists on this host (two hosts of one run "
-                              "sharing a runs root? each host needs its own)") from None
-            creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
-            os.chmod(run_dir, 0o700)
             text = Path(path).read_text()
+            if nodes is not None and nodes.shared_root:
+                part = make_shared_part(run_dir, this_node())
+            else:
+                try:
+                    run_dir.mkdir(mode=0o700)
+                except FileExistsError:
+                    raise OpError("run_exists", f"{run_dir} already exists on this host") from None
+                creating.dir = run_dir  # removed again if the launch fails (a full disk): see launch_safely
+                os.chmod(run_dir, 0o700)
+                part = run_dir
         source = shown if config_text is not None else path  # recorded: the user's path, ~ expanded here
         cfg_copy = run_dir / CONFIG_YAML
-        fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        write_config_once(cfg_copy, text)
         n = nproc or max(1, self.gpu_count)
         command = torchrun_command(self.python, n, run_id, nodes, cfg.train.pg_timeout_start_s)
         command += ["-m", "nsa.train", "--config", str(cfg_copy), "--run-dir", str(run_dir)]
@@ -277,11 +294,16 @@ class Launcher:
             overrides=overrides, boot_id=boot_id(), parent_run=parent_run, resume_from=resume_from,
             config_file=source,
             # applied only when the agent's own environment does not already pin GPUs
-            cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes)
-        write_json_atomic(run_dir / LAUNCH_JSON, launch)
+            cuda_visible_devices=str(gpu) if pin else os.environ.get("CUDA_VISIBLE_DEVICES"), nodes=nodes,
+            node=this_node(), hostname=socket.gethostname())
+        write_lease(part)  # alive to other hosts from now on; the supervisor renews it
+        write_json_atomic(part / LAUNCH_JSON, launch)
         import nsa
 
-        env = dict(os.environ, NSA_RUN_ID=run_id, NSA_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
+        # NSA_RUN_DIR marks the processes of this host's part (procs.belongs)
+        env = dict(os.environ, NSA_RUN_ID=run_id, NSA_RUN_DIR=str(part), PYTHONUNBUFFERED="1")
+        if part != run_dir:
+            env[SHARED_ENV] = "1"  # the trainer: one directory written by every node
         # RANK in a process's environment is what marks a rank (kill TERMs ranks first, dump
         # sends them SIGUSR1, fatal to torchrun): an agent started where RANK is set (a
         # PyTorchJob pod) must not hand it to the supervisor and torchrun. torchrun sets it
@@ -294,7 +316,7 @@ class Launcher:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         argv = [self.python, "-m", "nsa_tui.agent.supervise", str(run_dir), "--", *command]
-        log_fd = os.open(run_dir / TRAIN_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        log_fd = os.open(part / TRAIN_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
@@ -305,7 +327,7 @@ class Launcher:
         self.children.append(proc)
         launch.launcher_pid = proc.pid
         launch.launcher_pgid = proc.pid  # a new session's leader leads its group
-        write_json_atomic(run_dir / LAUNCH_JSON, launch)
+        write_json_atomic(part / LAUNCH_JSON, launch)
         return LaunchResult(run_id=run_id, dir=str(run_dir), nproc=n, command=command, launcher_pid=proc.pid,
                             view=self.store.view(run_id, with_tail=False), parent_run=parent_run,
                             resume_from=resume_from)
@@ -324,12 +346,16 @@ class Launcher:
         of the run is still there a few seconds after the ranks are gone (or when no rank
         is up yet) gets TERM through the whole group.
         """
-        launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+        part = own_part(run_dir)
+        mark = str(part)
+        launch = read_json(part / LAUNCH_JSON, LaunchInfo)
         pgid = launch.launcher_pgid if launch else None
-        procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
+        procs = await asyncio.to_thread(run_processes, run_id, None, False, mark)
         if not procs:
+            if launch is None or (launch.node and launch.node != this_node()):  # no part of it is this host's
+                refuse_live_elsewhere(self.store, run_id, "stop")
             return KillResult(run_id=run_id, was_running=False)
-        write_json_atomic(run_dir / STOP_JSON, StopInfo(ts=time.time()))
+        write_json_atomic(part / STOP_JSON, StopInfo(ts=time.time()))
         ranks = [p for p in procs if p.rank is not None]
         if ranks:
             _signal_all(None, ranks, signal.SIGTERM)
@@ -341,7 +367,7 @@ class Launcher:
         while procs and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             self.reap()
-            procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
+            procs = await asyncio.to_thread(run_processes, run_id, None, False, mark)
             if group_termed or not procs:
                 continue
             if any(p.rank is not None for p in procs):
@@ -358,14 +384,14 @@ class Launcher:
             while procs and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
                 self.reap()
-                procs = await asyncio.to_thread(run_processes, run_id, None, False, str(run_dir))
+                procs = await asyncio.to_thread(run_processes, run_id, None, False, mark)
         if procs:
             raise OpError("kill_incomplete", f"processes of {run_id} remain: {[p.pid for p in procs]}")
         return KillResult(run_id=run_id, was_running=True, forced=forced)
 
     def _done_before(self, run_dir: Path, op: str) -> LaunchResult | None:
         """The run an earlier ``op`` of this parent started, if any (the idempotent answer)."""
-        done = read_json(run_dir / RELAUNCH_JSON, Relaunch)
+        done = read_json(shown_part(run_dir) / RELAUNCH_JSON, Relaunch)
         if done is None or done.op != op:
             return None
         try:
@@ -399,7 +425,7 @@ class Launcher:
         (``nproc`` per host, ``nodes`` hosts: a resume over several hosts)."""
         run_dir = self.store.run_dir(run_id)
         ckpt, meta = self._find_checkpoint(run_id, checkpoint)
-        launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+        launch = launch_of(run_dir)
         run = read_json(run_dir / RUN_JSON, RunInfo)
         old = launch.overrides if launch else []
         overrides = [o for o in old if not o.startswith("train.grad_accum=")]
@@ -436,10 +462,13 @@ class Launcher:
     def plan(self, run_id: str, op: str, nproc: int | None = None) -> ActionPlan:
         """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
         run_dir = self.store.run_dir(run_id)
-        procs = run_processes(run_id, run_dir=str(run_dir))
+        procs = run_processes(run_id, run_dir=str(own_part(run_dir)))
+        # a run whose processes are all on other hosts: this host can do nothing to it (a run
+        # with a part here is stopped on every host first by the coordinated commands)
+        elsewhere = [] if owns_part(run_dir) else self.store.view(run_id, with_tail=False).live_elsewhere()
         if op == "kill":
             run = read_json(run_dir / RUN_JSON, RunInfo)
-            launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+            launch = launch_of(run_dir)
             world = (run.world_size if run else None) or (launch.nproc if launch else 1)
             plan = ActionPlan(op="kill", run_id=run_id, alive=False, world_size=world, nproc=0)
         else:
@@ -447,14 +476,18 @@ class Launcher:
         plan.alive, plan.pids = bool(procs), [p.pid for p in procs]
         plan.rank_pids = [p.pid for p in procs if p.rank is not None]
         if op == "kill":
+            if elsewhere:
+                plan.problem = live_elsewhere_words(run_id, elsewhere, "stop")
             return plan
-        done = read_json(run_dir / RELAUNCH_JSON, Relaunch)
+        done = read_json(shown_part(run_dir) / RELAUNCH_JSON, Relaunch)
         if done is not None and done.op == op:
             plan.again = done.child_run
         elif plan.checkpoint is None:
             plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
         elif op == "resume" and procs:
             plan.problem = f"{run_id} is still running: stop it first"
+        if elsewhere:
+            plan.problem = live_elsewhere_words(run_id, elsewhere, op)
         return plan
 
     def _relaunch(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
@@ -472,7 +505,7 @@ class Launcher:
             str(run_dir / CONFIG_YAML), nproc=plan.nproc, overrides=overrides, name=plan.name,
             parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False, run_id=new_run_id, nodes=nodes,
         )
-        write_json_atomic(run_dir / RELAUNCH_JSON,
+        write_json_atomic(shown_part(run_dir) / RELAUNCH_JSON,
                           Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
         return res
 
@@ -486,6 +519,10 @@ class Launcher:
             done = self._done_before(run_dir, "fallback")
             if done is not None:
                 return done
+            # another host's processes (the other part of a run over hosts sharing the runs root, or
+            # a run of that host): refused before anything stops; the coordinated fallback stops
+            # every host's part first
+            refuse_live_elsewhere(self.store, run_id, "fallback")
             problem = self._relaunch_args(run_id, nproc or 1, "fallback", checkpoint)[0].problem
             if problem:  # refused before anything is stopped
                 raise OpError("bad_request", problem)
@@ -503,8 +540,9 @@ class Launcher:
             done = self._done_before(run_dir, "resume")
             if done is not None:
                 return done
-            if run_processes(run_id, run_dir=str(run_dir)):
+            if run_processes(run_id, run_dir=str(own_part(run_dir))):
                 raise OpError("running", f"{run_id} is still running: kill it first")
+            refuse_live_elsewhere(self.store, run_id, "resume")
             return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)
 
     def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
@@ -516,7 +554,7 @@ class Launcher:
             done = self._done_before(run_dir, op)
             if done is not None:
                 return done
-            launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+            launch = launch_of(run_dir)
             if launch is not None and launch.nodes is not None:
                 raise OpError("bad_request", f"{run_id} runs over several hosts: one host's watchdog does "
                               "not relaunch it (nsa-tui fallback/resume with its hosts does)")

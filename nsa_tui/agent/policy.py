@@ -38,6 +38,7 @@ from nsa.contract import (
     write_json_atomic,
 )
 from nsa.contract.rundir import LAUNCH_JSON, RELAUNCH_JSON, STOP_JSON
+from nsa_tui.agent.owners import own_part
 from nsa_tui.agent.procs import run_processes
 
 NO_RESTART_KINDS = ("nan", "disk_full", "config_size", "config_seq")
@@ -93,14 +94,14 @@ class PolicyRunner:
         self.stopping.start()
 
     def _ranks(self) -> list[int]:
-        return [p.pid for p in run_processes(self.run_id, fresh=True, run_dir=str(self.run_dir))
+        return [p.pid for p in run_processes(self.run_id, fresh=True, run_dir=str(own_part(self.run_dir)))
                 if p.rank is not None]
 
     def _stop_run(self) -> None:
         from nsa_tui.agent.launcher import run_lock
 
         with run_lock(self.run_dir):
-            write_json_atomic(self.run_dir / STOP_JSON,
+            write_json_atomic(own_part(self.run_dir) / STOP_JSON,
                               StopInfo(ts=time.time(), by=f"nsa-tui watchdog (on_failure={self.action})"))
             ranks = self._ranks()
             _signal(ranks, signal.SIGTERM)

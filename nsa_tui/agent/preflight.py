@@ -8,13 +8,18 @@ port: bind-tested on every interface, or a free one chosen (:func:`rendezvous_po
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 from typing import Any
 
 from nsa.contract import Hello
+from nsa.contract.io import private_dir
 from nsa.contract.protocol import PreflightArgs, PreflightResult
+from nsa.contract.rundir import share_marker
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.launcher import Launcher, check_policy_over_hosts
+from nsa_tui.agent.owners import this_node
 
 PORTS = range(29400, 29500)  # torchrun's usual c10d port first, then its neighbours
 
@@ -44,10 +49,27 @@ def rendezvous_port(want: int | None) -> tuple[int | None, bool, str]:
     return None, False, f"no free port in {PORTS.start}-{PORTS.stop - 1}"
 
 
+def _marker(root: Path, a: PreflightArgs, res: PreflightResult) -> None:
+    """The sharing probe: write, look for or remove a marker file in this host's runs root."""
+    try:
+        if a.marker_write:
+            private_dir(root)
+            fd = os.open(root / share_marker(a.marker_write), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+        if a.marker_look:
+            res.marker_seen = (root / share_marker(a.marker_look)).exists()
+        if a.marker_remove:
+            (root / share_marker(a.marker_remove)).unlink(missing_ok=True)
+    except OSError as exc:
+        res.marker_error = f"runs root {root}: {exc.strerror or exc}"
+
+
 def preflight(launcher: Launcher, hello: Hello, a: PreflightArgs) -> PreflightResult:
     res = PreflightResult(host=hello.host, nsa_tui=hello.nsa_tui, nsa_version=hello.nsa_version,
                           torch=hello.torch, python=hello.python, runs_root=hello.runs_root,
                           problems=list(hello.problems))
+    res.node = this_node()
+    _marker(launcher.store.root, a, res)
     if a.want_port or a.port is not None:
         res.port, res.port_free, res.port_message = rendezvous_port(a.port)
     if a.config_path or a.config_text is not None:

@@ -9,6 +9,7 @@ age: small JSON files, a /proc scan shared by every caller, and the last lines o
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from nsa.contract import (
 )
 from nsa.contract.appended import rotated_path
 from nsa.contract.io import private_dir, tail_lines
+from nsa.contract.protocol import Owner
 from nsa.contract.rundir import (
     ARCHIVED_JSON,
     CHECKPOINTS,
@@ -43,6 +45,7 @@ from nsa.contract.rundir import (
     step_of,
 )
 from nsa.contract.slurm import SlurmJob, SlurmState
+from nsa_tui.agent.owners import judge_remote, node_parts, remote_parts, shown_part, this_node
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
 LOG_TAIL_LINES = 150
@@ -76,7 +79,7 @@ def latest_beats(run_dir: Path) -> list[Beat]:
     return [b for b in beats if b is not None]
 
 
-def _orphan_ranks(run_dir: Path, run_id: str) -> list[RunProcess]:
+def _orphan_ranks(run_dir: Path, run_id: str, mark: str | None = None) -> list[RunProcess]:
     """Ranks that outlived the recorded group, found by the pid in their last heartbeat.
 
     Why: torchrun starts each rank in a session of its own, so when the launcher and
@@ -84,8 +87,12 @@ def _orphan_ranks(run_dir: Path, run_id: str) -> list[RunProcess]:
     PDEATHSIG or hung for good; the run is not dead (crashed) while it holds its GPU.
     """
     found = []
+    shared = mark is not None and mark != str(run_dir)
+    host = socket.gethostname()
     for beat in latest_beats(run_dir):
-        proc = run_process(beat.pid, run_id, str(run_dir))
+        if shared and beat.host != host:
+            continue  # another host's rank: its pid means nothing in this process table
+        proc = run_process(beat.pid, run_id, mark or str(run_dir))
         if proc is not None:
             found.append(proc)
     return found
@@ -157,17 +164,25 @@ class RunStore:
         return read_json(self.run_dir(run_id) / LAUNCH_JSON, LaunchInfo)
 
     def view(self, run_id: str, with_tail: bool = True) -> RunView:
-        """The run as a user sees it; ``with_tail``: the end of train.log when it crashed or failed."""
+        """The run as a user sees it; ``with_tail``: the end of train.log when it crashed or failed.
+
+        The part of the run this host owns is judged from its process table; parts owned by other
+        hosts sharing the runs root from their lease and heartbeats (nsa_tui.agent.owners), never
+        from this host's processes: their absence here says nothing."""
         d = self.run_dir(run_id)
+        me = this_node()
+        parts = node_parts(d)
+        part = shown_part(d)
         info = read_json(d / RUN_JSON, RunInfo)
-        launch = read_json(d / LAUNCH_JSON, LaunchInfo)
-        exited = read_json(d / EXIT_JSON, ExitInfo)
-        stop_requested = (d / STOP_JSON).exists()
+        launch = read_json(part / LAUNCH_JSON, LaunchInfo)
+        exited = read_json(part / EXIT_JSON, ExitInfo)
+        stop_requested = (part / STOP_JSON).exists()
         archived = (d / ARCHIVED_JSON).exists()
-        pgid = launch.launcher_pgid if launch else None
-        same_boot = launch is None or not launch.boot_id or launch.boot_id == boot_id()
+        mine = launch is None or not launch.node or launch.node == me
+        beats = latest_beats(d) if parts or not mine else []
+        owners = [judge_remote(p, pl, beats) for p, pl in
+                  ([(part, launch)] if not mine and not parts else remote_parts(d, me))]
         procs: list[RunProcess] = []
-        launcher = launch.launcher_pid if launch else None
         launcher_alive = False
         slurm_job = read_json(d / SLURM_JSON, SlurmJob)
         slurm: SlurmState | None = None
@@ -176,23 +191,21 @@ class RunStore:
 
             same_boot = False
             status, alive, slurm = view_state(d, slurm_job, info.status if info else None, stop_requested)
-        if same_boot and launch is not None:
-            procs = run_processes(run_id, pgid, run_dir=str(d))  # no pgid yet (launching): every group
-            if not procs and pgid and _younger_than(d / LAUNCH_JSON, 2 * GROUPS_MAX_AGE_S + 1.0):
-                # the shared /proc scan may predate this launch: a run started a moment ago
-                # would read as crashed (a false crash alert, `logs -f` ending at once)
-                procs = run_processes(run_id, pgid, fresh=True, run_dir=str(d))
-            launcher_alive = any(p.pid == launcher for p in procs) or (
-                launcher is not None and not procs and run_process(launcher, run_id, str(d)) is not None)
-            if exited is not None:
-                # torchrun has ended: a supervisor still finishing (its last alerts, deliveries,
-                # a policy's backoff) is no process of the run
-                procs = [p for p in procs if p.pid != launcher]
-            if not procs and not (info is not None and info.status.is_terminal()):
-                procs = _orphan_ranks(d, run_id)  # launcher and torchrun gone, ranks still up
-        if slurm is None:
+        elif mine:
+            same_boot = launch is None or not launch.boot_id or launch.boot_id == boot_id()
+            if same_boot and launch is not None:
+                procs, launcher_alive = self._own_processes(run_id, d, part, launch, info, exited)
             alive = bool(procs)
+            if launch is not None and launch.node:
+                owners.insert(0, Owner(node=launch.node, hostname=launch.hostname, mine=True, alive=alive))
+        else:  # another host's run (or, with no part here, the parts of others)
+            alive = any(o.alive for o in owners)
+            launcher_alive = alive
+            same_boot = not any(o.how == "expired" for o in owners)
+        if slurm is None:
             status = derive_status(info, launch, alive, same_boot, stop_requested, exited)
+            if any(o.how == "expired" for o in owners if not o.mine) and status not in FAILED_STATUSES:
+                status = RunStatus.LOST  # a host of the run vanished: its lease and heartbeats expired
         if info is None:
             name = launch.name if launch else run_id
             nodes = launch.nodes if launch else None
@@ -204,14 +217,36 @@ class RunStore:
                            parent_run=launch.parent_run if launch else None)
         tail = []
         if with_tail and status in FAILED_STATUSES:
-            tail = tail_lines(d / TRAIN_LOG, LOG_TAIL_LINES, 65536)
+            tail = tail_lines(part / TRAIN_LOG, LOG_TAIL_LINES, 65536)
         return RunView(run_id=run_id, dir=str(d), name=(launch.name if launch else "") or info.name or run_id,
                        status=status, info=info, launch=launch, exit=exited, alive=alive,
                        pids=[p.pid for p in procs], stop_requested=stop_requested,
                        parent_run=info.parent_run or (launch.parent_run if launch else None),
                        created=launch.created if launch else (info.started_at or 0.0), archived=archived,
                        log_tail=tail, launcher_alive=launcher_alive,
-                       watchdog=launcher_alive or (exited is not None and exited.watchdog), slurm=slurm)
+                       watchdog=launcher_alive or (exited is not None and exited.watchdog),
+                       owners=owners, shared=bool(parts), slurm=slurm)
+
+    def _own_processes(self, run_id: str, d: Path, part: Path, launch: LaunchInfo, info: RunInfo | None,
+                       exited: ExitInfo | None) -> tuple[list[RunProcess], bool]:
+        """(this host's live processes of the run, whether its supervisor is one of them)."""
+        pgid = launch.launcher_pgid
+        launcher = launch.launcher_pid
+        mark = str(part)  # NSA_RUN_DIR: the directory of this host's part
+        procs = run_processes(run_id, pgid, run_dir=mark)  # no pgid yet (launching): every group
+        if not procs and pgid and _younger_than(part / LAUNCH_JSON, 2 * GROUPS_MAX_AGE_S + 1.0):
+            # the shared /proc scan may predate this launch: a run started a moment ago
+            # would read as crashed (a false crash alert, `logs -f` ending at once)
+            procs = run_processes(run_id, pgid, fresh=True, run_dir=mark)
+        launcher_alive = any(p.pid == launcher for p in procs) or (
+            launcher is not None and not procs and run_process(launcher, run_id, mark) is not None)
+        if exited is not None:
+            # torchrun has ended: a supervisor still finishing (its last alerts, deliveries,
+            # a policy's backoff) is no process of the run
+            procs = [p for p in procs if p.pid != launcher]
+        if not procs and not (info is not None and info.status.is_terminal()):
+            procs = _orphan_ranks(d, run_id, mark)  # launcher and torchrun gone, ranks still up
+        return procs, launcher_alive
 
     def views(self) -> list[RunView]:
         """Every run's view, newest first; unreadable ones are skipped."""

@@ -59,11 +59,12 @@ from nsa.contract.protocol import (
     WatchHostArgs,
     WriteCheckpointFileArgs,
 )
-from nsa.contract.rundir import METRICS_JSONL
+from nsa.contract.rundir import METRICS_JSONL, NODE_FILES
 from nsa_tui import __version__
 from nsa_tui.agent import ckptfiles, evaluate, sample
 from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher, OpError, run_lock, run_lock_async
+from nsa_tui.agent.owners import shown_part
 from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
 from nsa_tui.agent.runs import RunStore, latest_beats
@@ -264,6 +265,9 @@ class Agent:
             d = self.store.run_dir(a.run)
             lines = tail_lines(d / METRICS_JSONL, STATUS_METRICS, STATUS_METRICS * METRIC_LINE_BYTES)
             beats = latest_beats(d)
+            if view.shared and any(o.mine for o in view.owners):
+                host = socket.gethostname()  # this host's part: its own ranks (the others report theirs)
+                beats = [b for b in beats if b.host == host]
             now = time.time()  # the ages are measured here, on the clock the beats were written by
             return RunStatusReport(run=view, beats=beats, recent_metrics=decode_lines(lines, Metric), ts=now,
                                    heartbeat_age_s={b.rank: max(0.0, now - b.ts) for b in beats},
@@ -345,7 +349,8 @@ class Agent:
         return await asyncio.to_thread(self.housekeeping.delete, a.run, a.dry_run)
 
     async def op_read_log(self, rid: Any, a: ReadLogArgs) -> LogChunk:
-        path = self.store.run_dir(a.run) / a.file  # one of two names, never a path from the client
+        d = self.store.run_dir(a.run)  # one of two names, never a path from the client; the log is per node
+        path = (shown_part(d) if a.file in NODE_FILES else d) / a.file
 
         def read() -> LogChunk:
             data, end, size, gen = read_chunk(path, int(a.offset), max(0, min(int(a.max_bytes), 16 << 20)))
@@ -374,7 +379,7 @@ class Agent:
             out: list[AlertState] = []
             bad = 0
             for run_id in ids:
-                book = self.books.book(self.store.run_dir(run_id))
+                book = self.books.book(shown_part(self.store.run_dir(run_id)))
                 book.refresh()
                 out += book.listing(a.history)
                 bad += book.stats.bad
@@ -394,7 +399,7 @@ class Agent:
         def ack() -> AlertState:
             with run_lock(run_dir):
                 try:
-                    return acknowledge(run_dir, a.alert, by)
+                    return acknowledge(shown_part(run_dir), a.alert, by)
                 except KeyError:
                     raise OpError("no_such_alert", f"{a.run} has no alert {a.alert!r} (nsa-tui alerts HOST "
                                                    f"{a.run} lists them)") from None
@@ -406,7 +411,7 @@ class Agent:
         run_dir = self.store.run_dir(a.run)
 
         def read() -> Evidence:
-            book = self.books.book(run_dir)
+            book = self.books.book(shown_part(run_dir))
             book.refresh()
             st = book.find(a.alert)
             if st is None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from nsa.contract import ExitInfo, LaunchInfo, read_json, write_json_atomic
 from nsa.contract.rundir import CONFIG_YAML, EXIT_JSON, LAUNCH_JSON
+from nsa_tui.agent.owners import LeaseKeeper, own_part
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -36,7 +37,7 @@ def log(msg: str) -> None:
 
 def _policy(run_dir: Path) -> Any:
     """The run's ``on_failure`` (its config with the launch's overrides), None if unreadable."""
-    launch = read_json(run_dir / LAUNCH_JSON, LaunchInfo)
+    launch = read_json(own_part(run_dir) / LAUNCH_JSON, LaunchInfo)
     try:
         from nsa.config import load_config
 
@@ -83,6 +84,9 @@ def main(argv: list[str]) -> int:
     started = time.time()
     os.umask(0o077)  # the run's files are private to its user (inherited by torchrun and the ranks)
     wd: Any = None
+    part = own_part(run_dir)
+    lease = LeaseKeeper(part)  # other hosts sharing the runs root: this part lives while renewed
+    lease.start()
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     except OSError as exc:
@@ -104,10 +108,13 @@ def main(argv: list[str]) -> int:
             record.watchdog = True
         except Exception as exc:  # noqa: BLE001
             log(f"nsa-tui watchdog: final check failed: {type(exc).__name__}: {exc}")
-    write_json_atomic(run_dir / EXIT_JSON, record)
+    write_json_atomic(part / EXIT_JSON, record)
     print(f"nsa-tui supervise: command exited with {code}", flush=True)
-    if wd is not None:
-        _after(wd, final)
+    try:
+        if wd is not None:
+            _after(wd, final)  # ranks that outlived torchrun keep the lease renewed
+    finally:
+        lease.stop()
     return 0
 
 

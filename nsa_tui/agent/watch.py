@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from nsa.contract import (
     Beat,
     Metric,
@@ -32,7 +34,15 @@ from nsa.contract import (
 from nsa.contract.appended import AppendedReader, StreamPos, position_at_end, rotated_path, tail
 from nsa.contract.io import LineStats, read_lines, tail_with_offset
 from nsa.contract.protocol import AlertList, EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced, WatchArgs
-from nsa.contract.rundir import METRICS_JSONL, METRICS_SUMMARY_JSON, STATE_FILES, TRAIN_LOG, heartbeat_stream
+from nsa.contract.rundir import (
+    METRICS_JSONL,
+    METRICS_SUMMARY_JSON,
+    NODE_FILES,
+    STATE_FILES,
+    TRAIN_LOG,
+    heartbeat_stream,
+)
+from nsa_tui.agent.owners import shown_part
 from nsa_tui.agent.runs import RunStore, beat_files
 
 POLL_S = 0.25
@@ -193,7 +203,7 @@ class RunWatch:
         self.readers["metrics"] = AppendedReader(path, pos, rotates=False)
 
     def _backlog_log(self) -> None:
-        path = self.dir / TRAIN_LOG
+        path = shown_part(self.dir) / TRAIN_LOG
         want = self.args.log_tail_bytes
         if self._resumes("log", path, want):
             return
@@ -258,7 +268,7 @@ class RunWatch:
             if "metrics" in self.streams:
                 busy = await self._pump("metrics", self.dir / METRICS_JSONL) or busy
             if "log" in self.streams:
-                busy = await self._pump("log", self.dir / TRAIN_LOG) or busy
+                busy = await self._pump("log", shown_part(self.dir) / TRAIN_LOG) or busy
             if fresh is not None:
                 current = fresh
                 if busy and fresh.status.is_terminal():
@@ -308,12 +318,19 @@ async def watch_runs(store: RunStore, sub_id: Any, send: Send, every_s: float = 
 
 def _stamp(d: Path) -> tuple[float, ...]:
     out = []
+    part = shown_part(d)  # a shared run's per-node files (launch, exit, stop) are this host's part's
     for name in STATE_FILES:
         try:
-            out.append(os.stat(d / name).st_mtime)
+            out.append(os.stat((part if name in NODE_FILES else d) / name).st_mtime)
         except OSError:
             out.append(0.0)
     return tuple(out)
+
+
+def _without_ages(view: RunView) -> RunView:
+    if not view.owners:
+        return view
+    return msgspec.structs.replace(view, owners=[msgspec.structs.replace(o, age_s=None) for o in view.owners])
 
 
 def _changed_views(store: RunStore, known: dict[str, tuple[bytes, bool]],
@@ -330,7 +347,7 @@ def _changed_views(store: RunStore, known: dict[str, tuple[bytes, bool]],
             view = store.view(rid, with_tail=False)
         except (KeyError, OSError):
             continue
-        data = encode(view)
+        data = encode(_without_ages(view))  # an owner's lease age changes every look: no change
         stamps[rid] = stamp
         if rid not in known or known[rid][0] != data:
             changed.append(view)
@@ -364,7 +381,7 @@ async def watch_alerts(store: RunStore, books: Any, sub_id: Any, send: Send, his
         ids = [run] if run else store.ids()
         for rid in ids:
             try:
-                book = books.book(store.run_dir(rid))
+                book = books.book(shown_part(store.run_dir(rid)))
             except KeyError:
                 continue
             book.refresh()
@@ -376,11 +393,11 @@ async def watch_alerts(store: RunStore, books: Any, sub_id: Any, send: Send, his
         ids = [run] if run else store.ids()
         for rid in ids:
             try:
-                out += books.refresh(store.run_dir(rid))
+                out += books.refresh(shown_part(store.run_dir(rid)))
             except KeyError:
                 continue
         if run is None:
-            books.forget({str(store.root / rid) for rid in ids})
+            books.forget({str(shown_part(store.root / rid)) for rid in ids})
         return out
 
     send(EventMsg(id=sub_id, event="alerts", stream="alerts", data=await asyncio.to_thread(first)))

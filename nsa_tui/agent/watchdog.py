@@ -54,7 +54,16 @@ from nsa.contract import (
 from nsa.contract.appended import AppendedReader
 from nsa.contract.io import LineStats, tail_lines
 from nsa.contract.records import Usage
-from nsa.contract.rundir import LAUNCH_JSON, METRICS_JSONL, RUN_JSON, STOP_JSON, TRAIN_LOG, heartbeat_stream
+from nsa.contract.rundir import (
+    LAUNCH_JSON,
+    METRICS_JSONL,
+    NODE_FILES,
+    RUN_JSON,
+    STOP_JSON,
+    TRAIN_LOG,
+    heartbeat_stream,
+)
+from nsa_tui.agent.owners import own_part
 from nsa_tui.agent.procs import run_process
 from nsa_tui.agent.runs import LOG_TAIL_LINES, beat_files, derive_status
 from nsa_tui.health.alerts import AlertDetector
@@ -99,16 +108,20 @@ class Watchdog:
                  settings_problem: str = "", policy: Any = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_id = self.run_dir.name
+        # this host's per-node files (its launch, log, alerts); a shared run's other hosts have
+        # their own watchdogs: only this host's ranks are watched here
+        self.part = own_part(self.run_dir)
+        self.shared = self.part != self.run_dir
         self.s = settings
         self.clock = clock
         self.log = log or (lambda msg: print(msg, flush=True))
         self.host = host or socket.gethostname()
         self.det = AlertDetector(self.host, settings.alerts.thresholds())
-        self.ledger = AlertLedger(self.run_dir / ALERTS_FILE, self.run_id,
+        self.ledger = AlertLedger(self.part / ALERTS_FILE, self.run_id,
                                   resolve_after_s=settings.alerts.resolve_after_s, clock=clock)
         self.beat_tails: dict[int, FileTail] = {}
         self.metrics = FileTail(self.run_dir / METRICS_JSONL, rotates=False)
-        self.train_log = FileTail(self.run_dir / TRAIN_LOG, rotates=False)
+        self.train_log = FileTail(self.part / TRAIN_LOG, rotates=False)
         self.stats: dict[str, LineStats] = {}
         self.beats: dict[int, Beat] = {}
         self.gone: set[int] = set()
@@ -158,8 +171,9 @@ class Watchdog:
         now = self.clock()
         self._read_beats()
         metrics = decode_lines(self.metrics.read(), Metric, self._stats("metrics"), "metrics")
-        for m in metrics:
-            self.det.feed_metric(self.run_id, m)
+        if self._holds_rank0():
+            for m in metrics:
+                self.det.feed_metric(self.run_id, m)
         lines = self.train_log.read()
         if lines:
             self.det.feed_log(self.run_id, lines)
@@ -183,6 +197,11 @@ class Watchdog:
                 self.policy.on_hang([ev.alert for ev in hangs])
         return events
 
+    def _holds_rank0(self) -> bool:
+        """Whether this host's watchdog speaks for the run's metrics (rank 0's, one per run): on a
+        shared runs root every host reads them, only rank 0's host alerts on them."""
+        return not self.shared or (0 in self.beats and self.beats[0].host == self.host)
+
     def _stats(self, stream: str) -> LineStats:
         return self.stats.setdefault(stream, LineStats())
 
@@ -193,6 +212,10 @@ class Watchdog:
                 tail = self.beat_tails[rank] = FileTail(path)
             stream = heartbeat_stream(rank)
             for b in decode_lines(tail.read(), Beat, self._stats(stream), stream):
+                if self.shared and b.host != self.host:
+                    if b.rank == 0:
+                        self.beats[0] = b  # who holds rank 0 (the metrics' host), never judged here
+                    continue
                 self.det.feed_beat(self.run_id, b)
                 old = self.beats.get(b.rank)
                 if old is None or b.ts >= old.ts:
@@ -201,8 +224,8 @@ class Watchdog:
     def _check_ranks(self, view: RunView, now: float) -> None:
         """A rank whose process vanished without a final beat: fed to the detector (a crash)."""
         vanished = [r for r, b in self.beats.items()
-                    if r not in self.gone and not b.phase.is_final() and b.pid
-                    and run_process(b.pid, self.run_id, str(self.run_dir)) is None]
+                    if r not in self.gone and not b.phase.is_final() and b.pid and self._here(b)
+                    and run_process(b.pid, self.run_id, str(self.part)) is None]
         if not vanished:
             return
         self._read_beats()  # a rank that wrote its last beat and exited since this look began
@@ -212,9 +235,13 @@ class Watchdog:
                 self.det.feed_rank_gone(self.run_id, rank, now)
 
     def live_rank_pids(self) -> list[int]:
-        mine = str(self.run_dir)
+        mine = str(self.part)
         return [b.pid for b in self.beats.values()
-                if b.pid and run_process(b.pid, self.run_id, mine) is not None]
+                if b.pid and self._here(b) and run_process(b.pid, self.run_id, mine) is not None]
+
+    def _here(self, b: Beat) -> bool:
+        """A beat of a rank on this host (only those are judged by this host's process table)."""
+        return not self.shared or b.host == self.host
 
     def _host_sample(self, now: float) -> HostSample:
         if not self._gpu_tried:
@@ -232,7 +259,7 @@ class Watchdog:
 
     # -- the run as the agent would see it --------------------------------------------------------
     def _json(self, name: str, typ: Any) -> Any:
-        path = self.run_dir / name
+        path = (self.part if name in NODE_FILES else self.run_dir) / name
         try:
             mtime = os.stat(path).st_mtime
         except OSError:
@@ -254,7 +281,7 @@ class Watchdog:
         # would lack its exit code (and be said twice)
         pids = self.live_rank_pids() if self.exit is not None else []
         alive = self.exit is None or bool(pids)
-        stop = (self.run_dir / STOP_JSON).exists()
+        stop = (self.part / STOP_JSON).exists()
         status = derive_status(info, launch, alive, True, stop, self.exit)
         if info is None:
             info = RunInfo(run_id=self.run_id, name=launch.name if launch else self.run_id,
@@ -263,7 +290,7 @@ class Watchdog:
         tail: list[str] = []
         if status in FAILED_STATUSES:
             if self._tail_cache[0] != status or self.exit is not None:
-                self._tail_cache = (status, tail_lines(self.run_dir / TRAIN_LOG, LOG_TAIL_LINES, 65536))
+                self._tail_cache = (status, tail_lines(self.part / TRAIN_LOG, LOG_TAIL_LINES, 65536))
             tail = self._tail_cache[1]
         name = (launch.name if launch else "") or info.name
         parent = info.parent_run or (launch.parent_run if launch else None)
@@ -298,7 +325,8 @@ class Watchdog:
         from nsa_tui.agent.evidence import capture
 
         try:
-            got = capture(self.run_dir, self.run_id, dict(self.beats), self.s.watchdog.evidence_wait_s,
+            here = {r: b for r, b in self.beats.items() if self._here(b)}  # this host's ranks only
+            got = capture(self.run_dir, self.run_id, here, self.s.watchdog.evidence_wait_s,
                           why=f"alert {ev.id}: {ev.alert.message}")
         except Exception as exc:  # noqa: BLE001 - evidence is a bonus; the alert stands without it
             self.log(f"nsa-tui watchdog: evidence for alert {ev.id} failed: {type(exc).__name__}: {exc}")

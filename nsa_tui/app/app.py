@@ -30,7 +30,8 @@ from nsa_tui.app.state import PanelState
 from nsa_tui.app.view_actions import ViewActions
 from nsa_tui.app.widgets.header import why_not_connected
 from nsa_tui.app.widgets.runlist import RunList
-from nsa_tui.user.settings import Settings, SettingsError, load_settings, settings_path
+from nsa_tui.hosts.spec import runs_root_for
+from nsa_tui.user.settings import Settings, SettingsError, host_runs_roots, load_settings, settings_path
 
 TICK_S = 0.1
 PALETTE_TITLES = {"quit": "Quit", "help": "Keys"}  # Textual has commands of these names: ours replace them
@@ -84,7 +85,8 @@ class NsaApp(RunActions, ViewActions, App[str | None]):
         if self.live:
             for dest in self.destinations:
                 svc = HostService(self.state, dest, self.post_message, self.clients.get(dest),
-                                  self.alert_thresholds, log_error=self.log.error)
+                                  self.alert_thresholds, log_error=self.log.error,
+                                  runs_root=runs_root_for(dest, None, host_runs_roots(self.settings)))
                 self.services[dest] = svc
                 self.run_worker(svc.run(), group=f"host:{dest}", exit_on_error=False)
         self.set_interval(TICK_S, self.tick)

@@ -39,6 +39,7 @@ from nsa_tui.cli.args import parser
 from nsa_tui.cli.exitcodes import *  # noqa: F403 (cli.EXIT_* stay importable from here)
 from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, emit, fail
 from nsa_tui.cli.runref import RunRefError, resolve
+from nsa_tui.hosts.spec import runs_root_for, split_runs_root
 
 PER_RUN = ("status", "logs", "alerts", "kill", "fallback", "resume", "dump")  # reach every host of the run
 
@@ -67,7 +68,8 @@ async def _setup(args: argparse.Namespace, hosts: list[str]) -> int:
     for host in hosts:
         where = f"{host}: " if len(hosts) > 1 else ""
         try:
-            res = await setup_host(host, confirm_host_key=_ask_host_key, no_deps=args.no_deps,
+            res = await setup_host(split_runs_root(host)[0], confirm_host_key=_ask_host_key,
+                                   no_deps=args.no_deps,
                                    prefix=args.prefix, python=args.python,
                                    log=None if args.json else lambda m: print(m, file=sys.stderr))
         except TransportError as exc:
@@ -87,13 +89,28 @@ async def _connect(args: argparse.Namespace, hosts: list[str]) -> tuple[dict[str
     from nsa_tui.hosts.client import HostClient
     from nsa_tui.hosts.coordinator import connect
 
+    per_host = _settings_roots()
+
     def make(d: str) -> HostClient:
-        c = HostClient(d, runs_root=args.runs_root, confirm_host_key=_ask_host_key)
+        # ``gpu1:/scratch/runs``: that host's own runs root (nsa_tui/hosts/spec.py)
+        c = HostClient(split_runs_root(d)[0], runs_root=runs_root_for(d, args.runs_root, per_host),
+                       confirm_host_key=_ask_host_key)
         # only followers wait out a drop (on one host, alerts --follow too)
         c.reconnect = args.cmd == "logs" or (len(hosts) == 1 and getattr(args, "follow", False))
         return c
 
     return await connect(hosts, make)
+
+
+def _settings_roots() -> dict[str, str]:
+    """Per-host runs roots of the settings file; none when it does not read (the command goes on:
+    the host's default applies)."""
+    from nsa_tui.user.settings import SettingsError, host_runs_roots, load_settings
+
+    try:
+        return host_runs_roots(load_settings())
+    except SettingsError:
+        return {}
 
 
 async def _close(clients: dict[str, Any]) -> None:

@@ -119,10 +119,15 @@ class HostClient(AgentConnection):
 
     async def preflight(self, *, port: int | None = None, want_port: bool = False, nproc: int | None = None,
                         config_path: str | None = None, config_text: str | None = None,
-                        overrides: Sequence[str] = ()) -> PreflightResult:
-        """What the host says about taking part in a run over several hosts; starts nothing."""
+                        overrides: Sequence[str] = (), marker_write: str | None = None,
+                        marker_look: str | None = None, marker_remove: str | None = None) -> PreflightResult:
+        """What the host says about taking part in a run over several hosts; starts nothing.
+        ``marker_*``: the sharing probe of the runs root (sent only when asked for)."""
+        markers = {k: v for k, v in (("marker_write", marker_write), ("marker_look", marker_look),
+                                     ("marker_remove", marker_remove)) if v is not None}
         return await self.request("preflight", PreflightResult, port=port, want_port=want_port, nproc=nproc,
-                                  config_path=config_path, config_text=config_text, overrides=list(overrides))
+                                  config_path=config_path, config_text=config_text, overrides=list(overrides),
+                                  **markers)
 
     async def describe(self, config_path: str, *, nproc: int | None = None, overrides: Sequence[str] = (),
                        upload: bool = False) -> ConfigSummary:

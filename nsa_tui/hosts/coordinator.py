@@ -8,14 +8,17 @@ The agents know nothing of each other; this client-side module does what spans h
   rolled back (what started is stopped; nothing is left running anywhere);
 - :func:`parts`: each host's part of a run, for :func:`nsa_tui.hosts.merge.merge`;
 - :func:`kill`, :func:`dump`: on every host at once;
+- :func:`shared_root`: whether the hosts share one runs root (a marker file probe);
 - :func:`fallback`: stop everywhere, gather the newest checkpoint complete on every host
-  onto rank 0's host, relaunch there on one node (or one GPU) with the same global batch;
-- :func:`resume`: gather that checkpoint onto every host, relaunch across all of them.
+  onto rank 0's host (hosts with runs roots of their own; a shared root is read in place),
+  relaunch there on one node (or one GPU) with the same global batch;
+- :func:`resume`: the same checkpoint on every host, relaunch across all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +52,7 @@ class MultiLaunch:
     run_id: str
     rdzv_endpoint: str
     results: dict[str, LaunchResult] = field(default_factory=dict)
+    shared: bool = False  # the hosts share the runs root: one run directory
 
 
 async def connect(dests: Sequence[str], make: Callable[[str], HostClient]) -> tuple[dict[str, HostClient],
@@ -72,8 +76,45 @@ def _endpoint(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
-def _layout(hosts: list[str], i: int, endpoint: str, addrs: list[str]) -> NodeLayout:
-    return NodeLayout(nnodes=len(hosts), node_rank=i, hosts=hosts, rdzv_endpoint=endpoint, node_addr=addrs[i])
+def _layout(hosts: list[str], i: int, endpoint: str, addrs: list[str], shared: bool = False) -> NodeLayout:
+    return NodeLayout(nnodes=len(hosts), node_rank=i, hosts=hosts, rdzv_endpoint=endpoint, node_addr=addrs[i],
+                      shared_root=shared)
+
+
+async def shared_root(clients: dict[str, HostClient], pre: list[PreflightResult]) -> bool:
+    """Whether the hosts share one runs root: a marker written through the first host and looked
+    for through the others (never guessed from paths: one path may be a different disk on each
+    host, two paths one disk). All share: one run directory; none share: one per host; a mix is
+    refused before anything starts, as is one machine named twice on a shared root."""
+    hosts = list(clients)
+    token = secrets.token_hex(8)
+    first = await clients[hosts[0]].preflight(marker_write=token)
+    try:
+        if first.marker_error:
+            raise MultiHostError(hosts[0], f"cannot probe whether the runs root is shared: "
+                                 f"{first.marker_error}", "refused")
+        looks = await asyncio.gather(*(clients[h].preflight(marker_look=token) for h in hosts[1:]))
+    finally:
+        await clients[hosts[0]].preflight(marker_remove=token)
+    for h, r in zip(hosts[1:], looks):
+        if r.marker_error:
+            raise MultiHostError(h, f"cannot probe whether the runs root is shared: {r.marker_error}",
+                                 "refused")
+    seen = [bool(r.marker_seen) for r in looks]
+    if any(seen) and not all(seen):
+        with_first = [hosts[0]] + [h for h, s in zip(hosts[1:], seen) if s]
+        apart = [h for h, s in zip(hosts[1:], seen) if not s]
+        raise MultiHostError(apart[0], f"{', '.join(with_first)} share one runs root but {', '.join(apart)} "
+                             "do not: a run over hosts that partly share a runs root is not supported; give "
+                             "every host the shared runs root (or each its own)", "bad_request")
+    if all(seen):
+        nodes = [p.node for p in pre]
+        twice = next((i for i in range(len(hosts)) if nodes[i] and nodes[i] in nodes[:i]), None)
+        if twice is not None:
+            same = hosts[nodes.index(nodes[twice])]
+            raise MultiHostError(hosts[twice], f"is the same machine as {same} (node {nodes[twice]}) on one "
+                                 "runs root: name each host once", "bad_request")
+    return all(seen)
 
 
 def _addr(c: HostClient) -> str:
@@ -124,16 +165,17 @@ async def launch(clients: dict[str, HostClient], config: str, *, nproc: int | No
         if isinstance(p, BaseException):
             raise MultiHostError(host, f"preflight failed: {p}", "unreachable")
     first = check_preflight(hosts, pre, force)  # type: ignore[arg-type]
+    shared = await shared_root(clients, pre)  # type: ignore[arg-type]
     addrs = [rdzv_host if i == 0 and rdzv_host else _addr(clients[h]) for i, h in enumerate(hosts)]
     assert first.port is not None  # check_preflight refuses a first host without a free port
     endpoint = _endpoint(addrs[0], first.port)
     run_id = new_run_id(name or first.config_name or "run")
-    out = MultiLaunch(run_id=run_id, rdzv_endpoint=endpoint)
+    out = MultiLaunch(run_id=run_id, rdzv_endpoint=endpoint, shared=shared)
     for i, host in enumerate(hosts):
         try:
             out.results[host] = await clients[host].launch(
                 config, nproc=nproc, overrides=overrides, name=name, config_text=text, run_id=run_id,
-                nodes=_layout(hosts, i, endpoint, addrs), force=force)
+                nodes=_layout(hosts, i, endpoint, addrs, shared), force=force)
         except (AgentError, TransportError) as exc:
             await _roll_back(clients, list(out.results), run_id)
             raise MultiHostError(host, f"launch failed: {exc}; stopped what had started on "
@@ -273,7 +315,8 @@ async def fallback(clients: dict[str, HostClient], run_id: str, *, nproc: int | 
     parts_at = {p.host: p for p in known}
     live = {h: c for h, c in clients.items() if h in parts_at}
     ckpt = await newest_common_checkpoint(live, run_id)
-    await gather(live, run_id, ckpt, [target], log)
+    if not any(p.view is not None and p.view.shared for p in known):  # shared: read in place
+        await gather(live, run_id, ckpt, [target], log)
     return await clients[target].fallback(run_id, grace_s, nproc=nproc or 1, checkpoint=ckpt)
 
 
@@ -293,7 +336,9 @@ async def resume(clients: dict[str, HostClient], run_id: str, *, rdzv_host: str 
     assert first is not None
     nproc = first.launch.nproc if first.launch is not None else 1
     ckpt = await newest_common_checkpoint(clients, run_id)
-    await gather(clients, run_id, ckpt, hosts, log)
+    shared = first.shared  # one directory on every host: the checkpoint is read in place
+    if not shared:
+        await gather(clients, run_id, ckpt, hosts, log)
     port = await _port(clients[hosts[0]], hosts[0], rdzv_port)
     addrs = [rdzv_host if i == 0 and rdzv_host else _addr(clients[h]) for i, h in enumerate(hosts)]
     endpoint = _endpoint(addrs[0], port)
@@ -302,7 +347,7 @@ async def resume(clients: dict[str, HostClient], run_id: str, *, rdzv_host: str 
     for i, host in enumerate(hosts):
         try:
             res = await clients[host].resume(run_id, nproc=nproc, checkpoint=ckpt, new_run_id=new_id,
-                                             nodes=_layout(hosts, i, endpoint, addrs))
+                                             nodes=_layout(hosts, i, endpoint, addrs, shared))
         except (AgentError, TransportError) as exc:
             await _roll_back(clients, list(out.results), new_id)
             raise MultiHostError(host, f"resume failed: {exc}; stopped what had started",

@@ -98,6 +98,11 @@ def _why(p: Part, status: RunStatus) -> str:
     if status == RunStatus.FAILED and v.info.exit_reason:
         return f"{who}: {v.info.exit_reason.strip().splitlines()[0]}"
     if status == RunStatus.LOST:
+        gone = [o for o in v.owners if o.how == "expired" and not o.mine]
+        if gone:
+            names = ", ".join(o.hostname or o.node for o in gone)
+            return (f"{names}: its lease and heartbeats expired while the run was running (the host is "
+                    "gone); the run directory is kept")
         return f"{who}: the host rebooted while the run was running"
     code = v.exit.exit_code if v.exit is not None else None
     last = next((ln.strip() for ln in reversed(v.log_tail) if ln.strip()), "")

@@ -17,6 +17,8 @@ file, the key and the expected type. Example (docs/host-agent.md, "Settings")::
       command: [notify-send, nsa-tui]        # the alert as JSON on stdin
       webhook: {url: "https://hooks.slack.com/services/T0/B0/XXXX"}   # format: auto|json|slack|discord|ntfy
       bell: true
+    hosts:
+      gpu1: {runs_root: /scratch/nsa-runs}   # a host whose runs live elsewhere than ~/nsa-runs
 """
 
 from __future__ import annotations
@@ -102,13 +104,26 @@ class WatchdogSettings:
 
 
 @dataclass
+class HostSettings:
+    """One host's own settings, for the machine that reaches it (the CLI, the panel)."""
+
+    runs_root: str | None = None  # that host's runs root (default: its agent's NSA_RUNS_ROOT or ~/nsa-runs)
+
+
+@dataclass
 class Settings:
     keys: dict[str, str] = field(default_factory=dict)  # binding id -> key(s)
+    hosts: dict[str, HostSettings] = field(default_factory=dict)  # destination -> its settings
     alerts: AlertSettings = field(default_factory=AlertSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     slurm: dict[str, Any] = field(default_factory=dict)  # Slurm login nodes: host -> SlurmRequest
     path: str = ""  # where they were read from ("" = defaults)
+
+
+def host_runs_roots(settings: Settings) -> dict[str, str]:
+    """destination -> the runs root the settings give it (hosts without one left out)."""
+    return {h: hs.runs_root for h, hs in settings.hosts.items() if hs.runs_root}
 
 
 def settings_path() -> Path:
@@ -140,11 +155,15 @@ def load_settings(path: Path | None = None) -> Settings:
         raise SettingsError(f"{where}: expected a mapping at the top level, got {type(raw).__name__}")
     raw = dict(raw)
     keys = _keys(raw.pop("keys", None), where)
+    hosts_raw = raw.pop("hosts", None) or {}
     known = {"alerts", "notify", "watchdog", "slurm"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SettingsError(f"{where}: unknown key {unknown[0]!r}; "
-                            "known keys: alerts, keys, notify, slurm, watchdog")
+                            "known keys: alerts, hosts, keys, notify, slurm, watchdog")
+    if not isinstance(hosts_raw, dict):
+        raise SettingsError(f"{where}: key 'hosts': expected a mapping of host to its settings, "
+                            f"got {type(hosts_raw).__name__}")
     from nsa_tui.slurm.settings import parse_slurm_hosts
 
     try:
@@ -160,8 +179,10 @@ def load_settings(path: Path | None = None) -> Settings:
             # a bare URL is the usual case; the URL is a secret: errors never quote it
             hook = {"url": hook} if isinstance(hook, str) else hook
             webhook = build_section(WebhookSettings, hook, where, "notify.webhook")
+        hosts = {str(h): build_section(HostSettings, v or {}, where, f"hosts.{h}")
+                 for h, v in hosts_raw.items()}
         out = Settings(
-            keys=keys,
+            keys=keys, hosts=hosts,
             alerts=build_section(AlertSettings, raw.get("alerts") or {}, where, "alerts"),
             notify=build_section(NotifySettings, notify, where, "notify"),
             watchdog=build_section(WatchdogSettings, raw.get("watchdog") or {}, where, "watchdog"),

@@ -368,18 +368,27 @@ def test_a_host_without_nsa_tui_is_refused_before_anything_starts(sshd_nodes: Ss
 
 
 def test_a_partial_start_is_rolled_back(sshd_nodes: SshNodes, tmp_path: Path) -> None:
-    """Both hosts given one runs root (a shared home): the second cannot create the run's
-    directory after the first started; the first is stopped again, nothing is left running."""
+    """The second host's runs root (``HOST:/path``) is a file: its launch fails after the first
+    host started; the first is stopped again, nothing is left running. Both hosts given one runs
+    root on one machine (the same machine named twice) is refused before anything starts."""
+    a, b = sshd_nodes.aliases
     shared = tmp_path / "shared-runs"
-    r = cli(sshd_nodes, "launch", ",".join(sshd_nodes.aliases), "--config", SMOKE, "--set", *LONG,
-            "--runs-root", str(shared), "--json")
+    r = cli(sshd_nodes, "launch", f"{a},{b}", "--config", SMOKE, "--set", *LONG, "--runs-root", str(shared),
+            "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and "is the same machine as" in err["message"], r.stdout
+    assert not list(shared.iterdir())  # no run directory, the probe's marker removed
+
+    first, bad = tmp_path / "first-runs", tmp_path / "not-a-directory"
+    bad.write_text("")
+    r = cli(sshd_nodes, "launch", f"{a}:{first},{b}:{bad}", "--config", SMOKE, "--set", *LONG, "--json")
     err = json.loads(r.stdout)["error"]
     assert r.returncode == 1 and err["code"] == "launch_failed", r.stdout
-    assert err["message"].startswith(f"{sshd_nodes.aliases[1]}: launch failed: run_exists")
-    assert f"stopped what had started on {sshd_nodes.aliases[0]}" in err["message"]
-    (rid,) = [p.name for p in shared.iterdir() if p.is_dir()]
+    assert err["message"].startswith(f"{b}:{bad}: launch failed"), err["message"]
+    assert f"stopped what had started on {a}:{first}" in err["message"]
+    (rid,) = [p.name for p in first.iterdir() if p.is_dir()]
     assert not run_processes(rid, fresh=True)
-    assert (shared / rid / "stop.json").is_file()
+    assert (first / rid / "stop.json").is_file()
 
 
 def test_a_host_with_another_nsa_version_is_refused_before_anything_starts(sshd_nodes: SshNodes,

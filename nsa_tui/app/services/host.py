@@ -26,6 +26,7 @@ from nsa_tui.app.services.watches import WatchManager
 from nsa_tui.app.state import PanelState
 from nsa_tui.health.thresholds import Thresholds
 from nsa_tui.hosts.client import AgentError, ConnectionState, Event, HostClient
+from nsa_tui.hosts.spec import split_runs_root
 from nsa_tui.transport.ssh import SshTransport
 
 
@@ -34,9 +35,10 @@ class HostService:
 
     def __init__(self, state: PanelState, dest: str, post: Callable[[Message], Any],
                  client: HostClient | None = None, thresholds: Thresholds | None = None,
-                 log_error: Callable[[str], None] | None = None) -> None:
+                 log_error: Callable[[str], None] | None = None, runs_root: str | None = None) -> None:
         self.state = state
         self.dest = dest
+        self.runs_root = runs_root  # the host's own (a spec's ``:/path`` or the settings'), else the agent's
         self.host = state.host(dest)
         self.post = post
         self.client = client
@@ -51,7 +53,8 @@ class HostService:
     async def run(self) -> None:
         """Connect (retrying what a retry can fix), then keep the streams flowing until stopped."""
         if self.client is None:
-            self.client = HostClient(self.dest, on_state=self._on_state, confirm_host_key=self._ask_host_key)
+            self.client = HostClient(split_runs_root(self.dest)[0], runs_root=self.runs_root,
+                                     on_state=self._on_state, confirm_host_key=self._ask_host_key)
         else:
             self.client.on_state = self._on_state
             transport = self.client.transport
