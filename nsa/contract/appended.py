@@ -21,6 +21,7 @@ on with the current file from its start.
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ DEFAULT_ROTATE_BYTES = 32 << 20
 MIN_ROTATE_BYTES = 1024  # a rotation per few beats at most: below this the files would churn
 ROTATED_SUFFIX = ".1"
 GEN_HEAD_BYTES = 256  # the first line, up to this many bytes, names the generation
+# a file's time stamps are coarse (a clock tick): a file written this recently may be written
+# again with the same stamps, so an unchanged stat proves nothing about it yet
+STAMP_SETTLE_S = 0.1
 
 
 class StreamPos(Record, kw_only=True):
@@ -172,9 +176,10 @@ class AppendedReader:
     which is a new generation read from its start.
 
     Polling is cheap when nothing changed: once a read reached the end of the current file,
-    the next read first compares one ``stat`` of the path (inode, size, modification and
-    change times) with what that file was, and returns nothing at once when it is the same.
-    Any write, cut, rotation or replacement changes the stamp, and the full read follows."""
+    last written more than :data:`STAMP_SETTLE_S` before, the next read first compares one
+    ``stat`` of the path (inode, size, modification and change times) with what that file
+    was, and returns nothing at once when it is the same. Any later write, cut, rotation or
+    replacement changes the stamp, and the full read follows."""
 
     def __init__(self, path: str | Path, pos: StreamPos | None = None, rotates: bool = True) -> None:
         self.path = Path(path)
@@ -252,7 +257,8 @@ class AppendedReader:
                 return []  # not even a first line yet
             self.pos = StreamPos(gen=cur.gen, offset=self.pos.offset)
             lines = self._read_from(cur, max_bytes)
-            if old is None and self.pos.offset == cur.size:
+            settled = time.time() - cur.stamp[2] / 1e9 > STAMP_SETTLE_S
+            if old is None and self.pos.offset == cur.size and settled:
                 self._idle = cur.stamp, self.pos  # read to its end: unchanged, nothing new
             return lines
         finally:
