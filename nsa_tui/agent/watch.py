@@ -139,6 +139,7 @@ class RunWatch:
         self.beat_files = BeatFiles(self.dir)
         self.beat_steps: dict[int, int] = {}  # rank -> the step of the last beat sent
         self.more = False  # the last poll left lines to read now
+        self.polls = self.empty_polls = 0  # live polls, and those that found no line
 
     def _event(self, kind: str, data: Any, stream: str = "", pos: StreamPos | None = None,
                initial: bool = False) -> None:
@@ -249,6 +250,8 @@ class RunWatch:
                 recs = decode_lines([ln.text for ln in lines], Metric, self._stats(stream), stream)
                 if recs:
                     events.append(("metrics", recs, stream, reader.pos))
+        self.polls += 1
+        self.empty_polls += not found
         return events, found
 
     async def run(self) -> None:
