@@ -4,6 +4,7 @@ file's generation, so a rotated or replaced file is never read as if it were the
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,75 @@ def test_a_file_rewritten_in_place_is_a_new_generation_not_a_continuation(tmp_pa
     assert reader.behind() is None  # the position's file is gone
     assert _numbers(reader.read()) == list(range(100, 110))
     assert reader.lost == 1
+
+
+def _settle(path: Path) -> None:
+    """Date the file's last write a minute back, as a file nobody wrote lately."""
+    old = time.time_ns() - 60 * 10**9
+    os.utime(path, ns=(old, old))
+
+
+def test_an_unchanged_file_costs_one_stat_and_every_change_after_is_read(tmp_path: Path) -> None:
+    """Polling an idle file opens it no more; a write, a same-size rewrite in place, a
+    rotation or a replacement is read at the next poll all the same."""
+    path = tmp_path / "rank-0.jsonl"
+    path.write_text("".join(f'{{"n":{n}}}\n' for n in range(3)))
+    _settle(path)
+    reader = AppendedReader(path)
+    assert _numbers(reader.read()) == [0, 1, 2]
+    opens = reader.opens
+    for _ in range(5):
+        assert reader.read() == []
+    assert reader.opens == opens  # answered by a stat
+    with open(path, "a") as f:
+        f.write('{"n":3}\n')
+    assert _numbers(reader.read()) == [3]
+    _settle(path)
+    assert reader.read() == [] and reader.read() == []
+    gen = reader.pos.gen
+    with open(path, "r+") as f:  # the same inode and size, new lines: another generation
+        f.write('{"n":7}\n{"n":8}\n{"n":9}\n{"n":6}\n')
+    assert _numbers(reader.read()) == [7, 8, 9, 6] and reader.pos.gen != gen and reader.lost == 1
+    _settle(path)
+    assert reader.read() == []
+    os.replace(path, rotated_path(path))  # rotated: the rest of the old file, then the fresh one
+    with open(rotated_path(path), "a") as f:
+        f.write('{"n":10}\n')
+    path.write_text('{"n":11}\n')
+    got = []
+    while lines := reader.read():
+        got += _numbers(lines)
+    assert got == [10, 11]
+    _settle(path)
+    assert reader.read() == []
+    fresh = tmp_path / "fresh"
+    fresh.write_text('{"n":20}\n{"n":21}\n')
+    os.replace(fresh, path)  # replaced
+    assert _numbers(reader.read()) == [20, 21]
+
+
+def test_a_written_file_is_not_trusted_on_its_stamps_until_they_settle(tmp_path: Path) -> None:
+    """Time stamps are coarse: a file written a moment ago may change again within the same
+    tick, to the same size. It is opened at every poll until its stamps are old enough."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"n":1}\n')
+    reader = AppendedReader(path, rotates=False)
+    assert _numbers(reader.read()) == [1]
+    with open(path, "r+") as f:  # at once: the same inode and size, maybe the same stamps
+        f.write('{"n":2}\n')
+    assert _numbers(reader.read()) == [2] and reader.lost == 1
+
+
+def test_a_read_cut_at_its_byte_limit_says_more_is_waiting(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_text("".join(f"line {n}\n" for n in range(100)))
+    reader = AppendedReader(path, rotates=False)
+    first = reader.read(max_bytes=100)
+    assert first and reader.more
+    rest = []
+    while lines := reader.read(max_bytes=100):
+        rest += lines
+    assert not reader.more and len(first) + len(rest) == 100
 
 
 def test_a_position_whose_file_rotated_twice_is_lost_and_the_current_file_is_read(tmp_path: Path) -> None:

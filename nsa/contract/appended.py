@@ -21,6 +21,7 @@ on with the current file from its start.
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ DEFAULT_ROTATE_BYTES = 32 << 20
 MIN_ROTATE_BYTES = 1024  # a rotation per few beats at most: below this the files would churn
 ROTATED_SUFFIX = ".1"
 GEN_HEAD_BYTES = 256  # the first line, up to this many bytes, names the generation
+# a file's time stamps are coarse (a clock tick): a file written this recently may be written
+# again with the same stamps, so an unchanged stat proves nothing about it yet
+STAMP_SETTLE_S = 0.1
 
 
 class StreamPos(Record, kw_only=True):
@@ -100,6 +104,12 @@ def _generation(fd: int, size: int, ino: int) -> str:
     return f"{ino:x}-{zlib.crc32(head):08x}"
 
 
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes when a file is written, cut, replaced or renamed over: compared to tell
+    an unchanged file with one stat instead of opening it."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 class _Open:
     """One open generation of a file: its fd, size and generation, read consistently."""
 
@@ -108,6 +118,7 @@ class _Open:
         try:
             st = os.fstat(self.fd)
             self.size = st.st_size
+            self.stamp = _stamp(st)
             self.gen = _generation(self.fd, st.st_size, st.st_ino)
         except OSError:
             os.close(self.fd)
@@ -162,13 +173,23 @@ class AppendedReader:
     """The complete lines of an appended file after a position, across rotations (see the
     module docstring). ``rotates``: the file may be renamed to ``<name>.1``; a file that
     never rotates (train.log, metrics.jsonl, alerts.jsonl) may still be replaced or cut,
-    which is a new generation read from its start."""
+    which is a new generation read from its start.
+
+    Polling is cheap when nothing changed: once a read reached the end of the current file,
+    last written more than :data:`STAMP_SETTLE_S` before, the next read first compares one
+    ``stat`` of the path (inode, size, modification and change times) with what that file
+    was, and returns nothing at once when it is the same. Any later write, cut, rotation or
+    replacement changes the stamp, and the full read follows."""
 
     def __init__(self, path: str | Path, pos: StreamPos | None = None, rotates: bool = True) -> None:
         self.path = Path(path)
         self.pos = pos if pos is not None else StreamPos()
         self.rotates = rotates
         self.lost = 0  # positions whose file was gone (replaced, or rotated twice between reads)
+        self.more = False  # the last read stopped at its byte limit: lines are waiting
+        self.opens = 0  # reads that opened the file (the others were answered by one stat)
+        # (the file's stamp, the position) after a read to the current file's end
+        self._idle: tuple[tuple[int, int, int, int], StreamPos] | None = None
 
     def _find(self) -> tuple[_Open | None, _Open | None]:
         """(the current file, the rotated one if it is the generation of ``pos``)."""
@@ -201,12 +222,25 @@ class AppendedReader:
 
     def read(self, max_bytes: int = MAX_CHUNK) -> list[Line]:
         """The next complete lines (of one generation, at most ``max_bytes``), the position
-        moved after them. A line without its newline is held back until it is complete."""
+        moved after them. A line without its newline is held back until it is complete;
+        ``more`` says whether the byte limit left lines to read now."""
+        self.more = False
+        if self._idle is not None:
+            stamp, pos = self._idle
+            self._idle = None
+            try:
+                if pos == self.pos and _stamp(os.stat(self.path)) == stamp:
+                    self._idle = stamp, pos
+                    return []
+            except OSError:
+                pass
+        self.opens += 1
         cur, old = self._find()
         try:
             if old is not None:  # rotated since the last read: its remainder first
                 lines = self._read_from(old, max_bytes)
                 if lines or self.pos.offset < old.size:
+                    self.more = self.more or (bool(lines) and cur is not None)  # the fresh file next
                     return lines
                 self.pos = StreamPos()  # the old generation is read to its end
             if cur is None:
@@ -222,7 +256,11 @@ class AppendedReader:
             if not cur.gen:
                 return []  # not even a first line yet
             self.pos = StreamPos(gen=cur.gen, offset=self.pos.offset)
-            return self._read_from(cur, max_bytes)
+            lines = self._read_from(cur, max_bytes)
+            settled = time.time() - cur.stamp[2] / 1e9 > STAMP_SETTLE_S
+            if old is None and self.pos.offset == cur.size and settled:
+                self._idle = cur.stamp, self.pos  # read to its end: unchanged, nothing new
+            return lines
         finally:
             for f in (cur, old):
                 if f is not None:
@@ -237,6 +275,7 @@ class AppendedReader:
         if not lines and len(data) >= max_bytes:  # one huge line: deliver what there is
             lines, used = [Line(data.decode("utf-8", "replace"), offset + len(data))], len(data)
         self.pos = StreamPos(gen=f.gen, offset=offset + used)
+        self.more = len(data) >= max_bytes and offset + len(data) < f.size
         return lines
 
     def skip_to_tail(self, keep_bytes: int) -> int:

@@ -35,16 +35,11 @@ def boot_id() -> str:
 
 
 def pgrp(pid: int) -> int | None:
-    """The process group of ``pid`` (None if it is gone)."""
+    """The process group of ``pid`` (None if it is gone). A system call, not a read of
+    /proc/PID/stat: the /proc scan below asks it of every process on the host."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return os.getpgid(pid)
     except OSError:
-        return None
-    # the command name may contain spaces and parentheses: fields follow the last ")"
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields[2])
-    except (IndexError, ValueError):
         return None
 
 

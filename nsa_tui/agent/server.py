@@ -116,6 +116,7 @@ class Agent:
         self.subs: dict[Any, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.gone = False
+        self._flush_due = False
         self.ops: dict[str, tuple[type[Args | WatchArgs], Callable[[Any, Any], Awaitable[Any]]]] = {
             "ping": (NoArgs, self.op_ping), "runs": (NoArgs, self.op_runs), "run": (RunArgs, self.op_run),
             "status": (RunArgs, self.op_status), "launch": (LaunchArgs, self.op_launch),
@@ -137,16 +138,41 @@ class Agent:
 
     def send(self, msg: Any) -> None:
         """Write one line. A closed pipe means the client is gone: streams stop, but
-        requests in flight (a kill) run to their end; stdin's EOF then ends the agent."""
+        requests in flight (a kill) run to their end; stdin's EOF then ends the agent.
+
+        Lines sent in one turn of the event loop (a poll's events of every watched stream)
+        go out in one write: flushed once the turn ends, not once per line."""
         if self.gone:
             return
         try:
             self.out.write(encode(msg) + b"\n")
+        except (BrokenPipeError, ConnectionResetError, ValueError):
+            self._lost()
+            return
+        if self._flush_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (hello before serving, tests): at once
+            self.flush()
+            return
+        self._flush_due = True
+        loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send what :meth:`send` wrote."""
+        self._flush_due = False
+        if self.gone:
+            return
+        try:
             self.out.flush()
         except (BrokenPipeError, ConnectionResetError, ValueError):
-            self.gone = True
-            for t in self.subs.values():
-                t.cancel()
+            self._lost()
+
+    def _lost(self) -> None:
+        self.gone = True
+        for t in self.subs.values():
+            t.cancel()
 
     def hello(self) -> Hello:
         """What the client needs to know first: versions, host, GPUs, runs root, problems."""
@@ -193,6 +219,7 @@ class Agent:
                 t.cancel()
             if self.tasks:  # finish what was asked (a kill must not stop half-way)
                 await asyncio.wait(list(self.tasks), timeout=120)
+            self.flush()
 
     async def _readline(self, reader: asyncio.StreamReader) -> bytes | None:
         """One line, or None at EOF. A line over the reader's limit is skipped with an error

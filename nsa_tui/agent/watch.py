@@ -42,6 +42,7 @@ from nsa.contract.rundir import (
     TRAIN_LOG,
     heartbeat_stream,
 )
+from nsa_tui.agent.follow import BeatFiles, coalesce_beats
 from nsa_tui.agent.owners import shown_part
 from nsa_tui.agent.runs import RunStore, beat_files
 
@@ -145,6 +146,10 @@ class RunWatch:
         self.readers: dict[str, AppendedReader] = {}  # stream -> where it is read
         self.poll_s = poll_s
         self.stats: dict[str, LineStats] = {}
+        self.beat_files = BeatFiles(self.dir)
+        self.beat_steps: dict[int, int] = {}  # rank -> the step of the last beat sent
+        self.more = False  # the last poll left lines to read now
+        self.polls = self.empty_polls = 0  # live polls, and those that found no line
 
     def _event(self, kind: str, data: Any, stream: str = "", pos: StreamPos | None = None,
                initial: bool = False) -> None:
@@ -179,7 +184,7 @@ class RunWatch:
         for rank, path in beat_files(self.dir).items():
             stream = heartbeat_stream(rank)
             if self._resumes(stream, path, BEATS_RESUME_BYTES, rotates=True):
-                continue  # the live loop sends exactly what was missed
+                continue  # the live loop reads exactly what was missed (coalesced per rank)
             lines, pos = tail(path, 64, 64 << 10)
             beats = decode_lines([ln.text for ln in lines], Beat)
             if not beats:  # just rotated: the newest beat is the last of the previous file
@@ -187,6 +192,7 @@ class RunWatch:
                 beats = decode_lines([ln.text for ln in older], Beat)
             self.readers[stream] = AppendedReader(path, pos, rotates=True)
             if beats:
+                self.beat_steps[rank] = beats[-1].step
                 self._event("beats", beats[-1:], stream, pos)
 
     def _backlog_metrics(self) -> None:
@@ -217,31 +223,48 @@ class RunWatch:
         self.readers["log"] = AppendedReader(path, pos, rotates=False)
 
     # -- live -------------------------------------------------------------------------------------
-    async def _pump_beats(self) -> bool:
-        busy = False
-        for rank, path in beat_files(self.dir).items():
-            stream = heartbeat_stream(rank)
-            reader = self._reader(stream, path, rotates=True)
-            lines = await asyncio.to_thread(reader.read)
-            if lines:
-                busy = True
+    def _poll(self) -> tuple[list[tuple[str, Any, str, StreamPos]], bool]:
+        """One look at every watched file (in a worker thread: one hop per poll, whatever the
+        number of files): the events to send, in order, and whether any lines came. Each
+        event's position is its stream's after every line the poll consumed (coalesced beats
+        too), so a client resuming from it misses nothing and repeats nothing."""
+        events: list[tuple[str, Any, str, StreamPos]] = []
+        found = False
+        self.more = False
+        if "heartbeats" in self.streams:
+            for rank, path in self.beat_files.files().items():
+                stream = heartbeat_stream(rank)
+                reader = self._reader(stream, path, rotates=True)
+                lines = reader.read()
+                self.more = self.more or reader.more
+                if not lines:
+                    continue
+                found = True
                 beats = decode_lines([ln.text for ln in lines], Beat, self._stats(stream), stream)
-                if beats:
-                    self._event("beats", beats, stream, reader.pos)
-        return busy
-
-    async def _pump(self, stream: str, path: Path) -> bool:
-        reader = self._reader(stream, path)
-        lines = await asyncio.to_thread(reader.read)
-        if not lines:
-            return False
-        if stream == "log":
-            self._event("log", LogLines(lines=[ln.text for ln in lines]), "log", reader.pos)
-        else:
-            recs = decode_lines([ln.text for ln in lines], Metric, self._stats(stream), stream)
-            if recs:
-                self._event("metrics", recs, stream, reader.pos)
-        return True
+                sent = coalesce_beats(beats, self.beat_steps.get(rank))
+                if sent:
+                    self.beat_steps[rank] = sent[-1].step
+                    events.append(("beats", sent, stream, reader.pos))
+        # a shared run's log is this host's part's (nodes/<node>/train.log); metrics are the run's
+        log = shown_part(self.dir) / TRAIN_LOG if "log" in self.streams else self.dir / TRAIN_LOG
+        for stream, path in (("metrics", self.dir / METRICS_JSONL), ("log", log)):
+            if stream not in self.streams:
+                continue
+            reader = self._reader(stream, path)
+            lines = reader.read()
+            self.more = self.more or reader.more
+            if not lines:
+                continue
+            found = True
+            if stream == "log":
+                events.append(("log", LogLines(lines=[ln.text for ln in lines]), "log", reader.pos))
+            else:
+                recs = decode_lines([ln.text for ln in lines], Metric, self._stats(stream), stream)
+                if recs:
+                    events.append(("metrics", recs, stream, reader.pos))
+        self.polls += 1
+        self.empty_polls += not found
+        return events, found
 
     async def run(self) -> None:
         """Status, the bounded backlog, ``synced``, then live lines and status changes."""
@@ -252,7 +275,6 @@ class RunWatch:
         synced = False
         next_status = time.monotonic() + STATUS_EVERY_S
         while True:
-            busy = False
             now = time.monotonic()
             fresh: RunView | None = None
             if now >= next_status:
@@ -263,16 +285,15 @@ class RunWatch:
                     fresh = await asyncio.to_thread(self.store.view, self.run_id)
                 except (KeyError, OSError):
                     fresh = None
-            if "heartbeats" in self.streams:
-                busy = await self._pump_beats() or busy
-            if "metrics" in self.streams:
-                busy = await self._pump("metrics", self.dir / METRICS_JSONL) or busy
-            if "log" in self.streams:
-                busy = await self._pump("log", shown_part(self.dir) / TRAIN_LOG) or busy
+            events, busy = await asyncio.to_thread(self._poll)
+            for kind, data, stream, pos in events:
+                self._event(kind, data, stream, pos)
+            ending = False
             if fresh is not None:
                 current = fresh
                 if busy and fresh.status.is_terminal():
                     next_status = 0.0  # an end status goes out after the lines, never before them
+                    ending = True
                 elif encode(fresh) != last:
                     last = encode(fresh)
                     self._event("status", fresh, "status", initial=not synced)
@@ -284,7 +305,10 @@ class RunWatch:
                 if current.status.is_terminal():
                     # subscribed to a run that had already ended: its end, again, after the backlog
                     self._event("status", current, "status", initial=False)
-            await asyncio.sleep(self.poll_s if not busy else 0)
+            # at once again while a read was cut at its chunk, the backlog is not yet in, or an
+            # end status waits for a poll that finds nothing; else one poll per interval
+            again = self.more or (busy and (not synced or ending))
+            await asyncio.sleep(0 if again else self.poll_s)
 
     def _backlog(self) -> None:
         if "heartbeats" in self.streams:

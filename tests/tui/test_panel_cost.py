@@ -76,3 +76,39 @@ async def test_one_metric_line_redraws_only_what_it_changes(runs_root: Path) -> 
     untouched = {"alerts", "log"} & rendered
     assert not untouched, f"a metrics line redrew {untouched} ({dict(counts.renders)})"
     assert counts.renders["chart0"] <= 2, dict(counts.renders)
+
+
+async def test_a_followed_log_renders_only_its_new_lines() -> None:
+    """Following a log, each redraw moves every visible line up; the lines already drawn are
+    kept, so a redraw renders the new lines, not the whole pane. A search, a scroll column or
+    another width draws them again (what a line looks like depends on them)."""
+    from textual.app import App, ComposeResult
+
+    from nsa_tui.app.state import LogBuffer
+    from nsa_tui.app.widgets.logview import LogView
+
+    class LogApp(App[None]):
+        def compose(self) -> ComposeResult:
+            yield LogView(id="log")
+
+    buf = LogBuffer()
+    buf.append_many([f"line {n}" for n in range(200)] + ["Traceback (most recent call last):"])
+    app = LogApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        log = app.query_one(LogView)
+        log.set_buffer(buf)
+        await pilot.pause(0.2)
+        first = log.lines_rendered
+        assert first >= 20  # the pane, once
+        for n in range(3):  # three redraws of a followed log, three new lines each
+            buf.append_many([f"more {n}.{k}" for k in range(3)])
+            assert log.sync()
+            await wait_for(pilot, lambda: log.is_vertical_scroll_end and log.scroll_y > 0, 10, "the end")
+            await pilot.pause(0.1)
+        assert log.lines_rendered - first <= 3 * 3 + 2, (first, log.lines_rendered)
+        lines = [log.render_line(y).text for y in range(log.size.height)]
+        assert lines[-1].startswith("more 2.2") and lines[-10].startswith("Traceback")
+        before = log.lines_rendered
+        log.search("more")  # matches are marked: every visible line drawn again
+        await pilot.pause(0.2)
+        assert log.lines_rendered - before >= log.size.height - 1

@@ -17,6 +17,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from nsa_tui.app import chartdata
@@ -113,6 +114,9 @@ class MainScreen(Screen):
     _chart_at = 0.0
     _choice: tuple = ()
     _drawn_at = 0.0
+    _sized: tuple[Widget, ...] = ()  # the panes whose size user_choice compares
+    _alerts: AlertsPane
+    _gpus: GpuTable
 
     def compose(self) -> ComposeResult:
         yield PanelHeader(id="header")
@@ -203,10 +207,12 @@ class MainScreen(Screen):
         chosen run's arrival in full (synced) counts: its first full paint waits for no cap; so
         does a pane's new size (a pane lays its lines out for its width and scroll bar)."""
         v = state.view
-        alerts = self.query_one(AlertsPane)
-        gpus = self.query_one(GpuTable)
+        if not self._sized:  # asked 10 times a second: the panes are found once (they stay)
+            self._sized = tuple(self.query_one(q) for q in ("#runs", "#summary", "#gpus", "#log"))
+            self._alerts, self._gpus = self.query_one(AlertsPane), self.query_one(GpuTable)
+        alerts, gpus = self._alerts, self._gpus
         run = state.selected_run()
-        sizes = tuple(self.query_one(q).region.size for q in ("#runs", "#summary", "#gpus", "#log"))
+        sizes = tuple(w.region.size for w in self._sized)
         return (state.selected, run.synced if run else None, tuple(v.marks), v.compare, v.x_axis, v.charts,
                 v.filter, tuple(sorted(v.expanded)), len(state.acked), self.size, self.page,
                 self.app.focused.id if self.app.focused else None, alerts.cursor, sizes,

@@ -2,8 +2,10 @@
 
 Only the visible lines are rendered, and new lines are taken in batches by `sync()`
 (called from the UI timer, at most once a second for new lines), so a log writing 10,000
-lines/s costs a redraw a second, not 10,000. Follow mode sticks to the end; scrolling up leaves it, a
-resize does not.
+lines/s costs a redraw a second, not 10,000. A line once rendered is kept (by its number in
+the log) while the view's width, scroll column, style and search stay the same: following a
+log, a redraw renders the new lines only, not every line that moved up. Follow mode sticks
+to the end; scrolling up leaves it, a resize does not.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -29,6 +31,7 @@ ERROR_RE = re.compile(
 )
 CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
 MAX_WIDTH = 1000
+LINE_CACHE = 512  # rendered lines kept: several panes' worth
 ERROR_STYLE = Style(color="red", bold=True)
 MATCH_STYLE = Style(color="black", bgcolor="yellow")
 CURRENT_STYLE = Style(color="black", bgcolor="bright_magenta", bold=True)
@@ -75,6 +78,10 @@ class LogView(ScrollView, can_focus=True):
         self._width = 0
         self._programmatic = False
         self.waiting = ""  # shown while the log has no line yet (a run that boots: phase and age)
+        self._strips: dict[int, Strip] = {}  # line number in the log -> its rendered line
+        self._strips_key: tuple = ()  # what those were rendered for (buffer, width, style, search)
+        self._base: Style | None = None  # the widget's style, taken once per render
+        self.lines_rendered = 0  # lines rendered anew (tests)
 
     # -- data ---------------------------------------------------------------------------------
     def set_buffer(self, buffer: LogBuffer | None) -> None:
@@ -82,6 +89,7 @@ class LogView(ScrollView, can_focus=True):
         if buffer is self.buffer:
             return
         self.buffer = buffer
+        self._strips.clear()
         self._seen_total = -1
         self._width = 0
         self.current_match = None
@@ -215,10 +223,17 @@ class LogView(ScrollView, can_focus=True):
         return False
 
     # -- rendering --------------------------------------------------------------------------------
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._base = self.rich_style  # the same for every line of one render (costly to work out)
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._base = None
+
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
-        base = self.rich_style
+        base = self._base or self.rich_style
         buf = self.buffer
         idx = scroll_y + y
         if buf is None or idx >= len(buf.lines):
@@ -228,12 +243,27 @@ class LogView(ScrollView, can_focus=True):
                             for s in text.render(self.app.console)]
                 return Strip(segments).crop_extend(0, width, base)
             return Strip.blank(width, base)
-        raw = CONTROL_RE.sub("", buf.lines[idx].expandtabs(4))[:MAX_WIDTH]
+        absolute = buf.dropped + idx  # a line's number in the log: its text never changes
+        key = (id(buf), scroll_x, width, base, self.pattern, self.current_match if self.pattern else None)
+        if key != self._strips_key:
+            self._strips.clear()
+            self._strips_key = key
+        strip = self._strips.get(absolute)
+        if strip is None:
+            strip = self._render_text_line(buf.lines[idx], absolute, base, scroll_x, width)
+            if len(self._strips) >= LINE_CACHE:
+                del self._strips[next(iter(self._strips))]  # the one kept longest
+            self._strips[absolute] = strip
+        return strip.apply_offsets(scroll_x, idx)
+
+    def _render_text_line(self, line: str, absolute: int, base: Style, scroll_x: int, width: int) -> Strip:
+        """One line of the log as drawn: control characters out, errors red, matches marked."""
+        self.lines_rendered += 1
+        raw = CONTROL_RE.sub("", line.expandtabs(4))[:MAX_WIDTH]
         text = Text(raw, no_wrap=True, end="")
         if ERROR_RE.search(raw):
             text.stylize(ERROR_STYLE)
         if self.pattern:
-            absolute = buf.dropped + idx
             style = CURRENT_STYLE if absolute == self.current_match else MATCH_STYLE
             lower, needle = raw.lower(), self.pattern.lower()
             start = lower.find(needle)
@@ -242,5 +272,4 @@ class LogView(ScrollView, can_focus=True):
                 start = lower.find(needle, start + len(needle))
         segments = [Segment(s.text, base + s.style if s.style else base)
                     for s in text.render(self.app.console)]
-        strip = Strip(segments).crop_extend(scroll_x, scroll_x + width, base)
-        return strip.apply_offsets(scroll_x, idx)
+        return Strip(segments).crop_extend(scroll_x, scroll_x + width, base)

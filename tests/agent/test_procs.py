@@ -1,0 +1,37 @@
+"""The agent's view of processes (nsa_tui/agent/procs.py): a run's processes are found by
+their process group and the run id in their environment, with one cheap scan of the host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from nsa_tui.agent.procs import pgrp, process_groups, run_processes
+
+
+def test_a_run_is_found_by_its_group_and_its_id_and_a_gone_process_has_no_group() -> None:
+    env = {**os.environ, "NSA_RUN_ID": "20990101-000000-procs-test", "NSA_RUN_DIR": "/nowhere"}
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                               "time.sleep(60)"], env=env, start_new_session=True)
+    try:
+        assert pgrp(leader.pid) == leader.pid  # a session of its own: its own group
+        deadline = time.monotonic() + 30
+        while len(process_groups(0.0).get(leader.pid, [])) < 2:  # the child joins the group
+            assert time.monotonic() < deadline, process_groups(0.0).get(leader.pid)
+            time.sleep(0.05)
+        found = run_processes("20990101-000000-procs-test", leader.pid, fresh=True, run_dir="/nowhere")
+        assert len(found) == 2 and {p.pgid for p in found} == {leader.pid}
+        assert leader.pid in {p.pid for p in found}
+        assert run_processes("20990101-000000-other", leader.pid, fresh=True) == []  # another run's id
+        assert pgrp(os.getpid()) == os.getpgrp()
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+    deadline = time.monotonic() + 30
+    while process_groups(0.0).get(leader.pid):  # the child, reparented, goes too
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert pgrp(leader.pid) is None
