@@ -10,12 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from nsa.contract import evals, protocol, records, series, slurm
+from nsa.contract import evals, protocol, records, replies, requests, series, slurm
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 # "## file — `Struct`", "text — `Struct`:", "`Struct` — text:", "`Struct`:" or "`Struct` (note):"
 ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:)\s*$")
-STRUCTS = {name: obj for mod in (records, series, protocol, evals, slurm) for name, obj in vars(mod).items()
+STRUCTS = {name: obj for mod in (records, series, protocol, requests, replies, evals, slurm)
+           for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
 RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "Lease", "ExitInfo", "StopInfo",
                  "Relaunch", "Archived", "SlurmJob", "SlurmRequest", "SlurmState",

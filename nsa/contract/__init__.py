@@ -11,7 +11,9 @@ panel imports it without torch.
   metrics lines, host samples, alerts;
 - ``series``: bounded metric summaries (metrics-summary.json);
 - ``evals``: long-context evaluation records (eval/passkey.jsonl), their events and reader;
-- ``protocol``: hello, requests, replies, events and the agent's view of a run;
+- ``protocol``: the agent protocol's wire: hello, request and reply envelopes, events;
+- ``requests``: what each agent operation takes (its arguments);
+- ``replies``: what the agent answers: the view of a run and each operation's result;
 - ``io``: the one JSON encoder, atomic writer, JSONL appender and tail reader;
 - ``rundir``: the run directory's layout (every file name, :class:`RunDir`) and the rule for a
   complete checkpoint;
@@ -31,7 +33,7 @@ from nsa.contract.io import (
     read_json,
     write_json_atomic,
 )
-from nsa.contract.protocol import PROTOCOL, Hello, RunStatusReport, RunView
+from nsa.contract.protocol import PROTOCOL, Hello
 from nsa.contract.records import (
     Alert,
     AlertEvent,
@@ -59,6 +61,7 @@ from nsa.contract.records import (
     TrainMetric,
     on_gpu,
 )
+from nsa.contract.replies import RunStatusReport, RunView
 from nsa.contract.series import MetricsFolder, MetricsSummary, SeriesSummary
 from nsa.contract.status import (
     FAILED_STATUSES,

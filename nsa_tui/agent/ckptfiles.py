@@ -19,14 +19,8 @@ import re
 import stat
 from pathlib import Path
 
-from nsa.contract.protocol import (
-    CheckpointEntry,
-    CheckpointFile,
-    CheckpointFileArgs,
-    CheckpointList,
-    FileChunk,
-    WriteCheckpointFileArgs,
-)
+from nsa.contract.replies import CheckpointEntry, CheckpointFile, CheckpointList, FileChunk
+from nsa.contract.requests import CheckpointFileArgs, WriteCheckpointFileArgs
 from nsa.contract.rundir import CHECKPOINTS
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.runs import RunStore

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from nsa.contract.protocol import ConfigSummary
+from nsa.contract.replies import ConfigSummary
 from nsa.contract.rundir import global_batch
 from nsa_tui.fmt import fmt_count
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from nsa.contract import LaunchInfo, RunInfo, read_json
-from nsa.contract.protocol import DumpFile, DumpResult, MissingRank
+from nsa.contract.replies import DumpFile, DumpResult, MissingRank
 from nsa.contract.rundir import LAUNCH_JSON, RUN_JSON, STACKS, rank_of_stack_file, stack_file
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.owners import own_part

@@ -12,8 +12,8 @@ from __future__ import annotations
 import secrets
 
 from nsa.contract.evals import EvalList, read_evals
-from nsa.contract.protocol import EvalArgs
 from nsa.contract.records import GpuReading
+from nsa.contract.requests import EvalArgs
 from nsa.contract.rundir import CHECKPOINTS, META_JSON, read_checkpoint_meta, step_name
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.runs import RunStore

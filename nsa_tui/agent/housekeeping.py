@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from nsa.contract import Archived, RunView, write_json_atomic
-from nsa.contract.protocol import DeleteResult
+from nsa.contract.replies import DeleteResult
 from nsa.contract.rundir import ARCHIVED_JSON
 from nsa_tui.agent.launcher import OpError, run_lock
 from nsa_tui.agent.runs import RunStore

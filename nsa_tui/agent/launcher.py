@@ -37,13 +37,7 @@ from nsa.contract import (
     read_json,
     write_json_atomic,
 )
-from nsa.contract.protocol import (
-    ActionPlan,
-    ConfigSummary,
-    DumpResult,
-    KillResult,
-    LaunchResult,
-)
+from nsa.contract.replies import ActionPlan, ConfigSummary, DumpResult, KillResult, LaunchResult
 from nsa.contract.rundir import (
     CHECKPOINTS,
     CONFIG_YAML,

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from nsa.contract import Beat, ExitInfo, LaunchInfo, Lease, read_json, write_json_atomic
-from nsa.contract.protocol import Owner
+from nsa.contract.replies import Owner
 from nsa.contract.rundir import EXIT_JSON, LAUNCH_JSON, LEASE_JSON, NODES, RunDir, node_name
 from nsa_tui.agent.procs import boot_id
 

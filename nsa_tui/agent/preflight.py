@@ -15,7 +15,8 @@ from typing import Any
 
 from nsa.contract import Hello
 from nsa.contract.io import private_dir
-from nsa.contract.protocol import PreflightArgs, PreflightResult
+from nsa.contract.replies import PreflightResult
+from nsa.contract.requests import PreflightArgs
 from nsa.contract.rundir import share_marker
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.launcher import Launcher, check_policy_over_hosts

@@ -26,7 +26,7 @@ from nsa.contract import (
 )
 from nsa.contract.appended import rotated_path
 from nsa.contract.io import private_dir, tail_lines
-from nsa.contract.protocol import Owner
+from nsa.contract.replies import Owner
 from nsa.contract.rundir import (
     ARCHIVED_JSON,
     CHECKPOINTS,

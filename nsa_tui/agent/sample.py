@@ -21,8 +21,9 @@ from typing import Any
 import msgspec
 
 from nsa.contract.io import encode
-from nsa.contract.protocol import EVENT_DATA, ErrorInfo, EventMsg, SampleArgs
+from nsa.contract.protocol import EVENT_DATA, ErrorInfo, EventMsg
 from nsa.contract.records import GpuReading
+from nsa.contract.requests import SampleArgs
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.runs import RunStore
 

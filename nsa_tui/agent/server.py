@@ -25,32 +25,25 @@ from nsa.contract import PROTOCOL, Hello, Metric, RunStatusReport, RunView, deco
 from nsa.contract.appended import read_chunk
 from nsa.contract.evals import EvalList
 from nsa.contract.io import ContractError, convert, decode, encode, tail_lines
-from nsa.contract.protocol import (
+from nsa.contract.protocol import ErrorInfo, EventMsg, Reply, Request
+from nsa.contract.replies import AlertList, AlertState, DumpFile, Evidence, LogChunk
+from nsa.contract.requests import (
     AckArgs,
-    AlertList,
     AlertsArgs,
-    AlertState,
     ArchiveArgs,
     Args,
     CheckpointFileArgs,
     DeleteArgs,
     DescribeArgs,
-    DumpFile,
-    ErrorInfo,
     EvalArgs,
-    EventMsg,
-    Evidence,
     EvidenceArgs,
     FallbackArgs,
     KillArgs,
     LaunchArgs,
-    LogChunk,
     NoArgs,
     PlanArgs,
     PreflightArgs,
     ReadLogArgs,
-    Reply,
-    Request,
     ResumeArgs,
     RunArgs,
     SampleArgs,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nsa.contract.protocol import Owner
+from nsa.contract.replies import Owner
 from nsa.contract.rundir import RunDir
 from nsa_tui.agent.diskroom import creating
 from nsa_tui.agent.errors import OpError

@@ -33,7 +33,9 @@ from nsa.contract import (
 )
 from nsa.contract.appended import AppendedReader, StreamPos, position_at_end, rotated_path, tail
 from nsa.contract.io import LineStats, read_lines, tail_with_offset
-from nsa.contract.protocol import AlertList, EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced, WatchArgs
+from nsa.contract.protocol import EventMsg, Gap, LogLines, RunRemoved, RunsList, Synced
+from nsa.contract.replies import AlertList
+from nsa.contract.requests import WATCH_STREAMS, WatchArgs
 from nsa.contract.rundir import (
     METRICS_JSONL,
     METRICS_SUMMARY_JSON,
@@ -56,7 +58,6 @@ METRIC_LINE_BYTES = 1024  # budget per line when reading the last N metric lines
 CATCH_UP_BYTES = 32 << 20  # lines after a summary folded in place; more means a stale summary
 
 Send = Callable[[EventMsg], None]
-ALL_STREAMS = ("status", "heartbeats", "metrics", "log")
 
 
 def _file_size(path: Path) -> int:
@@ -141,7 +142,7 @@ class RunWatch:
         self.store, self.args, self.sub_id, self.send, self.cache = store, args, sub_id, send, cache
         self.run_id = args.run
         self.dir = store.run_dir(args.run)
-        self.streams = set(args.streams or ALL_STREAMS)
+        self.streams = set(args.streams or WATCH_STREAMS)
         self.resume: dict[str, StreamPos] = {str(k): v for k, v in args.offsets.items()}
         self.readers: dict[str, AppendedReader] = {}  # stream -> where it is read
         self.poll_s = poll_s

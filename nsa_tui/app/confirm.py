@@ -4,7 +4,7 @@ run the panel shows and the host's plan (``plan`` op), so they are tested withou
 
 from __future__ import annotations
 
-from nsa.contract.protocol import ActionPlan
+from nsa.contract.replies import ActionPlan
 from nsa.contract.rundir import step_name
 from nsa_tui.app.state import RunState
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import msgspec
 
 from nsa.contract import Alert, Hello, HostSample, RunView
-from nsa.contract.protocol import AlertList, AlertState, Gap, LogLines, RunsList
+from nsa.contract.protocol import OFFSET_EVENTS, Gap, LogLines, RunsList
+from nsa.contract.replies import AlertList, AlertState
 from nsa.contract.rundir import TRAIN_LOG
 from nsa_tui.app.state import LogBuffer, PanelState, RunState, recorded_key
 from nsa_tui.hosts.client import ConnectionState, Event
@@ -131,7 +132,7 @@ def watch_event(state: PanelState, dest: str, ev: Event) -> None:
                              f"on the host (or: nsa-tui logs {dest} {ev.run})"])
     elif kind == "synced":
         run.synced = True
-    if kind in ("beats", "metrics", "log"):
+    if kind in OFFSET_EVENTS:
         run.offsets[ev.stream] = ev.pos
     run.version += 1
 

@@ -24,7 +24,8 @@ from nsa.contract import (
     RunView,
     StreamPos,
 )
-from nsa.contract.protocol import AlertState, Gap
+from nsa.contract.protocol import Gap
+from nsa.contract.replies import AlertState
 from nsa_tui.app.runmetrics import Points, RunMetrics
 from nsa_tui.hosts.merge import MergedRun, Part, hosts_of, merge, primary_of
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from nsa.contract import Alert, AttentionOps, RunStatus, RunStatusReport, RunView
-from nsa.contract.protocol import AlertState
+from nsa.contract.replies import AlertState
 from nsa_tui.cli.runref import short_ids
 from nsa_tui.fmt import fmt_count, fmt_duration
 from nsa_tui.slurm.text import job_text, short_text

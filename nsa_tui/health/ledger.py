@@ -25,7 +25,7 @@ import msgspec
 from nsa.contract import Alert, AlertEvent, JsonlWriter, decode_lines
 from nsa.contract.appended import AppendedReader
 from nsa.contract.io import LineStats
-from nsa.contract.protocol import AlertState
+from nsa.contract.replies import AlertState
 from nsa.contract.rundir import ALERTS_JSONL
 
 ALERTS_FILE = ALERTS_JSONL

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from nsa.contract.protocol import DumpResult
+from nsa.contract.replies import DumpResult
 from nsa.contract.rundir import rank_of_stack_file
 
 _FH_HEAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")

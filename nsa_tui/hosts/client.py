@@ -49,7 +49,7 @@ from typing import Any
 
 from nsa.contract import HostSample, Metric, NodeLayout, RunStatusReport, RunView, StreamPos, decode_lines
 from nsa.contract.evals import EvalList
-from nsa.contract.protocol import (
+from nsa.contract.replies import (
     ActionPlan,
     AlertList,
     AlertState,

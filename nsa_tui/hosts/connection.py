@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar
 
 from nsa.contract import PROTOCOL, Hello, StreamPos
 from nsa.contract.io import ContractError, convert, decode, encode
-from nsa.contract.protocol import EVENT_DATA, ErrorInfo, EventEnvelope
+from nsa.contract.protocol import EVENT_DATA, OFFSET_EVENTS, ErrorInfo, EventEnvelope
 from nsa_tui import __version__
 from nsa_tui.transport import AgentMissing, Channel, Transport, TransportError, make_transport
 
@@ -89,7 +89,7 @@ class AgentError(Exception):
         self.message = message
 
 
-OFFSET_KINDS = ("beats", "metrics", "log")  # events whose offset resumes their stream
+OFFSET_KINDS = OFFSET_EVENTS  # events whose offset resumes their stream
 
 
 class Subscription:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsa.contract import NodeLayout
-from nsa.contract.protocol import DumpResult, KillResult, LaunchResult, PreflightResult
+from nsa.contract.replies import DumpResult, KillResult, LaunchResult, PreflightResult
 from nsa.contract.rundir import new_run_id
 from nsa_tui.agent.launcher import relaunch_name
 from nsa_tui.hosts.client import AgentError, HostClient, read_config_text

@@ -19,7 +19,7 @@ from typing import Any
 
 import nsa_tui
 from nsa.contract import LaunchInfo, StopInfo, write_json_atomic
-from nsa.contract.protocol import KillResult, LaunchResult
+from nsa.contract.replies import KillResult, LaunchResult
 from nsa.contract.rundir import (
     CONFIG_YAML,
     LAUNCH_JSON,

@@ -12,14 +12,14 @@ import threading
 import time
 from pathlib import Path
 
-from nsa_tui.hosts.client import Event, HostClient
-
 from nsa.contract import Beat, Phase, RunStatus, StreamPos
-from nsa.contract.protocol import EventMsg, WatchArgs
+from nsa.contract.protocol import EventMsg
+from nsa.contract.requests import WatchArgs
 from nsa_tui.agent.follow import BeatFiles, coalesce_beats
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.agent.server import Agent
 from nsa_tui.agent.watch import RunWatch, SummaryCache
+from nsa_tui.hosts.client import Event, HostClient
 
 RID = "20260101-000000-synthetic-0002"
 

@@ -418,7 +418,7 @@ def test_a_host_with_another_nsa_version_is_refused_before_anything_starts(sshd_
 
 
 def test_hosts_must_run_the_same_versions() -> None:
-    from nsa.contract.protocol import PreflightResult
+    from nsa.contract.replies import PreflightResult
 
     ok = PreflightResult(host="a", nsa_tui="0.1.0", nsa_version="0.1.0", torch="2.13.0", port=29400,
                          port_free=True, config_name="x")

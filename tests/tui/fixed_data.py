@@ -28,8 +28,9 @@ from nsa.contract import (
     RunView,
     TrainMetric,
 )
-from nsa.contract.protocol import PROTOCOL, AlertList, AlertState
+from nsa.contract.protocol import PROTOCOL
 from nsa.contract.records import Usage
+from nsa.contract.replies import AlertList, AlertState
 from nsa_tui import __version__
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, RunView, TrainMetric
-from nsa.contract.protocol import ActionPlan, DumpFile, DumpResult, MissingRank
+from nsa.contract.replies import ActionPlan, DumpFile, DumpResult, MissingRank
 from nsa_tui.agent.procs import run_processes
 from nsa_tui.app import reducer
 from nsa_tui.app.app import NsaApp

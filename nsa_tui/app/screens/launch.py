@@ -23,7 +23,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 import nsa_tui
-from nsa.contract.protocol import ConfigSummary
+from nsa.contract.replies import ConfigSummary
 from nsa_tui.app.widgets.setfield import OverrideSuggester, key_hint, split_overrides
 from nsa_tui.fmt import fmt_count
 from nsa_tui.user.recent import RecentLaunch

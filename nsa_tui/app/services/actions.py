@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nsa.contract.protocol import ActionPlan, ConfigSummary, DeleteResult, LaunchResult
+from nsa.contract.replies import ActionPlan, ConfigSummary, DeleteResult, LaunchResult
 from nsa_tui.app import reducer
 from nsa_tui.app.state import PanelState
 from nsa_tui.fmt import fmt_bytes

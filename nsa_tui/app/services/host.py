@@ -17,7 +17,8 @@ from typing import Any
 
 from textual.message import Message
 
-from nsa.contract.protocol import AlertList, AlertState, RunRemoved, RunsList
+from nsa.contract.protocol import RunRemoved, RunsList
+from nsa.contract.replies import AlertList, AlertState
 from nsa_tui.app import reducer
 from nsa_tui.app.messages import AskHostKey, Toast
 from nsa_tui.app.services.actions import HostActions

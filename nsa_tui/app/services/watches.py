@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
+from nsa.contract.requests import WatchStream
 from nsa_tui.app import reducer
 from nsa_tui.app.state import HostState
 from nsa_tui.hosts.client import AgentError, Event, HostClient
 
 ANCESTORS = 3
-MODES: dict[str, list[str] | None] = {"full": None, "alerts": ["status", "heartbeats", "metrics"],
+MODES: dict[str, list[WatchStream] | None] = {"full": None, "alerts": ["status", "heartbeats", "metrics"],
                                       "chart": ["status", "metrics"]}
 
 
