@@ -322,6 +322,13 @@ def name_slug(name: str) -> str:
     return (s or "run")[:40]
 
 
+def relaunch_name(name: str, op: str) -> str:
+    """``<name>-fallback`` / ``<name>-resume``, without snowballing (``x-fallback-resume-resume``):
+    an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
+    base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
+    return f"{base}-{op}"
+
+
 def new_run_id(name: str, when: float | None = None, token: str | None = None) -> str:
     """``<UTC yyyymmdd-HHMMSS>-<name slug>-<4 hex>``: a new run's id. ``when`` (default now) and
     ``token`` (default random) are given by callers whose processes must agree on one id

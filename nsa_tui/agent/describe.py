@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from nsa.contract.replies import ConfigSummary
 from nsa.contract.rundir import global_batch
+from nsa_tui.agent.errors import OpError
 from nsa_tui.fmt import fmt_count
 
 HUB = "https://huggingface.co"
@@ -29,6 +30,19 @@ PROBE_TIMEOUT_S = 3.0
 PROBE_CACHE_S = 60.0
 
 _probe_cache: dict[str, tuple[float, str | None]] = {}
+
+
+def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
+    """Load and validate on the host; a bad config starts nothing (no default, no ignored key). Errors name
+    ``shown_as``: the user's own path of an uploaded file, never its temporary copy."""
+    try:
+        from nsa.config import ConfigError, load_config
+    except ImportError as exc:
+        raise OpError("nsa_missing", f"cannot import nsa on this host: {exc}") from exc
+    try:
+        return load_config(path, overrides, shown_as=shown_as)
+    except ConfigError as exc:
+        raise OpError("bad_config", str(exc)) from exc
 
 
 def hub_endpoint(env: dict[str, str] | os._Environ[str] = os.environ) -> tuple[str, int]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from nsa.contract import Archived, RunView, write_json_atomic
 from nsa.contract.replies import DeleteResult
 from nsa.contract.rundir import ARCHIVED_JSON
-from nsa_tui.agent.launcher import OpError, run_lock
+from nsa_tui.agent.errors import OpError
+from nsa_tui.agent.runlock import run_lock
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.agent.shared import live_elsewhere_words
 

@@ -1,75 +1,56 @@
-"""Start, stop, fall back, resume and dump runs on this host.
+"""Start, stop and dump runs on this host; fallback and resume (relaunch.py) start through here.
 
 Every command is an argument list handed to ``subprocess.Popen`` (never a shell), so
 run names, config paths and overrides cannot inject anything. Runs start detached:
-own session and process group, stdin from /dev/null, output to ``train.log``.
-
-Several agents (two panels, a panel and a script) may act on one run at once: every
-change of a run's state (stop, fallback, resume) holds that run's lock
-(``<run>/.lock``, flock), and a relaunch is recorded in the parent (``relaunch.json``),
-so a second fallback of the same run returns the run the first one started.
+own session and process group, stdin from /dev/null, output to ``train.log``. Stopping a
+run holds its lock (runlock.py), as every change of a run's state does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nsa_tui
 from nsa.contract import (
-    CheckpointMeta,
     LaunchInfo,
     NodeLayout,
-    Relaunch,
-    RunInfo,
     StopInfo,
     read_json,
     write_json_atomic,
 )
-from nsa.contract.replies import ActionPlan, ConfigSummary, DumpResult, KillResult, LaunchResult
+from nsa.contract.replies import ConfigSummary, DumpResult, KillResult, LaunchResult
 from nsa.contract.rundir import (
-    CHECKPOINTS,
     CONFIG_YAML,
-    LATEST,
     LAUNCH_JSON,
-    LOCK,
-    RELAUNCH_JSON,
     RUN_ID_RE,
-    RUN_JSON,
     SHARED_ENV,
     STOP_JSON,
     TRAIN_LOG,
-    global_batch,
-    grad_accum_for,
     new_run_id,
-    read_checkpoint_meta,
-    step_of,
 )
+from nsa_tui.agent.describe import validate_config
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.owners import (
-    launch_of,
     own_part,
-    owns_part,
-    shown_part,
     this_node,
     write_lease,
 )
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
+from nsa_tui.agent.relaunch import RelaunchOps
+from nsa_tui.agent.runlock import run_lock_async
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.agent.shared import (
-    live_elsewhere_words,
     make_shared_part,
     refuse_live_elsewhere,
     write_config_once,
@@ -78,19 +59,6 @@ from nsa_tui.install.pkgpath import env_with_package_path
 
 # How long torchrun and the supervisor get to exit on their own once every rank is gone.
 LAUNCHER_EXIT_S = 5.0
-
-
-def validate_config(path: str, overrides: list[str], shown_as: str | None = None) -> Any:
-    """Load and validate on the host; a bad config starts nothing (no default, no ignored key). Errors name
-    ``shown_as``: the user's own path of an uploaded file, never its temporary copy."""
-    try:
-        from nsa.config import ConfigError, load_config
-    except ImportError as exc:
-        raise OpError("nsa_missing", f"cannot import nsa on this host: {exc}") from exc
-    try:
-        return load_config(path, overrides, shown_as=shown_as)
-    except ConfigError as exc:
-        raise OpError("bad_config", str(exc)) from exc
 
 
 def torchrun_command(python: str, nproc: int, run_id: str, nodes: NodeLayout | None,
@@ -130,29 +98,7 @@ def validate_nodes(nodes: NodeLayout | None) -> None:
         raise OpError("bad_request", f"rdzv_endpoint must be ADDR:PORT, got {nodes.rdzv_endpoint!r}")
 
 
-@contextlib.contextmanager
-def run_lock(run_dir: Path) -> Iterator[None]:
-    """Exclusive lock of one run (blocking): across agents, threads and requests alike."""
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-@contextlib.asynccontextmanager
-async def run_lock_async(run_dir: Path) -> AsyncIterator[None]:
-    """``run_lock`` for coroutines: waiting for it does not block the agent's event loop."""
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-class Launcher:
+class Launcher(RelaunchOps):
     """Operations that start or signal runs. ``python`` runs torchrun and the supervisor."""
 
     def __init__(self, store: RunStore, python: str = sys.executable, gpu_count: int = 0,
@@ -209,7 +155,7 @@ class Launcher:
         """What the config is and whether it can run here (nothing is started)."""
         from nsa_tui.agent.describe import describe
 
-        _check_nproc(nproc)
+        check_nproc(nproc)
         with self._config_file(config_path, config_text) as (path, shown):
             cfg = validate_config(path, [str(o) for o in overrides or []], shown_as=shown)
         return describe(cfg, shown, nproc, self.gpu_count, self._gpu_message())
@@ -238,7 +184,7 @@ class Launcher:
         from nsa_tui.agent.describe import describe, training_side_missing
 
         overrides = [str(o) for o in (overrides or [])]
-        _check_nproc(nproc)
+        check_nproc(nproc)
         if run_id is not None and not RUN_ID_RE.match(run_id):
             raise OpError("bad_request", f"bad run id {run_id!r}")
         validate_nodes(nodes)
@@ -383,177 +329,6 @@ class Launcher:
             raise OpError("kill_incomplete", f"processes of {run_id} remain: {[p.pid for p in procs]}")
         return KillResult(run_id=run_id, was_running=True, forced=forced)
 
-    def _done_before(self, run_dir: Path, op: str) -> LaunchResult | None:
-        """The run an earlier ``op`` of this parent started, if any (the idempotent answer)."""
-        done = read_json(shown_part(run_dir) / RELAUNCH_JSON, Relaunch)
-        if done is None or done.op != op:
-            return None
-        try:
-            view = self.store.view(done.child_run, with_tail=False)
-        except KeyError:
-            return None
-        launch = view.launch
-        return LaunchResult(run_id=done.child_run, dir=view.dir, nproc=launch.nproc if launch else 1,
-                            command=launch.command if launch else [], view=view, parent_run=run_dir.name,
-                            resume_from=done.resume_from, again=True)
-
-    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, CheckpointMeta | None]:
-        """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one;
-        (None, None) when there is none (meta None: unreadable)."""
-        if name:
-            try:
-                path: Path | None = self.store.checkpoint_dir(run_id, name)
-            except KeyError:
-                raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint {name!r}") from None
-        else:
-            latest = self.store.latest_checkpoint(run_id)
-            path = Path(latest) if latest else None
-        if path is None:
-            return None, None
-        return str(path), read_checkpoint_meta(path)
-
-    def _relaunch_args(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
-                       nodes: NodeLayout | None = None) -> tuple[ActionPlan, list[str]]:
-        """What a fallback/resume of ``run_id`` starts (the plan) and the overrides it passes: the
-        gradient accumulation that keeps the checkpoint's global batch on the new world size
-        (``nproc`` per host, ``nodes`` hosts: a resume over several hosts)."""
-        run_dir = self.store.run_dir(run_id)
-        ckpt, meta = self._find_checkpoint(run_id, checkpoint)
-        launch = launch_of(run_dir)
-        run = read_json(run_dir / RUN_JSON, RunInfo)
-        old = launch.overrides if launch else []
-        overrides = [o for o in old if not o.startswith("train.grad_accum=")]
-        nodes_now = launch.nodes.nnodes if launch and launch.nodes else 1
-        world = (run.world_size if run else None) or (meta.world_size if meta else 0) or (
-            (launch.nproc if launch else 1) * nodes_now)
-        nproc = nproc or (1 if op == "fallback" else world)
-        new_world = nproc * (nodes.nnodes if nodes else 1)
-        g = (meta.global_batch if meta else None) or (run.global_batch if run else None)
-        b = (meta.batch_size if meta else None) or (run.batch_size if run else None)
-        if not (g and b) and op == "fallback":  # no record of the batch: the config's, on the old world
-            cfg = validate_config(str(run_dir / CONFIG_YAML), old)
-            b = b or cfg.train.batch_size
-            g = g or global_batch(b, world, (run.grad_accum if run else None) or cfg.train.grad_accum)
-        accum: int | None = None
-        problem = None
-        if g and b:
-            accum = grad_accum_for(g, b, new_world)
-            if accum is None:
-                problem = (f"global batch {g} is not a multiple of batch_size {b} x {new_world} rank(s): "
-                           f"{op} cannot keep it")
-            else:
-                overrides.append(f"train.grad_accum={accum}")  # the same global batch
-        name = launch.name if launch else (run.name if run else run_id)
-        step = None
-        if ckpt is not None:
-            step = step_of(Path(ckpt).name)
-        plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
-                          name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
-                          grad_accum=accum, global_batch=g, problem=problem,
-                          gpu=self.freest_gpu() if op == "fallback" and nproc == 1 else None)
-        return plan, overrides
-
-    def plan(self, run_id: str, op: str, nproc: int | None = None) -> ActionPlan:
-        """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
-        run_dir = self.store.run_dir(run_id)
-        procs = run_processes(run_id, run_dir=str(own_part(run_dir)))
-        # a run whose processes are all on other hosts: this host can do nothing to it (a run
-        # with a part here is stopped on every host first by the coordinated commands)
-        elsewhere = [] if owns_part(run_dir) else self.store.view(run_id, with_tail=False).live_elsewhere()
-        if op == "kill":
-            run = read_json(run_dir / RUN_JSON, RunInfo)
-            launch = launch_of(run_dir)
-            world = (run.world_size if run else None) or (launch.nproc if launch else 1)
-            plan = ActionPlan(op="kill", run_id=run_id, alive=False, world_size=world, nproc=0)
-        else:
-            plan, _ = self._relaunch_args(run_id, nproc, op)
-        plan.alive, plan.pids = bool(procs), [p.pid for p in procs]
-        plan.rank_pids = [p.pid for p in procs if p.rank is not None]
-        if op == "kill":
-            if elsewhere:
-                plan.problem = live_elsewhere_words(run_id, elsewhere, "stop")
-            return plan
-        done = read_json(shown_part(run_dir) / RELAUNCH_JSON, Relaunch)
-        if done is not None and done.op == op:
-            plan.again = done.child_run
-        elif plan.checkpoint is None:
-            plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
-        elif op == "resume" and procs:
-            plan.problem = f"{run_id} is still running: stop it first"
-        if elsewhere:
-            plan.problem = live_elsewhere_words(run_id, elsewhere, op)
-        return plan
-
-    def _relaunch(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
-                  new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
-        """Relaunch from a checkpoint (default: the newest complete one) as a new run linked to
-        ``run_id``, with the gradient accumulation that keeps its global batch (lock held)."""
-        run_dir = self.store.run_dir(run_id)
-        plan, overrides = self._relaunch_args(run_id, nproc, op, checkpoint, nodes)
-        ckpt = plan.checkpoint
-        if ckpt is None:
-            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint ({CHECKPOINTS}/{LATEST})")
-        if plan.problem:
-            raise OpError("bad_request", plan.problem)
-        res = self.launch(
-            str(run_dir / CONFIG_YAML), nproc=plan.nproc, overrides=overrides, name=plan.name,
-            parent_run=run_id, resume_from=ckpt, gpu=plan.gpu, check=False, run_id=new_run_id, nodes=nodes,
-        )
-        write_json_atomic(shown_part(run_dir) / RELAUNCH_JSON,
-                          Relaunch(op=op, child_run=res.run_id, resume_from=ckpt, ts=time.time()))  # type: ignore[arg-type]
-        return res
-
-    async def fallback(self, run_id: str, grace_s: float = 60.0, nproc: int | None = None,
-                       checkpoint: str | None = None) -> LaunchResult:
-        """Stop the run, relaunch on ``nproc`` processes (default 1: one GPU) of this host from
-        its newest (or the given) checkpoint, same global batch. Idempotent: a fallback already
-        done (or under way in another agent) returns its run."""
-        run_dir = self.store.run_dir(run_id)
-        async with run_lock_async(run_dir):
-            done = self._done_before(run_dir, "fallback")
-            if done is not None:
-                return done
-            # another host's processes (the other part of a run over hosts sharing the runs root, or
-            # a run of that host): refused before anything stops; the coordinated fallback stops
-            # every host's part first
-            refuse_live_elsewhere(self.store, run_id, "fallback")
-            problem = self._relaunch_args(run_id, nproc or 1, "fallback", checkpoint)[0].problem
-            if problem:  # refused before anything is stopped
-                raise OpError("bad_request", problem)
-            killed = await self._kill(run_id, run_dir, grace_s)
-            res = await asyncio.to_thread(self._relaunch, run_id, nproc or 1, "fallback", checkpoint)
-            res.killed = killed
-            return res
-
-    def resume(self, run_id: str, nproc: int | None = None, checkpoint: str | None = None,
-               new_run_id: str | None = None, nodes: NodeLayout | None = None) -> LaunchResult:
-        """Relaunch a stopped run from its newest (or the given) checkpoint as a new run linked
-        to it. Idempotent: a run resumed before returns the run that resume started."""
-        run_dir = self.store.run_dir(run_id)
-        with run_lock(run_dir):
-            done = self._done_before(run_dir, "resume")
-            if done is not None:
-                return done
-            if run_processes(run_id, run_dir=str(own_part(run_dir))):
-                raise OpError("running", f"{run_id} is still running: kill it first")
-            refuse_live_elsewhere(self.store, run_id, "resume")
-            return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)
-
-    def relaunch(self, run_id: str, op: str, nproc: int | None = None) -> LaunchResult:
-        """The relaunch a run's own watchdog asks for (its ``on_failure`` policy: ``restart`` or
-        ``fallback``), under the run's lock and idempotent like a person's. No liveness check:
-        the asking supervisor, the run's last process, is still there."""
-        run_dir = self.store.run_dir(run_id)
-        with run_lock(run_dir):
-            done = self._done_before(run_dir, op)
-            if done is not None:
-                return done
-            launch = launch_of(run_dir)
-            if launch is not None and launch.nodes is not None:
-                raise OpError("bad_request", f"{run_id} runs over several hosts: one host's watchdog does "
-                              "not relaunch it (nsa-tui fallback/resume with its hosts does)")
-            return self._relaunch(run_id, 1 if op == "fallback" else nproc, op)
-
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:
         """SIGUSR1 to every rank (faulthandler stacks), plus py-spy where installed."""
         from nsa_tui.agent.dump import dump
@@ -561,16 +336,9 @@ class Launcher:
         return await dump(self.store.run_dir(run_id), run_id, wait_s)
 
 
-def _check_nproc(nproc: Any) -> None:
+def check_nproc(nproc: Any) -> None:
     if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
         raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
-
-
-def relaunch_name(name: str, op: str) -> str:
-    """``<name>-fallback`` / ``<name>-resume``, without snowballing (``x-fallback-resume-resume``):
-    an earlier relaunch suffix is replaced, the lineage is in ``parent_run``."""
-    base = re.sub(r"(-(fallback|resume|restart)(-\d+)?)+$", "", name) or name
-    return f"{base}-{op}"
 
 
 def _signal_all(pgid: int | None, procs: list[RunProcess], sig: int) -> None:

@@ -98,7 +98,7 @@ class PolicyRunner:
                 if p.rank is not None]
 
     def _stop_run(self) -> None:
-        from nsa_tui.agent.launcher import run_lock
+        from nsa_tui.agent.runlock import run_lock
 
         with run_lock(self.run_dir):
             write_json_atomic(own_part(self.run_dir) / STOP_JSON,

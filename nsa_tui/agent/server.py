@@ -55,11 +55,13 @@ from nsa.contract.requests import (
 from nsa.contract.rundir import METRICS_JSONL, NODE_FILES
 from nsa_tui import __version__
 from nsa_tui.agent import ckptfiles, evaluate, sample
+from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.housekeeping import Housekeeping
-from nsa_tui.agent.launcher import Launcher, OpError, run_lock, run_lock_async
+from nsa_tui.agent.launcher import Launcher
 from nsa_tui.agent.owners import shown_part
 from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.procs import boot_id
+from nsa_tui.agent.runlock import run_lock, run_lock_async
 from nsa_tui.agent.runs import RunStore, latest_beats
 from nsa_tui.agent.sampler import HostSampler
 from nsa_tui.agent.watch import (

@@ -26,8 +26,7 @@ from typing import Any
 
 from nsa.contract import NodeLayout
 from nsa.contract.replies import DumpResult, KillResult, LaunchResult, PreflightResult
-from nsa.contract.rundir import new_run_id
-from nsa_tui.agent.launcher import relaunch_name
+from nsa.contract.rundir import new_run_id, relaunch_name
 from nsa_tui.hosts.client import AgentError, HostClient, read_config_text
 from nsa_tui.hosts.merge import Part, hosts_of, primary_of
 from nsa_tui.transport import TransportError

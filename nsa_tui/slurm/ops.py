@@ -31,8 +31,9 @@ from nsa.contract.rundir import (
     new_run_id,
 )
 from nsa.contract.slurm import FINAL_STATES, SlurmJob, SlurmRequest
+from nsa_tui.agent.describe import validate_config
 from nsa_tui.agent.errors import OpError
-from nsa_tui.agent.launcher import _check_nproc, validate_config
+from nsa_tui.agent.launcher import check_nproc
 from nsa_tui.install.pkgpath import env_with_package_path
 from nsa_tui.slurm import script as S
 from nsa_tui.slurm.queue import run_command
@@ -75,7 +76,7 @@ def submit(
         S.check_request(req)
     except ValueError as exc:
         raise OpError("bad_request", str(exc)) from None
-    _check_nproc(nproc)
+    check_nproc(nproc)
     version = slurm_version()
     store = launcher.store
     store.ensure()
@@ -245,7 +246,7 @@ async def relaunch(launcher: Any, run_id: str, job: SlurmJob, op: str, grace_s: 
     gradient accumulation that keeps the global batch. Idempotent, under the run's lock."""
     from nsa.contract import Relaunch
     from nsa.contract.rundir import RELAUNCH_JSON
-    from nsa_tui.agent.launcher import run_lock_async
+    from nsa_tui.agent.runlock import run_lock_async
 
     run_dir = launcher.store.run_dir(run_id)
     async with run_lock_async(run_dir):
