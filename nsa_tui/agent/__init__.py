@@ -1,6 +1,14 @@
 """The host agent: runs on the GPU host, speaks docs/agent-protocol.md on stdin/stdout.
 
-Modules: ``server`` (request loop), ``runs`` (run records, liveness), ``launcher``
-(launch/kill/fallback/resume/dump), ``watch`` (streams with offsets), ``tail`` (line
-reading), ``sampler`` (NVML/psutil host samples), ``supervise`` (a run's launcher).
+- requests: ``server`` (the request loop), ``ops`` (one handler per operation), ``errors``;
+- reading runs: ``runs`` (the runs root, run views, status), ``owners`` (who owns a run's
+  processes, leases), ``shared`` (a runs root shared by several hosts), ``procs`` (which
+  processes belong to a run), ``watch`` and ``follow`` (streams with positions), ``sampler``
+  (host samples);
+- changing runs: ``launcher`` (launch, kill, dump), ``relaunch`` (fallback, resume),
+  ``runlock``, ``describe`` and ``preflight`` (checks before a launch), ``diskroom``,
+  ``housekeeping`` (archive, delete), ``ckptfiles`` (checkpoint files between hosts);
+- beside a run: ``supervise`` (the parent of torchrun), ``watchdog``, ``policy``,
+  ``evidence``, ``dump``;
+- judging what was trained: ``sample``, ``evaluate``.
 """
