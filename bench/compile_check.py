@@ -35,31 +35,32 @@ Exit status: 0 when everything compiles with no spill and fits the arch's shared
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import dataclasses
-import hashlib
-import importlib
-import json
 import os
-import pkgutil
 import re
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.compile_launches import (
+    PACKAGE,
+    Launch,
+    config_shapes,
+    discover,
+    drive_ops,
+    layout_shapes,
+    package_modules,
+    uncovered,
+)
+from bench.compile_records import Recorder, run_under
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "nsa.ops.triton"
-KERNEL_DIR = ROOT / "nsa" / "ops" / "triton"
-RESULTS_DIR = ROOT / "bench" / "results"
-# Checked through committed records (--triton V --record): the oldest Triton of the
-# declared range (torch 2.5's) and the one of the lent GPU machines (torch 2.11's).
-RECORDED_TRITONS = ("3.1.0", "3.6.0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,41 +77,6 @@ ARCHS = {
     80: Arch(80, "A100", 108, 163 * 1024),
     90: Arch(90, "H100 SXM", 132, 227 * 1024),
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One model layout the kernels must compile for (NSA hyperparameters included)."""
-
-    label: str
-    B: int
-    T: int
-    H: int
-    G: int
-    D: int
-    block: int  # l
-    stride: int  # d
-    select_block: int  # l'
-    n: int
-    window: int
-
-    def describe(self) -> str:
-        return f"B{self.B} T{self.T} H{self.H} G{self.G} D{self.D}"
-
-
-@dataclasses.dataclass
-class Launch:
-    """One intercepted kernel launch: the kernel and the exact arguments the wrapper passed."""
-
-    kernel: Any  # triton.runtime.jit.JITFunction
-    args: tuple
-    kwargs: dict
-    case: str = ""
-    config: str = ""  # the autotune config (tiles, warps), for an autotuned kernel
-
-    @property
-    def name(self) -> str:
-        return self.kernel.fn.__name__
 
 
 @dataclasses.dataclass
@@ -131,193 +97,6 @@ class Result:
     @property
     def failed(self) -> bool:
         return self.error is not None or bool(self.problems)
-
-
-# ----------------------------------------------------------------------------- shapes
-
-
-def config_shapes(config_dir: Path = ROOT / "configs") -> tuple[list[Shape], list[str]]:
-    """A shape per shipped NSA config (its batch, sequence, heads and NSA settings);
-    the names of dense configs (no Triton kernel runs for them)."""
-    from nsa.config import load_config
-
-    shapes, dense = [], []
-    for path in sorted(config_dir.glob("*.yaml")):
-        cfg = load_config(path)
-        m, a, t = cfg.model, cfg.model.attention, cfg.train
-        if a.kind != "nsa":
-            dense.append(cfg.name)
-            continue
-        shapes.append(Shape(cfg.name, t.batch_size, t.seq_len, m.n_heads, m.n_kv_heads, m.head_dim,
-                            a.compress_block, a.compress_stride, a.select_block, a.num_selected, a.window))
-    return shapes, dense
-
-
-def layout_shapes() -> list[Shape]:
-    """Head dims 64 and 128 at every heads-per-group count whose tiling differs in the
-    selected kernels (``selected._sizes``: positions per tile for < 16 heads, padded rows
-    above), 4 KV groups, the paper's NSA settings (the config defaults), T = 2048."""
-    from nsa.config import AttentionConfig
-
-    a = AttentionConfig(kind="nsa")
-    return [Shape(f"D{d}-hpg{hpg}", 1, 2048, 4 * hpg, 4, d, a.compress_block, a.compress_stride,
-                  a.select_block, a.num_selected, a.window)
-            for d in (64, 128) for hpg in (1, 2, 4, 8, 16, 32, 64)]
-
-
-# ----------------------------------------------------------------------------- kernels and coverage
-
-
-def _is_jit(obj: Any) -> bool:
-    from triton.runtime.jit import JITFunction
-
-    return isinstance(obj, JITFunction)
-
-
-def _unwrap(obj: Any) -> Any:
-    """The function under tunable / ``triton.autotune`` / ``triton.heuristics`` wrappers."""
-    from triton.runtime.autotuner import KernelInterface
-
-    while isinstance(obj, KernelInterface) and not _is_jit(obj) and hasattr(obj, "fn"):
-        obj = obj.fn
-    return obj
-
-
-def discover(module_names: list[str]) -> dict[str, Any]:
-    """Every ``@triton.jit`` function defined (not imported) in the given modules, by
-    qualified name (autotuned ones by the function they tune)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    found = {}
-    for name in module_names:
-        mod = importlib.import_module(name)
-        for attr, obj in vars(mod).items():
-            obj = _unwrap(obj)
-            if isinstance(obj, InterpretedFunction):
-                raise RuntimeError(f"{name}.{attr} was built for the interpreter (TRITON_INTERPRET=1 was set "
-                                   f"when {name} was imported): the compile gate needs the real compiler")
-            if _is_jit(obj) and obj.fn.__module__ == name:
-                found[f"{name}.{attr}"] = obj
-    return found
-
-
-def package_modules(package: str = PACKAGE) -> list[str]:
-    pkg = importlib.import_module(package)
-    return [package] + [f"{package}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__)]
-
-
-def callees(fn: Any) -> set[Any]:
-    """The ``@triton.jit`` functions that ``fn``'s body calls, transitively."""
-    seen: set[Any] = set()
-    todo = [fn]
-    while todo:
-        f = todo.pop()
-        scope = f.fn.__globals__
-        for node in ast.walk(f.parse()):
-            if not isinstance(node, ast.Call):
-                continue
-            target = None
-            if isinstance(node.func, ast.Name):
-                target = scope.get(node.func.id)
-            elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
-                target = getattr(scope.get(node.func.value.id), node.func.attr, None)
-            if _is_jit(target) and target not in seen:
-                seen.add(target)
-                todo.append(target)
-    return seen
-
-
-def uncovered(kernels: dict[str, Any], launched: list[Any]) -> list[str]:
-    """Names of kernels neither launched nor called from a launched kernel."""
-    reached = set(launched)
-    for k in launched:
-        reached |= callees(k)
-    return [name for name, k in kernels.items() if k not in reached]
-
-
-# ----------------------------------------------------------------------------- capturing launches
-
-
-@contextlib.contextmanager
-def capture(case: Callable[[], str] = lambda: "") -> Iterator[list[Launch]]:
-    """Record every ``kernel[grid](...)`` made inside the block instead of launching it;
-    an autotuned kernel's launch is recorded once per config its prune keeps (any of them
-    may be the one the autotuner picks on a GPU)."""
-    from triton.runtime.jit import JITFunction
-
-    from nsa.ops.triton import tuning
-
-    launches: list[Launch] = []
-    tuned = {"config": ""}
-
-    def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        launches.append(Launch(self, args, kwargs, case(), tuned["config"]))
-
-    def record_configs(self: Any, *args: Any, **kwargs: Any) -> None:
-        for i, config in enumerate(tuning.candidates(self, args, kwargs)):
-            tiles = " ".join(f"{k}={v}" for k, v in config.kwargs.items())
-            role = "default" if i == 0 else "alt"
-            tuned["config"] = f"{role}: {tiles} warps {config.num_warps}".replace(":  ", ": ")
-            try:
-                self.fn.run(*args, **kwargs, **config.all_kwargs())
-            finally:
-                tuned["config"] = ""
-
-    saved = JITFunction.run, tuning.Tunable.run, tuning.AUTOTUNE
-    JITFunction.run, tuning.Tunable.run, tuning.AUTOTUNE = record, record_configs, True
-    try:
-        yield launches
-    finally:
-        JITFunction.run, tuning.Tunable.run, tuning.AUTOTUNE = saved
-
-
-def drive_ops(shape: Shape, sms: int) -> list[Launch]:
-    """Run the ops of ``nsa.ops.triton`` (the model's attention ops, the contract's scores
-    and ``select_blocks``, the gated combine and RoPE), forward and backward, in bf16 on
-    meta tensors of ``shape`` (nothing is computed or allocated) and return their kernel
-    launches."""
-    import torch
-
-    import nsa.ops.triton as T
-    from nsa.ops.reference import num_compressed
-
-    s = shape
-    step = {"op": ""}
-
-    def bf16(*size: int) -> torch.Tensor:
-        return torch.empty(*size, device="meta", dtype=torch.bfloat16, requires_grad=True)
-
-    def run(op: str, fn: Callable[[], torch.Tensor]) -> None:
-        step["op"] = f"{op} fwd"
-        out = fn()
-        step["op"] = f"{op} bwd"
-        out.backward(torch.empty_like(out))
-
-    nc = num_compressed(s.T, s.block, s.stride)
-    q = bf16(s.B, s.T, s.H, s.D)
-    k, v = bf16(s.B, s.T, s.G, s.D), bf16(s.B, s.T, s.G, s.D)
-    kc, vc = bf16(s.B, nc, s.G, s.D), bf16(s.B, nc, s.G, s.D)
-    idx = torch.empty(s.B, s.T, s.G, s.n, device="meta", dtype=torch.int64)
-    saved = T._sm_count
-    T._sm_count = lambda device: sms
-    try:
-        with capture(lambda: f"{shape.label} {step['op']}") as launches:
-            run("compressed+scores", lambda: T.compressed_attention_and_scores(
-                q, kc, vc, s.block, s.stride, s.select_block, s.G)[0])
-            run("compressed+selection", lambda: T.compressed_attention_and_selection(
-                q, kc, vc, s.block, s.stride, s.select_block, s.G, s.n, 1, 2)[0])
-            step["op"] = "select_blocks"
-            T.select_blocks(torch.empty(s.B, s.T, s.G, -(-s.T // s.select_block), device="meta"),
-                            s.select_block, s.n, 1, 2)
-            gates = torch.empty(s.B, s.T, s.H, 3, device="meta", requires_grad=True)
-            run("gated combine", lambda: T.gated_combine(gates, q, q, q))
-            angles = torch.empty(s.T, s.D // 2, device="meta")
-            run("rope", lambda: T.apply_rope(q, angles, angles))
-            run("selected", lambda: T.selected_attention(q, k, v, idx, s.select_block))
-            run("window", lambda: T.window_attention(q, k, v, s.window))
-    finally:
-        T._sm_count = saved
-    return launches
 
 
 # ----------------------------------------------------------------------------- compiling
@@ -624,101 +403,6 @@ def format_line(name: str, capability: int, res: Result, cases: list[str], confi
             f"{res.spill_loads} B  stack {res.stack} B  smem {res.shared:6d} B  warps {res.num_warps}  "
             f"stages {res.num_stages}  {where}")
     return line + "".join(f"  <- {p}" for p in res.problems)
-
-
-# ----------------------------------------------------------------------------- other Tritons, records
-
-
-def kernels_hash(kernel_dir: Path = KERNEL_DIR) -> str:
-    """sha256 of the kernels' source files (names and bytes): a record made before a
-    change to any of them no longer says anything about them."""
-    h = hashlib.sha256()
-    for path in sorted(kernel_dir.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def record_path(version: str, results_dir: Path = RESULTS_DIR) -> Path:
-    return results_dir / f"compile-triton-{version}.json"
-
-
-def venv_dir(version: str) -> Path:
-    base = os.environ.get("NSA_TRITON_VENVS") or Path.home() / ".cache" / "nsa-tui" / "triton-venvs"
-    return Path(base) / version
-
-
-def triton_venv(version: str) -> Path:
-    """The python of a virtual environment with Triton ``version`` (created on first use,
-    with the system site packages for torch; pip installs only Triton)."""
-    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        raise ValueError(f"--triton wants a release like 3.1.0, not {version!r}")
-    venv = venv_dir(version)
-    python = venv / "bin" / "python"
-    if not python.exists():
-        print(f"compile_check: creating {venv} (system site packages)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    probe = [str(python), "-c", "import triton; print(triton.__version__)"]
-    have = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
-    if have != version:
-        print(f"compile_check: pip install triton=={version} into {venv} (had {have or 'none'})", flush=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"triton=={version}"], check=True)
-    return python
-
-
-def run_under(version: str, argv: list[str]) -> int:
-    """This gate, with ``argv``, in Triton ``version``'s environment, on this checkout."""
-    python = triton_venv(version)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([str(python), "-m", "bench.compile_check", *argv], cwd=ROOT, env=env).returncode
-
-
-class Recorder:
-    """Builds ``bench/results/compile-triton-VERSION.json`` as the gate runs (rewritten after
-    every compile, so a run that is stopped leaves a record that says it is partial)."""
-
-    def __init__(self, archs: list[int], jobs: int, total: int, launch_cases: int) -> None:
-        import platform
-
-        import torch
-        import triton
-
-        self.path = record_path(triton.__version__)
-        self.start = time.time()
-        self.data: dict[str, Any] = {
-            "triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version(),
-            "kernels_sha256": kernels_hash(), "archs": archs, "command":
-                f"python -m bench.compile_check --triton {triton.__version__} --record",
-            "machine": f"compiled on {platform.machine()} CPUs, never run on a GPU; {os.cpu_count()} cores, "
-                       f"{jobs} compile jobs, load average {os.getloadavg()[0]:.1f} at start",
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.start)),
-            "complete": False, "passed": False, "launch_cases": launch_cases, "compiles": total,
-            "compiled": 0, "errors": 0, "spills": 0, "smem_over": 0, "uncovered": [], "seconds": 0.0,
-            "lines": [],
-        }
-
-    def add(self, line: str, res: Result | None = None) -> None:
-        d = self.data
-        d["lines"].append(line)
-        if res is not None:
-            d["compiled"] += 1
-            d["errors"] += res.error is not None
-            d["spills"] += bool(res.spill_stores or res.spill_loads)
-            d["smem_over"] += any(p.startswith("shared memory") for p in res.problems)
-        self.write()
-
-    def finish(self, passed: bool) -> None:
-        self.data["complete"] = self.data["compiled"] == self.data["compiles"]
-        self.data["passed"] = passed and self.data["complete"]
-        self.data["load_at_end"] = round(os.getloadavg()[0], 1)
-        self.write()
-
-    def write(self) -> None:
-        self.data["seconds"] = round(time.time() - self.start)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
-        tmp.replace(self.path)
 
 
 # ----------------------------------------------------------------------------- the gate

@@ -54,11 +54,12 @@ PROBE_DRIVER = textwrap.dedent('''
     import sys
     import torch
     import bench.compile_check as cc
+    import bench.compile_launches as cl
     import gate_probe_kernels as k
 
     x = torch.empty(128 * 128, device="meta", dtype=torch.float32)
     for name, warps in (("scale_by_global", 4), ("scale_by_constexpr", 4), ("hold_a_big_tile", 1)):
-        with cc.capture(lambda: "probe") as launches:
+        with cl.capture(lambda: "probe") as launches:
             getattr(k, name)[(1,)](x, 100, BLOCK=128, num_warps=warps)
         for arch in (80, 90):
             res = cc.compile_launch(launches[0], arch)
@@ -72,12 +73,13 @@ CACHE_DRIVER = textwrap.dedent('''
     import torch
     from triton import knobs
     import bench.compile_check as cc
+    import bench.compile_launches as cl
     import gate_probe_kernels as k
 
     hits = []
     knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
     x = torch.empty(128, device="meta", dtype=torch.float32)
-    with cc.capture(lambda: "probe") as launches:
+    with cl.capture(lambda: "probe") as launches:
         k.scale_by_constexpr[(1,)](x, 100, BLOCK=128)
     for _ in range(2):
         for arch in (80, 90):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.compile_check import KERNEL_DIR, RECORDED_TRITONS, kernels_hash, record_path
+from bench.compile_records import KERNEL_DIR, RECORDED_TRITONS, kernels_hash, record_path
 from nsa.ops.self_check import triton_too_old
 
 
