@@ -3,8 +3,9 @@
 - requests: ``server`` (the request loop), ``ops`` (one handler per operation), ``errors``;
 - reading runs: ``runs`` (the runs root, run views, status), ``owners`` (who owns a run's
   processes, leases), ``shared`` (a runs root shared by several hosts), ``procs`` (which
-  processes belong to a run), ``watch`` and ``follow`` (streams with positions), ``sampler``
-  (host samples);
+  processes belong to a run), ``watch`` and ``follow`` (a run's streams with positions),
+  ``watchlists`` (the run list, host samples, alerts as subscriptions), ``sampler`` (host
+  samples);
 - changing runs: ``launcher`` (launch, kill, dump), ``relaunch`` (fallback, resume),
   ``runlock``, ``describe`` and ``preflight`` (checks before a launch), ``diskroom``,
   ``housekeeping`` (archive, delete), ``ckptfiles`` (checkpoint files between hosts);

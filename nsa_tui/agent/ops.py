@@ -55,14 +55,8 @@ from nsa_tui.agent.preflight import preflight
 from nsa_tui.agent.runlock import run_lock, run_lock_async
 from nsa_tui.agent.runs import RunStore, latest_beats
 from nsa_tui.agent.sampler import HostSampler
-from nsa_tui.agent.watch import (
-    METRIC_LINE_BYTES,
-    RunWatch,
-    SummaryCache,
-    watch_alerts,
-    watch_host,
-    watch_runs,
-)
+from nsa_tui.agent.watch import METRIC_LINE_BYTES, RunWatch, SummaryCache
+from nsa_tui.agent.watchlists import watch_alerts, watch_host, watch_runs
 from nsa_tui.health.ledger import AlertBooks, acknowledge, bounded
 
 STATUS_METRICS = 64  # metric lines in a status report: enough for the median step time
