@@ -18,7 +18,7 @@ import msgspec
 
 from nsa.contract.evals import EvalStart, append_eval
 from nsa.contract.protocol import ErrorInfo
-from nsa.infer.worker import _emit
+from nsa.infer.worker import emit
 
 
 class Job(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -51,14 +51,14 @@ def run(job: Job) -> None:
     plan = EvalPlan(lengths=job.lengths, depths=job.depths, trials=job.trials, seed=job.seed,
                     digits=job.digits, buckets=job.buckets, loss_sequences=job.loss_sequences)
     device = str(next(model.parameters()).device)
-    _emit("eval_start", EvalStart(run=job.run, checkpoint=path.name, step=meta.step, device=device,
+    emit("eval_start", EvalStart(run=job.run, checkpoint=path.name, step=meta.step, device=device,
                                   seed=job.seed, trained_context=cfg.train.seq_len, lengths=job.lengths,
                                   depths=job.depths, trials=job.trials, total=plan.total()))
     windows = val_windows(cfg, tok, max(job.lengths)) if job.loss_sequences else None
-    result = evaluate(model, tok, plan, windows, progress=lambda ev: _emit("eval_progress", ev))
+    result = evaluate(model, tok, plan, windows, progress=lambda ev: emit("eval_progress", ev))
     record = make_record(result, plan, run=job.run, step=meta.step, cfg=cfg, device=device, origin="cli")
     append_eval(run_dir, record)
-    _emit("eval_done", record)
+    emit("eval_done", record)
 
 
 def main() -> int:
@@ -70,16 +70,16 @@ def main() -> int:
         job = msgspec.json.decode(sys.stdin.buffer.readline(), type=Job)
         run(job)
     except NoCheckpoint as exc:
-        _emit("error", ErrorInfo(code="no_checkpoint", message=str(exc)))
+        emit("error", ErrorInfo(code="no_checkpoint", message=str(exc)))
         return 1
     except CheckpointError as exc:
-        _emit("error", ErrorInfo(code="bad_checkpoint", message=str(exc)))
+        emit("error", ErrorInfo(code="bad_checkpoint", message=str(exc)))
         return 1
     except ValueError as exc:  # the plan (a length too short for the prompt)
-        _emit("error", ErrorInfo(code="bad_request", message=str(exc)))
+        emit("error", ErrorInfo(code="bad_request", message=str(exc)))
         return 1
     except Exception as exc:  # noqa: BLE001 - the agent shows it; the process ends here
-        _emit("error", ErrorInfo(code="eval_failed", message=f"{type(exc).__name__}: {exc}"))
+        emit("error", ErrorInfo(code="eval_failed", message=f"{type(exc).__name__}: {exc}"))
         return 1
     return 0
 

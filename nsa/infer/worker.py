@@ -34,7 +34,8 @@ class Job(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     device: str = "cpu"
 
 
-def _emit(event: str, data: Any) -> None:
+def emit(event: str, data: Any) -> None:
+    """One event line on stdout, which the agent relays to its client as it comes."""
     sys.stdout.buffer.write(msgspec.json.encode({"event": event, "data": data}) + b"\n")
     sys.stdout.buffer.flush()
 
@@ -54,7 +55,7 @@ def run(job: Job) -> None:
     prompt_tokens = [tok.eot, *(int(t) for t in tok.encode(job.prompt))]
     step = meta.step
     device = str(next(model.parameters()).device)
-    _emit("sample_start", SampleStart(run=job.run, checkpoint=path.name, step=step, device=device,
+    emit("sample_start", SampleStart(run=job.run, checkpoint=path.name, step=step, device=device,
                                       tokenizer=tok.name, seed=job.seed, prompt_tokens=prompt_tokens))
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tokens: list[int] = []
@@ -67,15 +68,15 @@ def run(job: Job) -> None:
         tokens.append(t)
         piece = text.decode(tok.token_bytes([t]))
         pieces.append(piece)
-        _emit("sample_text", SampleText(text=piece, tokens=[t]))
+        emit("sample_text", SampleText(text=piece, tokens=[t]))
         if t == tok.eot:
             stop = "eot"
             break
     tail = text.decode(b"", final=True)
     if tail:
         pieces.append(tail)
-        _emit("sample_text", SampleText(text=tail, tokens=[]))
-    _emit("sample_done", SampleDone(run=job.run, checkpoint=path.name, step=step, device=device,
+        emit("sample_text", SampleText(text=tail, tokens=[]))
+    emit("sample_done", SampleDone(run=job.run, checkpoint=path.name, step=step, device=device,
                                     seed=job.seed,
                                     prompt=job.prompt, prompt_tokens=prompt_tokens, text="".join(pieces),
                                     tokens=tokens, stop=stop,  # type: ignore[arg-type]
@@ -91,13 +92,13 @@ def main() -> int:
         job = msgspec.json.decode(sys.stdin.buffer.readline(), type=Job)
         run(job)
     except NoCheckpoint as exc:  # gone since the agent looked (pruned by the live run)
-        _emit("error", ErrorInfo(code="no_checkpoint", message=str(exc)))
+        emit("error", ErrorInfo(code="no_checkpoint", message=str(exc)))
         return 1
     except CheckpointError as exc:
-        _emit("error", ErrorInfo(code="bad_checkpoint", message=str(exc)))
+        emit("error", ErrorInfo(code="bad_checkpoint", message=str(exc)))
         return 1
     except Exception as exc:  # noqa: BLE001 - the agent shows it; the process ends here
-        _emit("error", ErrorInfo(code="sample_failed", message=f"{type(exc).__name__}: {exc}"))
+        emit("error", ErrorInfo(code="sample_failed", message=f"{type(exc).__name__}: {exc}"))
         return 1
     return 0
 

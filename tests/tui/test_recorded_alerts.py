@@ -42,7 +42,10 @@ async def test_a_panel_started_in_the_morning_lists_the_night(runs_root: Path) -
     led_b.step([alert("disk", b.name, "warning")], now=night + 400)
     app = NsaApp(["local"], offer_demo=False)
     async with app.run_test(size=(160, 45)) as pilot:
-        await wait_for(pilot, lambda: len(app.state.hosts["local"].recorded) == 3, 30, "the night's alerts")
+        # the recorded alerts and the run list come as two subscriptions: wait for both
+        host = app.state.hosts["local"]
+        await wait_for(pilot, lambda: len(host.recorded) == 3 and {a.name, b.name} <= set(host.runs), 30,
+                       "the night's alerts and runs")
         items = app.state.shown_alerts()
         assert [(s.alert.kind, s.state) for s in items] == [("disk", "open"), ("crash", "open"),
                                                               ("stall", "resolved")]
