@@ -19,7 +19,8 @@
 
 HOST is a host list: ``local`` or an SSH destination (``[user@]host[:port]`` or a
 ~/.ssh/config alias), or ``H1,H2,...``, one run over several hosts (docs/multi-node.md); a
-command on one host of such a run reaches all of its hosts. Every command goes one way: the
+host may name its own runs root (``gpu1:/scratch/runs``); a command on one host of such a run
+reaches all of its hosts. Every command goes one way: the
 hosts are connected at once, RUN is resolved, then nsa_tui/cli/one.py (one host) or
 nsa_tui/cli/multi.py (several) does it, and every error becomes its exit code through one
 table (nsa_tui/cli/exitcodes.py, docs/cli.md). Every command takes ``--json`` (one JSON document,
