@@ -4,6 +4,7 @@ real local agent and its worker process; the records written and read back."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,28 +17,22 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke-cpu.yaml")
 
 
+def own_copy(run: tuple[Path, str], tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the session's trained run (tests/conftest.py): evaluations append records to it."""
+    root, rid = run
+    shutil.copytree(root / rid, tmp_path / rid)
+    return tmp_path, rid
+
+
 def nsa_tui(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """(runs root, run id) of a finished 6-step NSA run (seq_len 64) with checkpoints at 3 and 6."""
-    root = tmp_path_factory.mktemp("runs")
-    r = nsa_tui("launch", "local", "--config", SMOKE, "--nproc", "1", "--name", "ctx", "--json",
-                "--runs-root", str(root), "--set", "model.attention.kind=nsa", "train.eval_every=1000")
-    assert r.returncode == 0, r.stderr
-    rid = json.loads(r.stdout)["run_id"]
-    logs = nsa_tui("logs", "local", rid, "-f", "--runs-root", str(root), timeout=300)  # returns at the end
-    assert logs.returncode == 0, logs.stderr
-    assert sorted(p.name for p in (root / rid / "checkpoints").glob("step-*")) == ["step-3", "step-6"]
-    return root, rid
-
-
 @pytest.mark.slow
-def test_eval_through_the_cli_records_what_the_model_does(trained: tuple[Path, str]) -> None:
-    root, rid = trained
+def test_eval_through_the_cli_records_what_the_model_does(trained_nsa_run: tuple[Path, str],
+                                                          tmp_path: Path) -> None:
+    root, rid = own_copy(trained_nsa_run, tmp_path)
     args = ["eval", "local", rid, "--runs-root", str(root), "--passkey", "--lengths", "32,64",
             "--depths", "0,0.5,1", "--trials", "2", "--seed", "3", "--loss-sequences", "2", "--buckets", "4"]
     r = nsa_tui(*args, "--json")
@@ -78,8 +73,9 @@ def test_eval_through_the_cli_records_what_the_model_does(trained: tuple[Path, s
 
 
 @pytest.mark.slow
-def test_lengths_beyond_the_trained_context_are_refused_or_marked(trained: tuple[Path, str]) -> None:
-    root, rid = trained
+def test_lengths_beyond_the_trained_context_are_refused_or_marked(trained_nsa_run: tuple[Path, str],
+                                                                  tmp_path: Path) -> None:
+    root, rid = own_copy(trained_nsa_run, tmp_path)
     base = ["eval", "local", rid, "--runs-root", str(root), "--passkey", "--depths", "0.5", "--trials", "1",
             "--seed", "1", "--loss-sequences", "1"]
     r = nsa_tui(*base, "--lengths", "64,96")

@@ -22,24 +22,9 @@ def nsa_tui(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str
                           timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """(runs root, run id) of a finished 6-step NSA run with checkpoints at steps 3 and 6."""
-    root = tmp_path_factory.mktemp("runs")
-    r = nsa_tui("launch", "local", "--config", SMOKE, "--nproc", "1", "--name", "talk", "--json",
-                "--runs-root", str(root), "--set", "model.attention.kind=nsa", "train.eval_every=1000")
-    assert r.returncode == 0, r.stderr
-    rid = json.loads(r.stdout)["run_id"]
-    logs = nsa_tui("logs", "local", rid, "-f", "--runs-root", str(root), timeout=300)  # returns at the end
-    assert logs.returncode == 0, logs.stderr
-    steps = sorted(p.name for p in (root / rid / "checkpoints").glob("step-*"))
-    assert steps == ["step-3", "step-6"], logs.stdout
-    return root, rid
-
-
 @pytest.mark.slow
-def test_same_seed_same_text_and_the_tokens_of_generate_in_process(trained: tuple[Path, str]) -> None:
-    root, rid = trained
+def test_same_seed_same_text_and_the_tokens_of_generate_in_process(trained_nsa_run: tuple[Path, str]) -> None:
+    root, rid = trained_nsa_run
     args = ["sample", "local", rid, "--runs-root", str(root), "--seed", "1", "--json", "--prompt", "ab",
             "--max-new-tokens", "40", "--top-k", "50"]
     first, again = nsa_tui(*args), nsa_tui(*args)
@@ -67,8 +52,8 @@ def test_same_seed_same_text_and_the_tokens_of_generate_in_process(trained: tupl
 
 
 @pytest.mark.slow
-def test_text_streams_and_an_older_checkpoint_and_greedy(trained: tuple[Path, str]) -> None:
-    root, rid = trained
+def test_text_streams_and_an_older_checkpoint_and_greedy(trained_nsa_run: tuple[Path, str]) -> None:
+    root, rid = trained_nsa_run
     r = nsa_tui("sample", "local", "talk", "--runs-root", str(root), "--checkpoint", "3",
                 "--temperature", "0", "--prompt", "hi", "--max-new-tokens", "12", "--json")
     assert r.returncode == 0, r.stderr
@@ -93,8 +78,9 @@ def test_text_streams_and_an_older_checkpoint_and_greedy(trained: tuple[Path, st
 
 
 @pytest.mark.slow
-def test_unknown_step_and_no_checkpoint_name_the_steps(trained: tuple[Path, str], tmp_path: Path) -> None:
-    root, rid = trained
+def test_unknown_step_and_no_checkpoint_name_the_steps(trained_nsa_run: tuple[Path, str],
+                                                       tmp_path: Path) -> None:
+    root, rid = trained_nsa_run
     r = nsa_tui("sample", "local", rid, "--runs-root", str(root), "--checkpoint", "5")
     assert r.returncode == EXIT_NO_CHECKPOINT
     assert "no checkpoint at step 5" in r.stderr and "steps 3, 6" in r.stderr
@@ -122,7 +108,7 @@ def test_a_run_without_a_checkpoint_and_bad_arguments(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_damaged_checkpoint_fails_its_sample_not_the_agent(trained: tuple[Path, str],
+def test_a_damaged_checkpoint_fails_its_sample_not_the_agent(trained_nsa_run: tuple[Path, str],
                                                              tmp_path: Path) -> None:
     """The worker fails (a shard cut short); the same agent connection goes on serving."""
     import asyncio
@@ -130,7 +116,7 @@ def test_a_damaged_checkpoint_fails_its_sample_not_the_agent(trained: tuple[Path
 
     from nsa_tui.hosts.client import AgentError, HostClient
 
-    root, rid = trained
+    root, rid = trained_nsa_run
     shutil.copytree(root / rid, tmp_path / rid)
     shard = next((tmp_path / rid / "checkpoints" / "step-6").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:64])
