@@ -14,6 +14,7 @@ steady and comparable), with one ``ssh_config`` naming them ``nsa-node0`` and ``
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -246,16 +247,21 @@ class SshNodes:
         return dict(os.environ, NSA_TUI_SSH_CONFIG=str(self.ssh_config), NSA_TUI_REMOTE_PYTHON=sys.executable)
 
 
-@pytest.fixture
-def sshd_nodes(tmp_path: Path) -> Iterator[SshNodes]:
-    """Two running sshd with their own ports, HOMEs and runs roots; stopped afterwards."""
-    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
-        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+@contextlib.contextmanager
+def _two_hosts(tmp_path: Path, *, machines: bool) -> Iterator[SshNodes]:
+    """Two running sshd as hosts ``nsa-node0`` and ``nsa-node1`` of one ssh_config. Without
+    ``machines``: each with its own HOME (so its own runs root), stopped afterwards. With it:
+    one shared HOME and each in PID and UTS namespaces of its own (hostnames ``nsa-m0``,
+    ``nsa-m1``), made to vanish afterwards with everything still running on them."""
     key = tmp_path / "client_ed25519"
     _keygen(key)
     aliases = ["nsa-node0", "nsa-node1"]
-    servers = [make_server(tmp_path / f"sshd{i}", home=tmp_path / f"home{i}", alias=a, client_key=key)
+    homes = [tmp_path / "home"] * 2 if machines else [tmp_path / f"home{i}" for i in range(2)]
+    servers = [make_server(tmp_path / f"sshd{i}", home=homes[i], alias=a, client_key=key)
                for i, a in enumerate(aliases)]
+    if machines:
+        for i, s in enumerate(servers):
+            s.machine, s.pid_base = f"nsa-m{i}", 100 + 20000 * i
     cfg = tmp_path / "ssh_config"
     cfg.write_text("".join(config_entry(a, s.port, s.user, key, s.known_hosts)
                            for a, s in zip(aliases, servers)))
@@ -267,7 +273,19 @@ def sshd_nodes(tmp_path: Path) -> Iterator[SshNodes]:
         yield SshNodes(servers, aliases, cfg)
     finally:
         for s in started:
-            s.stop()
+            if not machines:
+                s.stop()
+            elif s.proc is not None:
+                s.vanish()  # the machine and everything still running on it
+
+
+@pytest.fixture
+def sshd_nodes(tmp_path: Path) -> Iterator[SshNodes]:
+    """Two running sshd with their own ports, HOMEs and runs roots; stopped afterwards."""
+    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    with _two_hosts(tmp_path, machines=False) as nodes:
+        yield nodes
 
 
 @pytest.fixture
@@ -279,24 +297,5 @@ def machines(tmp_path: Path) -> Iterator[SshNodes]:
         pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("two machines on one box need root and unshare (PID and UTS namespaces)")
-    key = tmp_path / "client_ed25519"
-    _keygen(key)
-    aliases = ["nsa-node0", "nsa-node1"]
-    home = tmp_path / "home"
-    servers = [make_server(tmp_path / f"sshd{i}", home=home, alias=a, client_key=key)
-               for i, a in enumerate(aliases)]
-    for i, s in enumerate(servers):
-        s.machine, s.pid_base = f"nsa-m{i}", 100 + 20000 * i
-    cfg = tmp_path / "ssh_config"
-    cfg.write_text("".join(config_entry(a, s.port, s.user, key, s.known_hosts)
-                           for a, s in zip(aliases, servers)))
-    started = []
-    try:
-        for s in servers:
-            s.start()
-            started.append(s)
-        yield SshNodes(servers, aliases, cfg)
-    finally:
-        for s in started:
-            if s.proc is not None:
-                s.vanish()  # the machine and everything still running on it
+    with _two_hosts(tmp_path, machines=True) as nodes:
+        yield nodes
