@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import math
 
 from nsa.contract import (
@@ -112,6 +114,27 @@ def test_a_hang_where_every_rank_beats_is_said_at_most_quiet_s_late() -> None:
     assert said[11] == {("stall", 0), ("stall", 1)}  # in step again: said
     assert said[14.5] == set() and said[16.5] == {("stall", 0), ("stall", 1)}  # threshold + quiet_s: said
     assert not any("waiting for" in a.message for a in det.check(t + 16.5))
+
+
+@pytest.mark.parametrize("frozen_at", ["checkpoint", "step ahead"])
+def test_a_rank_frozen_outside_the_stuck_ranks_lockstep_is_still_the_culprit(frozen_at: str) -> None:
+    """kill -STOP of rank 1 while it is in a checkpoint (its own threshold far off) or one step
+    ahead of rank 0: rank 0 stalls first by its threshold, yet the first alert names rank 1."""
+    det = AlertDetector("h", Thresholds(train_floor_s=3, train_factor=1, quiet_s=5, no_heartbeat_s=6))
+    t = healthy(det)
+    if frozen_at == "checkpoint":
+        det.feed(beat(1, 20, t + 0.2, phase="checkpoint", since=t + 0.2))
+    else:
+        det.feed(beat(1, 21, t + 0.2))
+    said: dict[float, list] = {}
+    for k in range(1, 60):  # rank 0 waits in a collective, its timer beating every 0.2 s
+        now = t + 0.2 + k * 0.2
+        det.feed(beat(0, 20, now))
+        said[round(k * 0.2, 1)] = [(a.kind, a.rank) for a in det.check(now)]
+    lag, first = next((lag, a) for lag, a in sorted(said.items()) if a)
+    assert first[0] == ("no_heartbeat", 1), said  # said first: the first alert on disk names it
+    assert 5.0 < lag <= 5.4 and set(first) == {("no_heartbeat", 1), ("stall", 0)}  # quiet_s: known
+    assert "waiting for rank 1" in next(a.message for a in det.check(t + 5.6) if a.kind == "stall")
 
 
 def test_phase_aware_thresholds() -> None:

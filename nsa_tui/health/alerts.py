@@ -400,14 +400,18 @@ class AlertDetector:
         lag = {k: ages[k] - freshest for k in live}  # behind the rank that beat last
         quiet_s = min(self.t.quiet_s, self.t.no_heartbeat_s)
 
+        beating = [k for k in live if live[k].phase not in ("done", "failed")]  # ended ranks fall silent
+
         def quiet(k: int) -> bool:
-            """Stopped beating while another rank of this stuck run beats on."""
-            return k in hung and lag[k] > quiet_s
+            """Stopped beating while another rank of this stuck run beats on. Whatever its own
+            phase and step: a rank frozen in a checkpoint, or one step ahead of the rank that
+            waits for it, is no less the culprit."""
+            return bool(hung) and k in beating and lag[k] > quiet_s
 
         culprits = sorted((k for k in live if ages[k] > self.t.no_heartbeat_s or quiet(k)),
                           key=lambda k: -ages[k])
-        waiting = [k for k in sorted(hung) if k not in culprits and live[k].phase not in ("done", "failed")]
-        unsure = [k for k in waiting if BEAT_JITTER_S < lag[k] <= quiet_s]
+        waiting = [k for k in sorted(hung) if k not in culprits and k in beating]
+        unsure = [k for k in beating if k not in culprits and BEAT_JITTER_S < lag[k] <= quiet_s]
         if unsure and all(stuck[k][0] <= stuck[k][1] + quiet_s for k in waiting):
             # a rank's beats lag, too little yet to tell frozen from late: the stalls wait (at most
             # quiet_s), so the first alert of a frozen rank names it, not the ranks waiting for it
