@@ -376,7 +376,7 @@ class Row:
     renders_s: float
     load: float
     note: str = ""
-    top_renders: list[tuple[str, float]] = field(default_factory=list)
+    top_renders: list[tuple[str, float, float]] = field(default_factory=list)  # name, % of a core, renders/s
 
 
 def measure(name: str, panel: Panel, idle: subprocess.Popen[bytes], seconds: float) -> Row:
@@ -394,7 +394,7 @@ def measure(name: str, panel: Panel, idle: subprocess.Popen[bytes], seconds: flo
     r0, r1 = Counter(st0.get("renders", {})), Counter(st1.get("renders", {}))
     d = r1 - r0
     s0, s1 = Counter(st0.get("seconds", {})), Counter(st1.get("seconds", {}))
-    top = [(k, v / span * 100) for k, v in (s1 - s0).most_common(8)]
+    top = [(k, v / span * 100, d[k] / span) for k, v in (s1 - s0).most_common(8)]
     return Row(name, pct[0], pct[1], pct[2], rss[0], rss[1], rss[2], frames, sum(d.values()) / span,
                os.getloadavg()[0], top_renders=top)
 
@@ -557,8 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row.idle_cpu:.2f} %, panel RSS {row.panel_rss:.0f} MiB, {row.frames_s:.1f} frames/s, "
                   f"load {row.load:.1f}" + (f"; {row.note}" if row.note else ""), flush=True)
             if args.details:
-                print("   % of a core drawing (content + lines): "
-                      + ", ".join(f"{k} {v:.2f}" for k, v in row.top_renders), flush=True)
+                print("   % of a core drawing (content + lines), renders/s: "
+                      + ", ".join(f"{k} {v:.2f} ({n:.1f}/s)" for k, v, n in row.top_renders), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()

@@ -57,6 +57,19 @@ def fmt_duration(s: Any) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def fmt_age(s: Any) -> str:
+    """A run's age in a list that stays put: whole minutes (<1m, 3m, 2h05m, 3d04h), so a row
+    changes at most once a minute and the list is not drawn again every second for it (the
+    header gives the selected run's time to the second)."""
+    if not is_num(s) or s < 0:
+        return NA
+    if s < 60:
+        return "<1m"
+    if s < 3600:
+        return f"{int(s) // 60}m"
+    return fmt_duration(s)
+
+
 def fmt_count(n: Any, unit: str = "") -> str:
     """Large counts with k/M/G suffixes (parameters, tokens)."""
     if not is_num(n):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 import math
+
+import pytest
 
 from nsa.contract import (
     Beat,

@@ -106,3 +106,31 @@ def test_fourteen_runs_stay_a_short_list(snap_compare, monkeypatch, tmp_path) ->
 def test_help_at_80x24(snap_compare, monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
     assert snap_compare(fixed_app(), terminal_size=(80, 24), press=["question_mark"], run_before=settle)
+
+
+async def test_the_summarys_live_rows_grow_and_its_facts_are_not_drawn_again(monkeypatch, tmp_path) -> None:
+    """The summary draws its parts on their own; a part that grows (ranks joining, a line that
+    wraps) is laid out again, so nothing is cut, and the facts are not drawn for it."""
+    from bench.panel_cost import count_renders
+    from nsa.contract import Beat, Phase
+
+    monkeypatch.setenv("NSA_TUI_KEYMAP", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("NSA_TUI_SETTINGS", str(tmp_path / "none-settings.yaml"))
+    app = fixed_app()
+    with count_renders() as counts:
+        async with app.run_test(size=(160, 45)) as pilot:
+            await settle(pilot)
+            live = app.screen.query_one("#summary-live")
+            assert live.size.height == 3  # gates, last, ranks: r0
+            counts.renders.clear()
+            run = app.state.selected_run()
+            for rank in range(1, 4):
+                run.beats[rank] = Beat(ts=NOW - 1, run_id=run.run_id, rank=rank, phase=Phase.TRAIN,
+                                       phase_since=NOW - 1500, step=2400, source="step")
+            run.version += 1
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if live.size.height == 6:
+                    break
+            assert live.size.height == 6, live.size  # r0 .. r3, each on its line
+            assert "summary-facts" not in counts.renders, dict(counts.renders)

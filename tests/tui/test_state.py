@@ -9,7 +9,7 @@ from nsa.contract import RunInfo, RunStatus, RunView, SeriesSummary, TrainMetric
 from nsa_tui.app.keymap import load_keymap
 from nsa_tui.app.runmetrics import thin
 from nsa_tui.app.state import LogBuffer, PanelState
-from nsa_tui.fmt import fmt_bytes, fmt_count, fmt_duration, fmt_pair_bytes
+from nsa_tui.fmt import fmt_age, fmt_bytes, fmt_count, fmt_duration, fmt_pair_bytes
 
 
 def test_series_million_steps_is_bounded_fast_and_keeps_the_shape() -> None:
@@ -89,6 +89,10 @@ def test_units_on_every_number() -> None:
     assert fmt_bytes(None) == "N/A" and fmt_pair_bytes(1, None) == "N/A"
     assert fmt_count(124_900_000, "params") == "124.90M params"
     assert fmt_duration(3725) == "1h02m" and fmt_duration(None) == "N/A"
+    # a run's age in the list changes once a minute at most
+    assert [fmt_age(s) for s in (42.7, 60, 1859, 3725, 3 * 86400 + 4 * 3600)] == ["<1m", "1m", "30m", "1h02m",
+                                                                                "3d04h"]
+    assert fmt_age(-1) == "N/A"
 
 
 def test_keymap_file(tmp_path) -> None:

@@ -15,7 +15,7 @@ from nsa_tui.app.chartdata import PALETTE
 from nsa_tui.app.listing import Row, counts, lineage_root, run_rows
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.app.widgets.header import STATUS_STYLE
-from nsa_tui.fmt import NA, fmt_count, fmt_duration
+from nsa_tui.fmt import NA, fmt_age, fmt_count
 from nsa_tui.hosts.merge import MergedRun, hosts_of
 
 # (column, width); the name's width follows the pane's (NAME_MIN..NAME_MAX)
@@ -194,7 +194,7 @@ class RunList(DataTable):
         run = row.run
         view = run.view
         started = run.created or None
-        age = fmt_duration(now - started) if started else NA
+        age = fmt_age(now - started) if started else NA
         config = None
         if view is not None:
             config = view.info.config_path or (view.launch.config_file if view.launch else None)

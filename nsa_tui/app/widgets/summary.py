@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.table import Table
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from nsa.contract import AttentionOps, GateShares
@@ -102,65 +104,107 @@ def timeouts_text(run: RunState) -> Text:
     return Text(f"start {pg.start_s:.0f} s · steady {pg.steady_s:.0f} s (now: {now})")
 
 
-def summary_table(run: RunState, now: float = 0.0, merged: MergedRun | None = None) -> Table:
+Row = tuple[str, str, Text | str]  # (part, key, value); parts: FACTS, LIVE, END
+FACTS, LIVE, END = "facts", "live", "end"  # what a run is / how it goes now / where it came from and ended
+
+
+def summary_rows(run: RunState, now: float = 0.0, merged: MergedRun | None = None) -> list[Row]:
+    """The summary's rows in order, each in its part: only the LIVE rows change from one second
+    to the next while a run trains, so only they are drawn again (docs/panel.md, the panel's cost)."""
     view = run.view
-    t = Table(box=None, show_header=False, padding=(0, 1), expand=True)
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column(overflow="fold")
     if view is None:
-        t.add_row("run", Text(run.run_id))
-        return t
+        return [(FACTS, "run", Text(run.run_id))]
     info = view.info
     train, model = _section(info.config, "train"), _section(info.config, "model")
     attn = _section(model, "attention").get("kind")
     seq = info.seq_len or train.get("seq_len")
     gb = info.global_batch
     config = (view.launch.config_file if view.launch else None) or info.config_path  # as the user gave it
-    t.add_row("config", Text(str(config)) if config else NA)
-    t.add_row("model", f"{fmt_count(info.param_count, 'params')}  {attn or NA}"
-              + (f"  d{model.get('dim')}×L{model.get('n_layers')}" if model.get("dim") else ""))
-    t.add_row("seq", f"{seq} tokens" if seq else NA)
+    rows: list[Row] = [(FACTS, "config", Text(str(config)) if config else NA)]
+    rows.append((FACTS, "model", f"{fmt_count(info.param_count, 'params')}  {attn or NA}"
+                 + (f"  d{model.get('dim')}×L{model.get('n_layers')}" if model.get("dim") else "")))
+    rows.append((FACTS, "seq", f"{seq} tokens" if seq else NA))
     batch = NA
     if gb:
         batch = f"{gb} seq"
         if seq:
             batch += f" = {fmt_count(gb * seq, 'tok')}"
         batch += f" ({info.batch_size or NA}/rank×{info.world_size}×{info.grad_accum or NA} acc)"
-    t.add_row("batch", batch)
-    t.add_row("dtype", Text(f"{info.dtype or NA} on {info.device or NA}"))
+    rows.append((FACTS, "batch", batch))
+    rows.append((FACTS, "dtype", Text(f"{info.dtype or NA} on {info.device or NA}")))
     if info.attention_ops is not None:  # absent in runs of older trainers
-        t.add_row("attn ops", ops_text(info.attention_ops))
-    t.add_row("data", Text(str(info.data_source or _section(info.config, "data").get("source") or NA)))
+        rows.append((FACTS, "attn ops", ops_text(info.attention_ops)))
+    data = info.data_source or _section(info.config, "data").get("source") or NA
+    rows.append((FACTS, "data", Text(str(data))))
     m = run.metrics.last_train
-    t.add_row("gates", gate_text(m.gate_shares if m else None, run.step, train.get("warmup_steps")))
+    rows.append((LIVE, "gates", gate_text(m.gate_shares if m else None, run.step, train.get("warmup_steps"))))
     lr = m.lr if m else None
-    t.add_row("last", f"loss {fmt_float(m.loss if m else None)} · lr {f'{lr:.2e}' if is_num(lr) else NA}")
+    last = f"loss {fmt_float(m.loss if m else None)} · lr {f'{lr:.2e}' if is_num(lr) else NA}"
+    rows.append((LIVE, "last", last))
     if merged is not None:
-        t.add_row("hosts", hosts_text(merged))
+        rows.append((LIVE, "hosts", hosts_text(merged)))
         if merged.problem:
-            t.add_row(merged.status.value, Text(merged.problem, style="bold red"))
+            rows.append((LIVE, merged.status.value, Text(merged.problem, style="bold red")))
     if info.pg_timeouts is not None:
-        t.add_row("timeouts", timeouts_text(run))
+        rows.append((LIVE, "timeouts", timeouts_text(run)))
     if run.alive or run.beats or (merged is not None and merged.ranks):
-        t.add_row("ranks", ranks_text(run, now, merged))
+        rows.append((LIVE, "ranks", ranks_text(run, now, merged)))
     if view.slurm is not None:  # a batch job: why it waits, where it runs, how it ended
         from nsa_tui.slurm.text import job_text
 
-        t.add_row("slurm", Text(job_text(view.slurm)))
-        t.add_row("script", Text(view.slurm.script))
+        rows.append((END, "slurm", Text(job_text(view.slurm))))
+        rows.append((END, "script", Text(view.slurm.script)))
     if view.parent_run:
-        t.add_row("parent", Text(view.parent_run))
+        rows.append((END, "parent", Text(view.parent_run)))
     if info.resumed_from:
-        t.add_row("resumed", Text(info.resumed_from))
+        rows.append((END, "resumed", Text(info.resumed_from)))
     if info.exit_reason:
-        t.add_row("exit", Text(info.exit_reason, style="red"))
+        rows.append((END, "exit", Text(info.exit_reason, style="red")))
+    return rows
+
+
+def rows_table(rows: list[Row], key_width: int | None = None) -> Table:
+    """Rows as a two-column table; ``key_width`` lines up the parts' tables with each other."""
+    t = Table(box=None, show_header=False, padding=(0, 1), expand=True)
+    t.add_column(style="bold", no_wrap=True, width=key_width)
+    t.add_column(overflow="fold", ratio=1)  # the values take the width left, the keys stay put
+    for _, key, value in rows:
+        t.add_row(key, value)
     return t
 
 
-class RunSummary(Static):
-    """What is this run, really? Shown for the selected run."""
+def summary_table(run: RunState, now: float = 0.0, merged: MergedRun | None = None) -> Table:
+    """The whole summary as one table (what the pane shows, in its parts)."""
+    return rows_table(summary_rows(run, now, merged))
 
-    _sig: tuple = ()
+
+def _row_sig(row: Row) -> tuple:
+    part, key, value = row
+    return (part, key, value) if isinstance(value, str) else (part, key, value.plain, tuple(value.spans),
+                                                              str(value.style))
+
+
+class RunSummary(VerticalScroll):
+    """What is this run, really? Shown for the selected run, in three parts drawn on their own:
+    the facts, the live rows (loss, gates, ranks' beats: new every second), where it came from
+    and how it ended."""
+
+    can_focus = False  # as before it scrolled: tab goes from the run list to the GPUs (mouse wheel scrolls)
+
+    def compose(self) -> ComposeResult:
+        for part in (FACTS, LIVE, END):
+            yield Static(id=f"summary-{part}", classes="summary-part")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shown: dict[str, tuple] = {}
+        self._rows: list[Row] = []
+        self._sig: tuple = ()
+
+    @property
+    def content(self) -> Table | Text:
+        """Everything the summary shows, as one renderable (what tests read)."""
+        return rows_table(self._rows) if self._rows else Text("N/A — no run selected", style="dim")
 
     def update_from(self, state: PanelState, now: float) -> None:
         run = state.selected_run()
@@ -170,7 +214,30 @@ class RunSummary(Static):
             return
         self._sig = sig
         if run is None:
-            self.update(Text("N/A — no run selected", style="dim"))
+            self._rows = []
+            self._show(FACTS, ("none",), Text("N/A — no run selected", style="dim"))
+            self._show(LIVE, (), None)
+            self._show(END, (), None)
             return
         merged = state.merged(run) if hosts_of(run.view) else None
-        self.update(summary_table(run, now, merged), layout=False)  # fixed size pane: no re-layout
+        self._rows = rows = summary_rows(run, now, merged)
+        width = max(len(key) for _, key, _ in rows)
+        for part in (FACTS, LIVE, END):
+            mine = [r for r in rows if r[0] == part]
+            self._show(part, (width, *map(_row_sig, mine)), rows_table(mine, width) if mine else None)
+
+    def _show(self, part: str, sig: tuple, table: Table | Text | None) -> None:
+        """Draw one part again only when what it shows changed."""
+        if self._shown.get(part) == sig:
+            return
+        self._shown[part] = sig
+        widget = self.query_one(f"#summary-{part}", Static)
+        widget.display = table is not None
+        if table is not None:
+            # a new layout (the whole screen's) only when the part's height changes: a rank's line
+            # that wraps once its step has another digit, a row more
+            width = widget.size.width
+            console = self.app.console
+            options = console.options.update_width(width)
+            height = len(console.render_lines(table, options, pad=False)) if width else 0
+            widget.update(table, layout=not width or height != widget.size.height)
