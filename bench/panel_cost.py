@@ -502,7 +502,8 @@ def table(rows: list[Row]) -> str:
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         def ratio(x: float, r: Row = r) -> str:
-            return f"{x / r.idle_cpu:.0f}×" if r.idle_cpu > 0 else "∞"
+            # an idle process can use less than one clock tick in a window: no ratio then
+            return f"{x / r.idle_cpu:.0f}×" if r.idle_cpu > 0 else "n/a (idle < 1 tick)"
 
         out.append(f"| {r.name} | {r.panel_cpu:.1f} % | {ratio(r.panel_cpu)} | {r.agent_cpu:.1f} % | "
                    f"{ratio(r.agent_cpu)} | {r.idle_cpu:.2f} % | {r.panel_rss:.0f} MiB | "
