@@ -189,17 +189,17 @@ class RunSummary(VerticalScroll):
     the facts, the live rows (loss, gates, ranks' beats: new every second), where it came from
     and how it ended."""
 
-    can_focus = False  # as before it scrolled: tab goes from the run list to the GPUs (mouse wheel scrolls)
+    can_focus = False  # tab goes from the run list to the GPUs, as before; the mouse wheel scrolls it
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shown: dict[str, tuple] = {}  # part -> what it shows (its rows' signature)
+        self._rows: list[Row] = []
+        self._sig: tuple = ()
 
     def compose(self) -> ComposeResult:
         for part in (FACTS, LIVE, END):
             yield Static(id=f"summary-{part}", classes="summary-part")
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._shown: dict[str, tuple] = {}
-        self._rows: list[Row] = []
-        self._sig: tuple = ()
 
     @property
     def content(self) -> Table | Text:
@@ -221,10 +221,10 @@ class RunSummary(VerticalScroll):
             return
         merged = state.merged(run) if hosts_of(run.view) else None
         self._rows = rows = summary_rows(run, now, merged)
-        width = max(len(key) for _, key, _ in rows)
+        key_width = max(len(key) for _, key, _ in rows)  # the parts' keys line up
         for part in (FACTS, LIVE, END):
             mine = [r for r in rows if r[0] == part]
-            self._show(part, (width, *map(_row_sig, mine)), rows_table(mine, width) if mine else None)
+            self._show(part, (key_width, *map(_row_sig, mine)), rows_table(mine, key_width) if mine else None)
 
     def _show(self, part: str, sig: tuple, table: Table | Text | None) -> None:
         """Draw one part again only when what it shows changed."""
