@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ import pytest
 
 SSHD = "/usr/sbin/sshd"
 ALIAS = "nsa-test"
+Cli = Callable[..., "subprocess.CompletedProcess[str]"]  # nsa-tui run against a test sshd
 
 
 def _free_port() -> int:

@@ -4,32 +4,17 @@ way, the records read back over the same connection."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from nsa_tui.cli.exitcodes import EXIT_USAGE
-from tests.agent.e2e import SMOKE
-from tests.sshd import ALIAS, SshServer
+from tests.sshd import ALIAS, Cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
 
-def test_eval_over_ssh_gives_the_hosts_own_record(sshd: SshServer, tmp_path: Path) -> None:
-    root = tmp_path / "runs"
-    env = sshd.env()
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args, "--runs-root", str(root)], env=env,
-                              capture_output=True, text=True, timeout=300)
-
-    out = cli("launch", ALIAS, "--config", SMOKE, "--nproc", "1", "--json", "--set", "train.steps=3",
-              "train.save_every=3", "train.eval_every=1000")
-    assert out.returncode == 0, out.stderr
-    rid = json.loads(out.stdout)["run_id"]
-    assert cli("logs", ALIAS, rid, "-f").returncode == 0  # returns once the run has ended
+def test_eval_over_ssh_gives_the_hosts_own_record(ended_run_over_ssh: tuple[Cli, str]) -> None:
+    cli, rid = ended_run_over_ssh
     args = ["--passkey", "--lengths", "48,64", "--depths", "0,1", "--trials", "2", "--seed", "4",
             "--loss-sequences", "1", "--buckets", "2"]
     remote = cli("eval", ALIAS, rid, *args, "--json")
