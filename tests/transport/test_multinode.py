@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,10 @@ from nsa_tui.cli.multi import part_alerts
 from nsa_tui.hosts import coordinator as co
 from nsa_tui.hosts.client import HostClient
 from nsa_tui.hosts.merge import MergedRun, merge
-from nsa_tui.transport.ssh import SshTransport
 from tests.agent.e2e import SMOKE
 from tests.sshd import SshNodes
 from tests.train.trainrun import metrics, run_train
+from tests.transport.nodes import cli, connected, merged, stepped, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -47,47 +47,10 @@ LONG = ["train.steps=100000", "train.save_every=5", "train.eval_every=100000", "
         "train.grad_accum=2"]
 
 
-def cli(nodes: SshNodes, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], env=nodes.env(), capture_output=True,
-                          text=True, timeout=timeout)
-
-
 @pytest.fixture
 async def clients(sshd_nodes: SshNodes) -> AsyncIterator[dict[str, HostClient]]:
-    def make(dest: str) -> HostClient:
-        tr = SshTransport(dest, config=[str(sshd_nodes.ssh_config)], remote_python=sys.executable)
-        return HostClient(dest, transport=tr)
-
-    connected, bad = await co.connect(sshd_nodes.aliases, make)
-    assert not bad, bad
-    try:
-        yield connected
-    finally:
-        await asyncio.gather(*(c.close() for c in connected.values()), return_exceptions=True)
-
-
-async def until(what: str, fn: Callable[[], Any], timeout: float = 150) -> Any:
-    """Poll ``fn`` (async) until it returns something truthy: states, not times."""
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = await fn()
-        if last:
-            return last
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last: {last}")
-
-
-async def merged(clients: dict[str, HostClient], run_id: str) -> MergedRun:
-    return merge(run_id, await co.parts(clients, run_id))
-
-
-def stepped(n: int, clients: dict[str, HostClient], run_id: str) -> Callable[[], Any]:
-    async def check() -> MergedRun | None:
-        m = await merged(clients, run_id)
-        ok = len(m.ranks) == 2 and min(b.step for _, b in m.ranks) >= n
-        return m if ok else None
-    return check
+    async with connected(sshd_nodes) as c:
+        yield c
 
 
 async def cleanup(clients: dict[str, HostClient], *run_ids: str) -> None:

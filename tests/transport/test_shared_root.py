@@ -16,12 +16,9 @@ sees the other's processes), one home and so one ``~/nsa-runs`` (tests/sshd.py `
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +31,15 @@ from nsa_tui.agent.procs import boot_id, run_processes
 from nsa_tui.hosts import coordinator as co
 from nsa_tui.hosts.client import HostClient
 from nsa_tui.hosts.merge import MergedRun, merge
-from nsa_tui.transport.ssh import SshTransport
 from tests.agent.e2e import SMOKE
 from tests.sshd import SshNodes
 from tests.train.trainrun import metrics, run_train
+from tests.transport.nodes import cli, connected, stepped, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(300)]
 
 LONG = ["train.steps=100000", "train.save_every=4", "train.eval_every=100000", "train.batch_size=1",
         "train.grad_accum=2"]
-
-
-def cli(nodes: SshNodes, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args], env=nodes.env(), capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def logs(d: Path) -> str:
@@ -67,32 +59,10 @@ def files_under(d: Path) -> list[str]:
     return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.relative_to(d).parts[0] != "checkpoints")
 
 
-async def until(what: str, fn: Callable[[], Any], timeout: float = 150, show: Callable[[], Any] | None = None
-                ) -> Any:
-    """Poll ``fn`` until it returns something truthy: states, not times."""
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = await fn()
-        if last:
-            return last
-        await asyncio.sleep(0.5)
-    extra = f"; {await show()}" if show is not None else ""
-    raise AssertionError(f"timed out waiting for {what}; last: {last}{extra}")
-
-
 @pytest.fixture
 async def clients(machines: SshNodes) -> AsyncIterator[dict[str, HostClient]]:
-    def make(dest: str) -> HostClient:
-        tr = SshTransport(dest, config=[str(machines.ssh_config)], remote_python=sys.executable)
-        return HostClient(dest, transport=tr)
-
-    connected, bad = await co.connect(machines.aliases, make)
-    assert not bad, bad
-    try:
-        yield connected
-    finally:
-        await asyncio.gather(*(c.close() for c in connected.values()), return_exceptions=True)
+    async with connected(machines) as c:
+        yield c
 
 
 def root_of(machines: SshNodes) -> Path:
@@ -104,14 +74,6 @@ def root_of(machines: SshNodes) -> Path:
 def nodes_of(machines: SshNodes) -> list[str]:
     """The node names of the two machines (their hostnames; one kernel, so one boot id)."""
     return [node_name(s.machine or "", boot_id()) for s in machines.servers]
-
-
-def stepped(n: int, clients: dict[str, HostClient], run_id: str) -> Callable[[], Any]:
-    async def check() -> MergedRun | None:
-        m = merge(run_id, await co.parts(clients, run_id))
-        ok = len(m.ranks) == 2 and min(b.step for _, b in m.ranks) >= n
-        return m if ok else None
-    return check
 
 
 def kill_leftovers(*run_ids: str) -> None:
