@@ -235,28 +235,33 @@ class HostClient(AgentConnection):
         for every change; after a reconnect the whole list again."""
         return self._stream(Subscription("watch_alerts", {"history": history, "run": run_id}))
 
-    async def sample(self, run_id: str, *, checkpoint: str | None = None, prompt: str = "",
-                     max_new_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
-                     top_p: float | None = None, seed: int | None = None,
-                     device: str | None = None) -> AsyncIterator[Event]:
+    async def _stream_until(self, sub: Subscription, last: str) -> AsyncIterator[Event]:
+        """A one-shot stream (sample, eval): its events up to the one of kind ``last``, where it
+        ends; unwatched as soon as it ends or the caller stops, not when it is collected."""
+        events = self._stream(sub)
+        try:
+            async for ev in events:
+                yield ev
+                if ev.kind == last:
+                    return
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def sample(self, run_id: str, *, checkpoint: str | None = None, prompt: str = "",
+               max_new_tokens: int = 200, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None,
+               device: str | None = None) -> AsyncIterator[Event]:
         """Text from the run's checkpoint as it is generated (docs/agent-protocol.md, "sample"):
         ``sample_start``, ``sample_text``..., then ``sample_done``, where the iteration ends;
         a failure is raised as AgentError."""
         args = {"run": run_id, "checkpoint": checkpoint, "prompt": prompt, "max_new_tokens": max_new_tokens,
                 "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "device": device}
-        events = self._stream(Subscription("sample", args))
-        try:
-            async for ev in events:
-                yield ev
-                if ev.kind == "sample_done":
-                    return
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]  # unwatch now, not when collected
+        return self._stream_until(Subscription("sample", args), "sample_done")
 
-    async def evaluate(self, run_id: str, *, checkpoint: str | None = None, lengths: Sequence[int] = (),
-                       depths: Sequence[float] = (), trials: int = 4, seed: int | None = None,
-                       beyond_context: bool = False, loss_sequences: int = 4, buckets: int = 8,
-                       device: str | None = None) -> AsyncIterator[Event]:
+    def evaluate(self, run_id: str, *, checkpoint: str | None = None, lengths: Sequence[int] = (),
+                 depths: Sequence[float] = (), trials: int = 4, seed: int | None = None,
+                 beyond_context: bool = False, loss_sequences: int = 4, buckets: int = 8,
+                 device: str | None = None) -> AsyncIterator[Event]:
         """A passkey evaluation of the run's checkpoint (docs/agent-protocol.md, "eval"):
         ``eval_start``, ``eval_progress``..., then ``eval_done`` (the PasskeyEval record, also
         appended to the run's records), where the iteration ends; a failure is raised as
@@ -264,14 +269,7 @@ class HostClient(AgentConnection):
         args = {"run": run_id, "checkpoint": checkpoint, "lengths": list(lengths), "depths": list(depths),
                 "trials": trials, "seed": seed, "beyond_context": beyond_context,
                 "loss_sequences": loss_sequences, "buckets": buckets, "device": device}
-        events = self._stream(Subscription("eval", args))
-        try:
-            async for ev in events:
-                yield ev
-                if ev.kind == "eval_done":
-                    return
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]  # unwatch now, not when collected
+        return self._stream_until(Subscription("eval", args), "eval_done")
 
     async def evals(self, run_id: str) -> EvalList:
         """The run's evaluation records (eval/passkey.jsonl), oldest first."""
