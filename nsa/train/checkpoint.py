@@ -8,6 +8,13 @@ Layout of ``checkpoints/step-<N>/`` (docs/run-directory.md):
   stream's position, the resolved config, the checkpoint's files. It is what makes a
   checkpoint complete.
 
+The commit takes the checkpoint's files from the written directories themselves (every rank
+lists what it sees, the lists are gathered), never from what ``dcp.save`` returns: that
+changes between torch releases (torch 2.11's returned index has no ``storage_data``). It reads
+``.metadata`` back through the same allow-listed reader a load uses, so a checkpoint that
+could not be loaded is never committed. ``checkpoint_probe`` runs this whole path once before
+the first step.
+
 A save builds ``.tmp-step-<N>-<stamp>`` and renames it to ``step-<N>`` only after DCP's commit
 and ``meta.json``; then ``latest`` is rewritten and old checkpoints beyond ``keep`` removed.
 An interrupted save (a crash, a KILL) leaves a ``.tmp-`` directory that is never read and
@@ -269,11 +276,13 @@ class Checkpointer:
     """
 
     def __init__(self, root: Path, keep: int, committer: bool, use_async: bool, timeout_s: float,
-                 log: Any = None, before_commit: Any = None) -> None:
+                 log: Any = None, before_commit: Any = None, group: Any = None) -> None:
         self.root, self.keep, self.committer, self.use_async = root, keep, committer, use_async
         self.log = log or (lambda msg: None)
         self.before_commit = before_commit or (lambda step: None)  # fault injection (tests)
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        # ``group``: another Checkpointer's (the start-up probe shares the run's)
+        self.group = group if group is not None else dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.pending: _Pending | None = None
         self.last_saved: str | None = None  # the newest committed checkpoint of this run
 
@@ -294,7 +303,8 @@ class Checkpointer:
 
             def written(fut: Future) -> None:
                 try:
-                    self._commit(tmp, final, meta, fut.result(), t0)
+                    fut.result()  # the write's error, if any; its value is DCP's, and unused
+                    self._commit(tmp, final, meta, t0)
                 except BaseException as exc:  # handed to the training thread by wait()
                     pending.error = exc
                     self._discard(tmp)
@@ -306,8 +316,8 @@ class Checkpointer:
             fut.add_done_callback(written)  # type: ignore[union-attr]
             return
         try:
-            metadata = dcp.save(state, checkpoint_id=str(tmp), process_group=self.group)
-            self._commit(tmp, final, meta, metadata, t0)
+            dcp.save(state, checkpoint_id=str(tmp), process_group=self.group)
+            self._commit(tmp, final, meta, t0)
         except BaseException:
             self._discard(tmp)
             raise
@@ -335,13 +345,15 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {p.final.name} failed while being written: "
                                   f"{type(p.error).__name__}: {p.error}") from p.error
 
-    def _commit(self, tmp: Path, final: Path, meta: CheckpointMeta, metadata: Any, t0: float) -> None:
-        """DCP has written every shard and ``.metadata``: write meta.json, rename, point latest."""
+    def _commit(self, tmp: Path, final: Path, meta: CheckpointMeta, t0: float) -> None:
+        """DCP has written every shard and ``.metadata``: write meta.json, rename, point latest.
+        Collective on the checkpoint group (the file lists are gathered)."""
         self.before_commit(meta.step)
+        files = written_files(tmp, self.group)
         self.last_saved = final.name
         if not self.committer:
             return
-        files = sorted({info.relative_path for info in metadata.storage_data.values()} | {DCP_METADATA})
+        check_index(tmp, files)
         write_json_atomic(tmp / META, msgspec.structs.replace(meta, files=files, saved_at=time.time()))
         _fsync_dir(tmp)
         if final.exists():  # the same step saved again (e.g. a stop right after a save)
@@ -357,6 +369,51 @@ class Checkpointer:
     def close(self) -> None:
         """Finish a pending save (the run ends)."""
         self.wait()
+
+
+def listing(directory: Path) -> list[str]:
+    """The files a save left in ``directory`` (paths relative to it), without our ``meta.json``
+    and without files still being written (``*.tmp``)."""
+    out = []
+    for parent, _dirs, names in os.walk(directory):
+        for name in names:
+            rel = os.path.relpath(os.path.join(parent, name), directory)
+            if rel != META and not name.endswith(".tmp"):
+                out.append(rel)
+    return sorted(out)
+
+
+def written_files(tmp: Path, group: Any) -> list[str]:
+    """Every file of the checkpoint being committed, over every node: each rank lists ``tmp``
+    as it sees it (its node's directory, or the one shared directory) and the lists are
+    gathered. DCP's save has returned on every rank, so every shard and ``.metadata`` are
+    written. Collective on ``group``."""
+    lists: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(lists, listing(tmp), group=group)
+    files = sorted({name for part in lists for name in part})
+    if DCP_METADATA not in files:
+        raise CheckpointError(f"{tmp}: the save wrote no {DCP_METADATA} (torch {torch.__version__}): "
+                              f"files written: {', '.join(files) or 'none'}")
+    return files
+
+
+def check_index(tmp: Path, files: list[str]) -> None:
+    """Read ``.metadata`` back as a load will (where this node has it): a checkpoint that could
+    not be loaded, or whose index names a file the save did not write, is not committed."""
+    if not (tmp / DCP_METADATA).is_file():
+        return  # written on rank 0's node (runs roots of their own per node)
+    try:
+        index = SafeReader(str(tmp)).read_metadata()
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"{tmp}: cannot read back the {DCP_METADATA} just written "
+                              f"(torch {torch.__version__}): {type(exc).__name__}: {exc}") from exc
+    named = {getattr(info, "relative_path", None) for info in (index.storage_data or {}).values()}
+    absent = sorted(str(n) for n in named - set(files) if n)
+    if absent:
+        raise CheckpointError(f"{tmp}: {DCP_METADATA} names files the save did not write: "
+                              f"{', '.join(absent)}")
 
 
 def broadcast_object(obj: Any, group: Any = None) -> Any:

@@ -21,7 +21,7 @@ from nsa.config import Config, to_dict
 from nsa.contract import CheckpointMeta, EpochMetric, EvalMetric, GateShares, TrainMetric
 from nsa.contract.io import JsonlWriter
 from nsa.contract.rundir import CHECKPOINTS, RunDir, global_batch
-from nsa.train import attention_ops, longeval, resume
+from nsa.train import attention_ops, checkpoint_probe, longeval, resume
 from nsa.train import checkpoint as ckpt
 from nsa.train import distributed as D
 from nsa.train.data import (
@@ -114,6 +114,8 @@ class Trainer:
                                       use_async=t.checkpoint_async,
                                       timeout_s=t.pg_timeout_start_s, log=self.log if info.is_main else None,
                                       before_commit=self.faults.maybe_die_in_save)
+        self.hb.set_phase("checkpoint")  # the first save is not the first time its code runs
+        checkpoint_probe.prove(self.ckpt, t.strategy, info, self.use_bf16, self.log)
         self.grad_accum, self.n_streams, self.micro_per_stream = t.grad_accum, info.world_size, t.grad_accum
         positions: dict[int, StreamPos] = {}
         self.resume_note: str | None = None
