@@ -512,3 +512,21 @@ def test_a_gap_in_a_ranks_beats_is_no_drift() -> None:
         det.feed(beat(0, s, T0 + s * 0.1))
         det.feed(beat(1, 95, T0 + s * 0.1 + 0.001))
     assert ("drift", 1) in kinds(det.check(T0 + 10))
+
+
+def test_the_exit_reason_leads_with_the_rank_that_failed_first() -> None:
+    """run.json's exit_reason is rank 0's knock-on error after rank 1 was killed: the supervisor
+    puts the root cause first and keeps rank 0's words after it."""
+    from nsa_tui.health.rootcause import RootCause, headline
+
+    cause = RootCause(1, "rank 1 was killed by signal 9 (SIGKILL) at step 1220 (phase train), without a "
+                         "final heartbeat", by_signal=True)
+    reason = ("rank 0 failed at step 1221: RuntimeError: [pair.cc:537] Read error: Connection reset by peer\n"
+              "Traceback (most recent call last):\n  ...")
+    lines = (headline(reason, cause) or "").splitlines()
+    assert lines[0] == cause.text
+    assert lines[1] == "(then: rank 0 failed at step 1221: RuntimeError: [pair.cc:537] Read error: " \
+                       "Connection reset by peer)"
+    assert lines[2:] == ["Traceback (most recent call last):", "  ..."]
+    assert headline("rank 1 failed at step 3: ValueError: x", cause) is None  # already the root cause
+    assert headline("rank 10 failed at step 3: ValueError: x", cause) is not None  # rank 10 is not rank 1

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from nsa.contract import ExitInfo, LaunchInfo, read_json, write_json_atomic
 from nsa.contract.rundir import CONFIG_YAML, EXIT_JSON, LAUNCH_JSON
 from nsa_tui.agent.owners import LeaseKeeper, own_part
@@ -106,6 +108,7 @@ def main(argv: list[str]) -> int:
             wd.finish(record)
             final = [rec.alert for rec in wd.ledger.open.values()]
             record.watchdog = True
+            _lead_with_root_cause(run_dir, wd)
         except Exception as exc:  # noqa: BLE001
             log(f"nsa-tui watchdog: final check failed: {type(exc).__name__}: {exc}")
     write_json_atomic(part / EXIT_JSON, record)
@@ -116,6 +119,26 @@ def main(argv: list[str]) -> int:
     finally:
         lease.stop()
     return 0
+
+
+def _lead_with_root_cause(run_dir: Path, wd: Any) -> None:
+    """run.json's exit_reason is rank 0's: after ``kill -9`` of another rank, rank 0's own
+    knock-on error (a connection reset). The panel's header, its summary and ``status`` show
+    that reason, so it is rewritten to lead with the rank that failed first and how, the
+    knock-on error kept after it. Only by the host holding rank 0 (run.json's writer, gone now)."""
+    from nsa.contract import RunInfo, RunStatus
+    from nsa.contract.rundir import RUN_JSON
+    from nsa_tui.health.rootcause import headline
+
+    if not wd.holds_rank0():
+        return
+    info = read_json(run_dir / RUN_JSON, RunInfo)
+    if info is None or info.status != RunStatus.FAILED or not info.exit_reason:
+        return
+    cause = wd.root_cause()
+    reason = headline(info.exit_reason, cause) if cause is not None else None
+    if reason is not None:
+        write_json_atomic(run_dir / RUN_JSON, msgspec.structs.replace(info, exit_reason=reason))
 
 
 def _after(wd: Any, final: list[Any]) -> None:

@@ -69,6 +69,7 @@ from nsa_tui.agent.runs import LOG_TAIL_LINES, beat_files, derive_status
 from nsa_tui.health.alerts import AlertDetector
 from nsa_tui.health.ledger import ALERTS_FILE, AlertLedger
 from nsa_tui.health.notify import Delivery, Notifier
+from nsa_tui.health.rootcause import OWN_LINE_RE, RootCause, root_cause
 from nsa_tui.user.settings import Settings
 
 SKIP_BEHIND_BYTES = 8 << 20  # a file further ahead than this is read from its last KEEP_BYTES
@@ -171,7 +172,7 @@ class Watchdog:
         now = self.clock()
         self._read_beats()
         metrics = decode_lines(self.metrics.read(), Metric, self._stats("metrics"), "metrics")
-        if self._holds_rank0():
+        if self.holds_rank0():
             for m in metrics:
                 self.det.feed_metric(self.run_id, m)
         lines = self.train_log.read()
@@ -197,7 +198,7 @@ class Watchdog:
                 self.policy.on_hang([ev.alert for ev in hangs])
         return events
 
-    def _holds_rank0(self) -> bool:
+    def holds_rank0(self) -> bool:
         """Whether this host's watchdog speaks for the run's metrics (rank 0's, one per run): on a
         shared runs root every host reads them, only rank 0's host alerts on them."""
         return not self.shared or (0 in self.beats and self.beats[0].host == self.host)
@@ -371,6 +372,13 @@ class Watchdog:
         self.exit = exit_info
         self._tail_cache = (None, [])
         return self.poll(final=True)
+
+    def root_cause(self) -> RootCause | None:
+        """After :meth:`finish`: the rank that failed first and how (its failed beat, torchrun's
+        summary, or its process seen gone), from this host's files."""
+        tail = [ln for ln in self.view().log_tail if not OWN_LINE_RE.match(ln)]
+        facts = self.det.runs.get(self.run_id)
+        return root_cause(dict(self.beats), tail, dict(facts.gone) if facts is not None else {})
 
     def close(self, drain_s: float = 60.0) -> None:
         """Deliver what is queued (bounded), record how that went, then stop."""

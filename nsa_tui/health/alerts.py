@@ -302,8 +302,11 @@ class AlertDetector:
         if view.status == RunStatus.FAILED:
             first = reason.splitlines()[0] if reason else "no reason given"
             head = f"trainer failed ({how})"
+            lines = reason.splitlines()
             if cause is not None and not first.startswith(cause.text.split(":")[0]):
                 message = f"{head}: {cause.text}; then: {first}"
+            elif len(lines) > 1 and lines[1].startswith("(then: "):  # the supervisor led with the cause
+                message = f"{head}: {first}; then: {lines[1].removeprefix('(then: ').removesuffix(')')}"
             else:
                 message = f"{head}: {first}"
         else:

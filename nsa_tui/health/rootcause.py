@@ -125,6 +125,17 @@ def root_cause(beats: dict[int, Beat], log_lines: list[str], gone: dict[int, flo
     return None
 
 
+def headline(reason: str, cause: RootCause) -> str | None:
+    """``reason`` (run.json's exit_reason, written by rank 0) led by the root cause when rank 0
+    blamed another failure (its own knock-on error after a peer was killed); None when it already
+    names the root cause's rank first."""
+    lines = reason.strip().splitlines()
+    first = lines[0] if lines else ""
+    if cause.rank is None or re.match(rf"rank {cause.rank}\b", first):
+        return None
+    return "\n".join([cause.text, f"(then: {first})", *lines[1:]])
+
+
 def summary_block(lines: list[str], rank: int) -> list[str]:
     """torchrun's summary entry of ``rank`` (the evidence for a rank that wrote no traceback)."""
     for i, line in enumerate(lines):

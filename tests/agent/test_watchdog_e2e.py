@@ -168,6 +168,12 @@ async def test_kill_9_of_a_rank_names_it_and_restart_resumes_with_the_same_losse
     assert final[-1].alert.rank == 1 and said.index("rank 1 was killed by signal 9") < said.find("rank 0")
     rel = await until(lambda: read_json(d / "relaunch.json", Relaunch), 60, "the restart")
     assert rel.op == "restart" and rel.child_run
+    # the headline (run.json, hence the panel's header and summary and status) is the root cause,
+    # rank 0's knock-on error after it: rewritten by the supervisor before the restart
+    info = read_json(d / "run.json", RunInfo)
+    assert info is not None and info.status == "failed" and info.exit_reason, info
+    assert info.exit_reason.startswith("rank 1 was killed by signal 9 (SIGKILL)"), info.exit_reason
+    assert "\n(then: rank 0 " in info.exit_reason, info.exit_reason
     child = root / rel.child_run
     ck = int(Path(rel.resume_from).name.split("-")[1])
     parent = steps(d)

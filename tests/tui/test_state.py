@@ -323,3 +323,23 @@ def test_a_torchrun_killed_by_a_signal_makes_the_run_crashed_naming_its_host() -
     merged = state.merged(state.all_runs()[0])
     assert merged.status == RunStatus.CRASHED
     assert merged.problem == "h1 (rank 1): torchrun was killed by signal 9"
+
+
+def test_a_rank_that_died_without_a_word_is_shown_gone_once_the_run_ended() -> None:
+    """kill -9 of rank 1: its last beat says ``train``; once the run has ended the summary must
+    not show it training. Rank 0's own failed beat is shown as it is."""
+    from nsa.contract import Beat, Phase
+    from nsa_tui.app.widgets.summary import ranks_text
+
+    state = PanelState()
+    run = state.host("local").run("r")
+    run.view = RunView(run_id="r", dir="/x", name="n", status=RunStatus.FAILED,
+                       info=RunInfo(run_id="r", name="n", status=RunStatus.FAILED, world_size=2, step=1221),
+                       alive=False, created=100.0)
+    run.beats[0] = Beat(ts=95.0, run_id="r", rank=0, world_size=2, step=1221, phase=Phase.FAILED)
+    run.beats[1] = Beat(ts=90.0, run_id="r", rank=1, world_size=2, step=1220, phase=Phase.TRAIN)
+    assert ranks_text(run, 100.0).plain.splitlines() == [
+        "r0 failed step 1221 · beat 5s ago", "r1 gone at step 1220 (train, no final heartbeat)"]
+    run.view = RunView(run_id="r", dir="/x", name="n", status=RunStatus.RUNNING, info=run.view.info,
+                       alive=True, created=100.0)
+    assert ranks_text(run, 100.0).plain.splitlines()[1] == "r1 train step 1220 · beat 10s ago"

@@ -66,6 +66,9 @@ def ranks_text(run: RunState, now: float, merged: MergedRun | None = None) -> Te
         if i:
             t.append("\n")
         t.append(f"r{rank}" + (f"@{where[rank]}" if rank in where else "") + " ", style="bold")
+        if not run.alive and not b.phase.is_final():  # the run ended and this rank never said how
+            t.append(f"gone at step {b.step} ({b.phase.value}, no final heartbeat)", style="bold red")
+            continue
         t.append(f"{b.phase.value} step {b.step}", style="yellow" if b.step < top else "")
         t.append(f" · beat {fmt_duration(now - b.ts)} ago", style="dim")
     if len(beats) > 8:
