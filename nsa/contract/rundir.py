@@ -329,6 +329,15 @@ def relaunch_name(name: str, op: str) -> str:
     return f"{base}-{op}"
 
 
+def nothing_to_fall_back(name: str, world_size: int) -> str | None:
+    """Why a fallback of a run is refused, None where it is not: a run on one process already has
+    nothing to fall back from. One rule for the agent's ``fallback`` and ``plan`` ops (the CLI)
+    and the panel's ``f``, which says it before asking the host."""
+    if world_size > 1:
+        return None
+    return f"{name} already runs on one process: there is nothing to fall back from"
+
+
 def new_run_id(name: str, when: float | None = None, token: str | None = None) -> str:
     """``<UTC yyyymmdd-HHMMSS>-<name slug>-<4 hex>``: a new run's id. ``when`` (default now) and
     ``token`` (default random) are given by callers whose processes must agree on one id

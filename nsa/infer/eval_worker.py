@@ -39,8 +39,9 @@ def run(job: Job) -> None:
     """Load, evaluate with progress events, append the record, send it."""
     import torch
 
-    from nsa.infer.evaluate import EvalPlan, evaluate, make_record, val_windows
+    from nsa.infer.evaluate import EvalPlan, check_plan, evaluate, make_record, val_windows
     from nsa.infer.load import find_checkpoint, load_model
+    from nsa.infer.passkey import fixed_tokens
     from nsa.train.tokenizer import build_tokenizer
 
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
@@ -50,6 +51,7 @@ def run(job: Job) -> None:
     tok = build_tokenizer(cfg.data)
     plan = EvalPlan(lengths=job.lengths, depths=job.depths, trials=job.trials, seed=job.seed,
                     digits=job.digits, buckets=job.buckets, loss_sequences=job.loss_sequences)
+    check_plan(plan, fixed_tokens(tok.encode, plan.digits))  # refused before the start is announced
     device = str(next(model.parameters()).device)
     emit("eval_start", EvalStart(run=job.run, checkpoint=path.name, step=meta.step, device=device,
                                   seed=job.seed, trained_context=cfg.train.seq_len, lengths=job.lengths,

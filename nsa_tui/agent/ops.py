@@ -45,7 +45,7 @@ from nsa.contract.requests import (
     WatchHostArgs,
     WriteCheckpointFileArgs,
 )
-from nsa.contract.rundir import METRICS_JSONL, NODE_FILES
+from nsa.contract.rundir import METRICS_JSONL, NODE_FILES, nothing_to_fall_back
 from nsa_tui.agent import ckptfiles, evaluate, sample
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.housekeeping import Housekeeping
@@ -173,6 +173,10 @@ class AgentOps:
         return await self.launcher.kill(a.run, float(a.grace_s))
 
     async def op_fallback(self, rid: Any, a: FallbackArgs) -> Any:
+        view = await asyncio.to_thread(self.store.view, a.run, False)
+        why = nothing_to_fall_back(view.name, view.info.world_size)
+        if why:  # the panel's f says the same (nsa.contract.rundir)
+            raise OpError("bad_request", why)
         job = self._slurm_job(a.run)
         if job is not None:  # a new Slurm job: one node, one process, the same global batch
             from nsa_tui.slurm.ops import relaunch

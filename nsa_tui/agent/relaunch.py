@@ -23,6 +23,7 @@ from nsa.contract.rundir import (
     RUN_JSON,
     global_batch,
     grad_accum_for,
+    nothing_to_fall_back,
     read_checkpoint_meta,
     relaunch_name,
     step_of,
@@ -146,6 +147,9 @@ class RelaunchOps:
             plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
         elif op == "resume" and procs:
             plan.problem = f"{run_id} is still running: stop it first"
+        if op == "fallback":
+            view = self.store.view(run_id, with_tail=False)
+            plan.problem = nothing_to_fall_back(view.name, view.info.world_size) or plan.problem
         if elsewhere:
             plan.problem = live_elsewhere_words(run_id, elsewhere, op)
         return plan

@@ -143,6 +143,17 @@ class RunStore:
         """Create the root (0700) if needed."""
         private_dir(self.root)
 
+    def root_problem(self) -> str | None:
+        """Why the root cannot hold runs: a file there (or above it) is said as such, not as the
+        empty run list or the first OSError an operation would meet."""
+        for path in (self.root, *self.root.parents):
+            if path.exists():
+                if path.is_dir():
+                    return None
+                where = "" if path == self.root else f" ({path} is a file)"
+                return f"runs root {self.root} is not a directory{where}"
+        return None
+
     def run_dir(self, run_id: str) -> Path:
         """The directory of ``run_id``; KeyError for ids that could escape the root or are absent."""
         if not RUN_ID_RE.match(run_id or ""):

@@ -36,6 +36,7 @@ from nsa_tui.agent.watch import (
 )
 from nsa_tui.health.ledger import AlertBooks
 
+ROOTLESS_OPS = frozenset({"ping", "watch_host", "unwatch"})  # the ops that do not touch the runs root
 MAX_LINE = 16 << 20  # a request line longer than this is refused (and skipped), never fatal
 _LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*(\d+|"[^"]{0,64}")')
 
@@ -186,6 +187,9 @@ class Agent(AgentOps):
         try:
             if op is None:
                 raise OpError("unknown_op", f"unknown op {req.op!r}")
+            why = None if req.op in ROOTLESS_OPS else self.store.root_problem()
+            if why:  # every client (the CLI, the panel) says the same
+                raise OpError("bad_request", why)
             try:
                 args = convert(req.args, op[0], f"{req.op} arguments")
             except ContractError as exc:

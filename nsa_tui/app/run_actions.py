@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual import work
 
+from nsa.contract.rundir import nothing_to_fall_back
 from nsa_tui.app import confirm, reducer
 from nsa_tui.app.screens.dialogs import ConfirmScreen, StacksScreen
 from nsa_tui.app.screens.launch import LaunchScreen, demo_config, find_configs
@@ -161,10 +162,9 @@ class RunActions:
         run = self._selected_or_warn("fall back")
         if run is None:
             return
-        world = run.view.info.world_size if run.view else 1
-        if world <= 1:
-            self.notify(f"{run.name} already runs on one process: there is nothing to fall back from "
-                        "(r resumes a stopped run, k stops it)", title="fallback", severity="warning",
+        why = nothing_to_fall_back(run.name, run.view.info.world_size if run.view else 1)
+        if why:  # the host's fallback op refuses it too (the CLI's path)
+            self.notify(f"{why} (r resumes a stopped run, k stops it)", title="fallback", severity="warning",
                         markup=False)
             return
         self._confirm_relaunch("fallback", run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from nsa.contract.rundir import TRAIN_LOG
+from nsa_tui import __version__
 from nsa_tui.cli import evaluate as cli_eval
 from nsa_tui.cli import sample as cli_sample
 
@@ -18,14 +19,16 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--runs-root", default=None, help="runs root on the host (default ~/nsa-runs)")
     p = argparse.ArgumentParser(prog="nsa-tui", description="NSA training control panel and host CLI.",
                                 epilog="Without a command: the control panel on this machine.")
+    p.add_argument("--version", action="version", version=f"nsa-tui {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("connect", help="open the panel on these hosts")
     c.add_argument("dests", nargs="+", metavar="DEST")
     rl = sub.add_parser("runs", parents=[common], help="list runs (archived ones with --all)")
-    rl.add_argument("host", metavar="HOST", help=HOSTS)
+    rl.add_argument("host", metavar="HOST", nargs="?", default="local", help=f"{HOSTS} (default local)")
     rl.add_argument("--all", action="store_true", help="also the archived runs")
     la = sub.add_parser("launch", parents=[common], help="validate a config on the host and start a run")
-    la.add_argument("host", metavar="HOST", help=HOSTS)
+    la.add_argument("host", metavar="HOST", nargs="?", default=None,  # required: see parse
+                    help=f"{HOSTS}; it may come last, after --set's items")
     la.add_argument("--config", required=True, help="config path (on the host, or local with --upload)")
     la.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, default=None,
                     help="processes per host (default: the host's GPU count, or 1)")
@@ -33,7 +36,8 @@ def parser() -> argparse.ArgumentParser:
                     "others reach it (default: the address its SSH connection reached)")
     la.add_argument("--rdzv-port", type=int, default=None, help="several hosts: the rendezvous port on the "
                     "first host (default: a free one there, from 29400)")
-    la.add_argument("--set", nargs="+", action="extend", default=[], metavar="K=V", help="config overrides")
+    la.add_argument("--set", nargs="+", action="extend", default=[], metavar="K=V",
+                    help="config overrides (every word after it up to the next option)")
     la.add_argument("--name", default=None, help="run name (default: the config's name)")
     la.add_argument("--upload", action="store_true", help="send this machine's config file to the host")
     la.add_argument("--on-failure", default=None, choices=["none", "restart", "fallback", "stop"],
@@ -101,3 +105,16 @@ def parser() -> argparse.ArgumentParser:
     cli_sample.add_parser(sub, common)
     cli_eval.add_parser(sub, common)
     return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments of ``nsa-tui`` (usage errors exit 2). ``--set`` takes every word after it, so
+    ``launch --config C --set k=v HOST`` leaves HOST among the items: the last one, without ``=``,
+    is HOST when no other word is (an override always has ``=``)."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.cmd == "launch" and args.host is None:
+        if not args.set or "=" in args.set[-1]:
+            p.error("launch: the following arguments are required: HOST")
+        args.host = args.set.pop()
+    return args

@@ -1,6 +1,6 @@
 """``nsa-tui``: the control panel (no arguments, or ``connect DEST...``) and a CLI for scripts.
 
-    nsa-tui runs HOST [--all]                  nsa-tui status HOST RUN
+    nsa-tui runs [HOST] [--all]                nsa-tui status HOST RUN
     nsa-tui launch HOST --config PATH [--nproc N] [--set k=v ...] [--name NAME] [--upload]
                    [--on-failure restart|fallback|stop|none]
     nsa-tui logs HOST RUN [-f]                 nsa-tui kill HOST RUN [--grace S]
@@ -26,6 +26,7 @@ nsa_tui/cli/multi.py (several) does it, and every error becomes its exit code th
 table (nsa_tui/cli/exitcodes.py, docs/cli.md). Every command takes ``--json`` (one JSON document,
 or JSON lines for ``logs``) and ``--runs-root DIR``. RUN is a run id, a unique prefix of one
 (what ``runs`` shows) or a run's name; an ambiguous one is a usage error listing the matches.
+``nsa-tui --version`` prints the version.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import os
 import sys
 from typing import Any
 
-from nsa_tui.cli.args import parser
+from nsa_tui.cli.args import parse
 from nsa_tui.cli.exitcodes import *  # noqa: F403 (cli.EXIT_* stay importable from here)
 from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, emit, fail
 from nsa_tui.cli.runref import RunRefError, resolve
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return _panel([])
-    args = parser().parse_args(argv)
+    args = parse(argv)
     if args.cmd == "connect":
         return _panel(args.dests)
     if args.cmd is None:

@@ -131,9 +131,8 @@ async def _delete(c: Any, args: argparse.Namespace) -> int:
         if args.json or not sys.stdin.isatty():
             return fail(args, "not_confirmed", f"delete {what}? add --yes to delete")
         answer = await asyncio.to_thread(input, f"delete {what}? (yes/no) ")
-        if not said_yes(answer):
-            print("nothing deleted", file=sys.stderr)
-            return EXIT_FAILED
+        if not said_yes(answer):  # not confirmed, as without a terminal: exit 2 (docs/cli.md)
+            return fail(args, "not_confirmed", "nothing deleted")
     res = await c.delete(args.run)
     emit(args, res, f"deleted {args.run}: freed {fmt_bytes(res.bytes)}" if res.deleted
          else f"{args.run}: gone from the list, but part of it could not be removed (.deleting-* remains)")
@@ -174,7 +173,8 @@ async def dispatch(c: Any, args: argparse.Namespace) -> int:
         return await cli_eval.run(c, args)
     elif args.cmd == "ack":
         st = await c.ack(args.run, args.alert)
-        emit(args, st, f"{args.run} {st.id}: acknowledged ({st.state})")
+        said = "acknowledged" if st.state == "acknowledged" else f"acknowledged ({st.state})"
+        emit(args, st, f"{args.run} {st.id}: {said}")
     elif args.cmd == "status":
         return await _status(c, args)
     elif args.cmd == "logs":

@@ -75,7 +75,8 @@ async def run(c: Any, args: argparse.Namespace) -> int:
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device):
         if ev.kind == "sample_start" and not args.json:
             d = ev.data
-            print(f"{args.run} {d.checkpoint} on {d.device}, seed {d.seed}", file=sys.stderr, flush=True)
+            seed = "greedy" if args.temperature == 0 else f"seed {d.seed}"  # greedy draws nothing
+            print(f"{args.run} {d.checkpoint} on {d.device}, {seed}", file=sys.stderr, flush=True)
             sys.stdout.write(prompt)
             sys.stdout.flush()
         elif ev.kind == "sample_text" and not args.json:

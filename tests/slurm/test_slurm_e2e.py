@@ -74,9 +74,10 @@ def wait_for(what: str, pred: Any, login: SshServer, rid: str, slurm: SlurmClust
     )
 
 
-def launch(login: SshServer, *extra: str) -> dict[str, Any]:
+def launch(login: SshServer, *extra: str, nproc: int = 1) -> dict[str, Any]:
     code, out, err = cli(
-        login, "launch", ALIAS, "--slurm", "--nproc-per-node", "1", "--config", SMOKE, "--set", *LONG, *extra
+        login, "launch", ALIAS, "--slurm", "--nproc-per-node", str(nproc), "--config", SMOKE, "--set", *LONG,
+        *extra
     )
     assert code == 0 and isinstance(out, dict), (code, out, err)
     return out
@@ -173,8 +174,9 @@ def test_requeued_job_resumes_from_its_checkpoint(login: SshServer, slurm: Slurm
     """scontrol requeue of a running job: the ranks save on TERM; held in the queue (scontrol hold)
     it is ``queued`` with its reason and no stall alert however old its beats; released, it runs
     again from that checkpoint, and the run's steps go on with no gap and no duplicate; fallback:
-    a new job from the checkpoint its cancellation saved."""
-    res = launch(login, "--requeue")
+    a new job from the checkpoint its cancellation saved (two processes: a run on one has nothing to
+    fall back from)."""
+    res = launch(login, "--requeue", nproc=2)
     rid, job = res["run_id"], res["slurm_job_id"]
     rep = wait_for("running", lambda r: r["slurm"]["state"] == "RUNNING", login, rid, slurm, 60)
     run_dir = Path(rep["run"]["dir"])
