@@ -86,14 +86,29 @@ def torch_python(version: str) -> str:
         print(f"torch_compat: pip install torch=={version} into {venv} (had {have or 'none'}; "
               "a CUDA build, about 4.5 GB)", flush=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={version}"], check=True)
+    _interpreter_numpy(str(python))
     return str(python)
+
+
+def _interpreter_numpy(python: str) -> None:
+    """The kernels' tests run in Triton's interpreter (``TRITON_INTERPRET=1``), which before
+    Triton 3.9 turns one-element arrays into Python ints in a way NumPy 2.4 refuses ("only
+    0-dimensional arrays can be converted to Python scalars"): such a venv gets a NumPy before
+    2.4. A CPU-only matter: on a GPU the kernels are compiled, and the interpreter never runs."""
+    code = ("import numpy, triton; t = tuple(int(x) for x in triton.__version__.split('.')[:2]); "
+            "n = tuple(int(x) for x in numpy.__version__.split('.')[:2]); print(t < (3, 9) and n >= (2, 4))")
+    res = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if res.stdout.strip() == "True":
+        print("torch_compat: pip install 'numpy<2.4' (the interpreter of this Triton)", flush=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", "numpy<2.4"], check=True)
 
 
 def versions(python: str) -> dict[str, Any]:
     code = ("import json, platform, torch\n"
             "try:\n import triton; tv = triton.__version__\nexcept Exception: tv = None\n"
+            "import numpy\n"
             "print(json.dumps({'torch': torch.__version__, 'triton': tv, 'python': platform.python_version(),"
-            " 'cuda_build': torch.version.cuda}))")
+            " 'cuda_build': torch.version.cuda, 'numpy': numpy.__version__}))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
     return dict(json.loads(out))
 
@@ -136,12 +151,30 @@ def run_suite(python: str, extra: list[str]) -> tuple[int, dict[str, str], float
         return rc, outcomes(junit) if junit.exists() else {}, seconds
 
 
+def table(results_dir: Path = RESULTS_DIR) -> str:
+    """docs/install.md's rows, one per record."""
+    rows = ["| torch | Triton beside it | recorded | result |", "| --- | --- | --- | --- |"]
+    for path in sorted(results_dir.glob("torch-*.json"), key=lambda p: [int(x) for x in
+                                                                       p.stem.split("-")[1].split(".")]):
+        r = json.loads(path.read_text())
+        rows.append(f"| {r['torch']} | {r['triton']} | {r['date']}, commit {r['commit']}, "
+                    f"`{path.relative_to(ROOT)}` | {r['passed']} passed, {r['failed']} failed, {r['error']} "
+                    f"errors, {r['skipped']} skipped in {r['seconds']:.0f} s |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.torch_compat", description=__doc__.split("\n\n")[0])
-    p.add_argument("--torch", required=True, metavar="VERSION", help="a torch release, e.g. 2.11.0")
+    p.add_argument("--torch", metavar="VERSION", help="a torch release, e.g. 2.11.0")
     p.add_argument("--record", action="store_true", help="write bench/results/torch-VERSION.json")
+    p.add_argument("--table", action="store_true", help="print docs/install.md's table of the records")
     p.add_argument("pytest_args", nargs="*", help="more arguments for pytest (after --)")
     args = p.parse_args(argv)
+    if args.table:
+        print(table())
+        return 0
+    if not args.torch:
+        p.error("--torch VERSION (or --table) is required")
     python = torch_python(args.torch)
     found = versions(python)
     if base_version(found["torch"]) != args.torch:
@@ -152,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         if args.pytest_args:
             raise SystemExit("torch_compat: a record runs the whole suite: no extra pytest arguments")
-        record = {"torch": found["torch"], "triton": found["triton"], "python": found["python"],
+        record = {"torch": found["torch"], "triton": found["triton"], "numpy": found["numpy"],
+                  "python": found["python"],
                   "cuda_build": found["cuda_build"], "machine": f"{platform.machine()} {platform.system()}, "
                   f"{os.cpu_count()} CPUs, no GPU used (TRITON_INTERPRET=1)", "commit": commit(),
                   "torch_facing_sha256": torch_facing_hash(), "date": time.strftime("%Y-%m-%d"),
