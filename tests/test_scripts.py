@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
+import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,3 +42,43 @@ def test_ci_lints_and_type_checks_before_the_tests() -> None:
     test_extra = pyproject[pyproject.index("test = ["):].split("]", 1)[0]
     assert '"mypy' in test_extra and '"ruff' in test_extra
     assert "[tool.mypy]" in pyproject
+
+
+def _setup_plan(tmp_path: Path, index: str) -> str:
+    """scripts/setup.sh's plan (NSA_SETUP_PLAN=1: nothing installed) for a python without torch."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    env = {**os.environ, "PYTHON": str(venv / "bin" / "python"), "NSA_TORCH_CPU_INDEX": index,
+           "NSA_SETUP_PLAN": "1"}
+    out = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_setup_takes_the_cpu_build_from_the_cpu_index_where_it_is_reachable(tmp_path: Path) -> None:
+    if Path("/dev/nvidia0").exists():
+        pytest.skip("this machine has an NVIDIA GPU: setup takes a CUDA build there")
+    root = tmp_path / "index"
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "index.html").write_text("<html></html>\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}"
+        said = _setup_plan(tmp_path, index)
+    finally:
+        server.shutdown()
+    assert f"no torch found, no GPU: installing the CPU build torch==2.13.0 from {index}" in said, said
+
+
+def test_setup_says_so_when_the_cpu_index_cannot_be_reached(tmp_path: Path) -> None:
+    if Path("/dev/nvidia0").exists():
+        pytest.skip("this machine has an NVIDIA GPU: setup takes a CUDA build there")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    said = _setup_plan(tmp_path, f"http://127.0.0.1:{port}")
+    assert f"http://127.0.0.1:{port} cannot be reached: installing torch==2.13.0 from the configured index " \
+           "(on PyPI a CUDA build, several GB; it runs on the CPU)" in said, said

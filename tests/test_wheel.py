@@ -82,3 +82,14 @@ def test_wheel_ships_the_files_setuptools_would(tmp_path: Path) -> None:
 
     theirs_info = f"nsa_tui-{nsa_tui.__version__}.dist-info"
     assert meta(ours, f"nsa_tui-{w.version}.dist-info") == meta(theirs, theirs_info)
+
+
+def test_an_extras_requirements_come_one_by_one_without_the_extra() -> None:
+    """What ``nsa-tui setup`` installs beside a host torch it keeps: the extra's other packages."""
+    from nsa_tui.install.wheel import extra_requirements
+
+    host = extra_requirements("host", leave_out=("torch", "triton"))
+    assert host and "numpy" in host and not any(r.startswith(("torch", "triton")) for r in host)
+    assert not any("extra" in r for r in host)
+    assert any(r.startswith("torch") for r in extra_requirements("host"))
+    assert any(re.fullmatch(r'triton>=3\.6; sys_platform == "linux"', r) for r in extra_requirements("test"))

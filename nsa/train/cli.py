@@ -165,6 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError) as exc:
         print(f"nsa-train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if rank == 0:
+        import torch
+
+        from nsa.torch_range import outside_tested
+
+        warning = outside_tested(torch.__version__)
+        if warning:
+            log(f"warning: {warning}")
     hb = Heartbeat(run_dir, run_id, rank, local_rank, world, D.device_record(device),
                    cfg.train.heartbeat_interval_s, rotate_bytes=rotate)
     hb.start()

@@ -22,7 +22,8 @@ from typing import Any
 
 import asyncssh
 
-from nsa_tui.install.wheel import Wheel, build_wheel
+from nsa.torch_range import TESTED as TORCH_TESTED
+from nsa_tui.install.wheel import Wheel, build_wheel, extra_requirements
 from nsa_tui.transport import ConfirmHostKey
 from nsa_tui.transport.ssh import SshTransport
 
@@ -231,18 +232,28 @@ async def setup_host(
         target = f"{wheel_path}[{EXTRA}]"
         pip = [vpy, "-m", "pip", "install", "--disable-pip-version-check"]
         installs: list[str] | None = None
+        keep_torch = False
         if not no_deps:
             installs = await _plan(host, [*pip, "--dry-run", "--quiet", "--report", "-", target], say)
             torch_new = next((p for p in installs or [] if _name(p) == "torch"), None)
             if torch_new and kept:
-                kept = False
+                # a torch outside the tested range: pip would put another (several GB, maybe for
+                # other CUDA drivers) in front of the host's; the host's is kept, and nsa-train says
+                # at start that it is outside the range
+                keep_torch = True
                 sentence = (f"host torch {probe['torch']['version']} from {probe['torch']['location']} "
-                            f"does not satisfy nsa-tui's torch requirement: pip will install {torch_new} "
-                            "(several GB)")
+                            f"is outside nsa-tui's tested range (torch{TORCH_TESTED}): kept (pip would "
+                            f"install {torch_new}); nsa-train warns at start, docs/install.md")
                 say(sentence)
 
         say("pip install ...")
-        await host.run("pip install", [*pip, "--quiet", *(["--no-deps"] if no_deps else []), target])
+        if keep_torch:  # nsa-tui alone, then the extra's other packages (Triton stays torch's pairing)
+            await host.run("pip install", [*pip, "--quiet", "--no-deps", wheel_path])
+            others = extra_requirements(EXTRA, leave_out=("torch", "triton"))
+            await host.run("pip install", [*pip, "--quiet", *others])
+            installs = None  # the plan above was for a torch that was not installed
+        else:
+            await host.run("pip install", [*pip, "--quiet", *(["--no-deps"] if no_deps else []), target])
         info = await host.json("check", [vpy, "-c", CHECK])
         if info.get("torch") is None:
             say("warning: no torch on the host; install the torch build for its GPUs into the venv")

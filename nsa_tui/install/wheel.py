@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import re
 import zipfile
 from dataclasses import dataclass
 from importlib import metadata
@@ -87,6 +88,27 @@ def _installed_metadata() -> tuple[str, str]:
             return text, dist.read_text("entry_points.txt") or ""
     raise RuntimeError(f"{DIST} is not installed in this Python (no metadata found): "
                        "install it first (scripts/setup.sh or pip install)")
+
+
+def extra_requirements(extra: str, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The requirements the installed metadata gives for ``extra`` (``numpy``, ``triton>=3.6;
+    sys_platform == "linux"``), without the extra in their markers and without the projects
+    named in ``leave_out``: what ``pip install`` needs to add an extra's packages one by one."""
+    meta, _ = _installed_metadata()
+    clause = re.compile(rf'\s*(?:and\s+)?extra\s*==\s*"{re.escape(extra)}"\s*(?:and\s+)?')
+    out = []
+    for line in meta.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req, _, marker = line.split(":", 1)[1].strip().partition(";")
+        if not clause.search(marker):
+            continue
+        name = re.match(r"[A-Za-z0-9._-]+", req.strip())
+        if name is None or name.group(0).lower() in leave_out:
+            continue
+        rest = clause.sub(" ", marker).strip()
+        out.append(f"{req.strip()}; {rest}" if rest else req.strip())
+    return out
 
 
 def build_wheel() -> Wheel:
