@@ -81,6 +81,20 @@ def fmt_count(n: Any, unit: str = "") -> str:
     return f"{n:.0f}{suffix}"
 
 
+def fmt_count3(n: Any, unit: str = "") -> str:
+    """A count in three significant digits, for places that must stay short (the header fits 80
+    columns): ``496k tok``, ``78.6M tok``, ``1.00M`` (never ``1000k``)."""
+    if not is_num(n):
+        return NA
+    suffix = f" {unit}" if unit else ""
+    r = float(f"{n:.3g}")  # rounded first: 999,600 is 1.00M
+    for div, tag in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(r) >= div:
+            v = r / div
+            return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}{tag}{suffix}"
+    return f"{n:.0f}{suffix}"
+
+
 def fmt_float(x: Any, digits: int = 4, unit: str = "") -> str:
     if not is_num(x):
         return NA

@@ -1,4 +1,4 @@
-"""What a newcomer met first (issue #29): a runs root that is a file, a fallback the panel refuses,
+"""What a newcomer met first: a runs root that is a file, a fallback the panel refuses,
 HOST after ``--set``, ``--version``, ``runs`` without HOST, the greedy sample's seed, ``ack``'s
 words and ``eval``'s header before a refusal (declining a delete at a terminal: tests/test_cli.py).
 Real subprocesses against the local agent, over run directories as the agent writes them."""

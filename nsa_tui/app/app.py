@@ -28,6 +28,7 @@ from nsa_tui.app.screens.main import KEYS, MainScreen
 from nsa_tui.app.services.host import HostService
 from nsa_tui.app.state import PanelState
 from nsa_tui.app.view_actions import ViewActions
+from nsa_tui.app.viewprefs import state_dir
 from nsa_tui.app.widgets.header import why_not_connected
 from nsa_tui.app.widgets.runlist import RunList
 from nsa_tui.hosts.spec import runs_root_for
@@ -100,15 +101,10 @@ class NsaApp(RunActions, ViewActions, App[str | None]):
 
     def tick(self) -> None:
         """Redraw from state (10x/s, capped for new data); also where new alerts turn into a
-        toast and a bell."""
+        toast and a bell. The main screen selects a run when none is (listing.shown_selection)."""
         self.tick_count += 1
         self.last_tick_at = time.monotonic()
         state = self.state
-        if state.selected is None or state.selected_run() is None:
-            runs = state.all_runs()
-            if runs:
-                alive = [r for r in runs if r.alive]
-                self.select((alive or runs)[0].host, (alive or runs)[0].run_id)
         self._announce_alerts()
         screen = self.main_screen()
         if screen is not None and screen.ready:
@@ -132,6 +128,15 @@ class NsaApp(RunActions, ViewActions, App[str | None]):
         reducer.select(self.state, host, run_id)
         for dest, svc in self.services.items():  # other hosts stop streaming their last run's log
             svc.focus(run_id if dest == host else None)
+
+    def select_key(self, key: tuple[str, str] | None) -> None:
+        """Select ``key``, or nothing (the run list shows no run): no host streams a run in full."""
+        if key is not None:
+            self.select(*key)
+            return
+        reducer.deselect(self.state)
+        for svc in self.services.values():
+            svc.focus(None)
 
     def on_run_list_selected(self, message: RunList.Selected) -> None:
         self.select(message.host, message.run_id)
@@ -185,7 +190,8 @@ class NsaApp(RunActions, ViewActions, App[str | None]):
             mapped = self.keymap.get(bid, key)
             keys.append((self.get_key_display_for(mapped), what))
         keys += [("n / N", "next / previous search match"), ("↑ ↓ tab", "move; switch pane"),
-                 ("ctrl+p", "command palette")]
+                 ("ctrl+p", "command palette: every action by name; Screenshot saves an SVG of the screen "
+                  "(the note says where: screenshots/ of the panel's state directory)")]
         self.push_screen(HelpScreen(keys, f"remap keys under `keys:` in {settings_path()} (binding id: key)"))
 
     def get_key_display_for(self, key: str) -> str:
@@ -223,6 +229,30 @@ class NsaApp(RunActions, ViewActions, App[str | None]):
         for svc in self.services.values():
             await svc.stop()
         self.exit(result=message)
+
+    # -- screenshots ------------------------------------------------------------------------------
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """Save an SVG of the screen (the palette's "Screenshot") in ``screenshots/`` of the
+        panel's state directory, else the working directory, and say where it went. Why:
+        Textual saves to ~/Downloads, which a server seldom has ("Failed to save screenshot")."""
+        now = time.time()
+        name = filename or time.strftime(time_format or "nsa-tui-%Y%m%d-%H%M%S", time.localtime(now))
+        name += "" if filename else f"-{int(now * 1000) % 1000:03d}.svg"
+        svg = self.export_screenshot()
+        problems = []
+        for folder in ([Path(path).expanduser()] if path else [state_dir() / "screenshots", Path.cwd()]):
+            try:
+                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                (folder / name).write_text(svg, encoding="utf-8")
+            except OSError as exc:
+                problems.append(f"{folder}: {exc.strerror or exc}")
+                continue
+            self.notify(f"saved {folder / name}", title="screenshot", timeout=15, markup=False)
+            return None
+        self.notify("not saved: " + "; ".join(problems), title="screenshot", severity="error", timeout=15,
+                    markup=False)
+        return None
 
     # -- command palette --------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

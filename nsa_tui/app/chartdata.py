@@ -132,6 +132,22 @@ def mfu_note(state: PanelState, run: RunState, tflops: float | None) -> str:
     return f"MFU {tflops * 1e12 / (peak * max(1, info.world_size)) * 100:.0f}%"
 
 
+def attention_kind(run: RunState) -> str | None:
+    """``nsa`` or ``dense`` as run.json says (the resolved config's model.attention.kind, else
+    the ops it trains on: SDPA is dense), None when it does not say."""
+    info = run.view.info if run.view is not None else None
+    if info is None:
+        return None
+    model = (info.config or {}).get("model")
+    attention = model.get("attention") if isinstance(model, dict) else None
+    kind = attention.get("kind") if isinstance(attention, dict) else None
+    if isinstance(kind, str):
+        return kind
+    if info.attention_ops is not None and info.attention_ops.backend == "sdpa":
+        return "dense"
+    return None
+
+
 def tokens_per_step(run: RunState) -> float | None:
     """Tokens of one optimizer step: global batch × seq len (run.json); constant across a
     fallback (it keeps the global batch); else the newest metric line's tokens / step."""
@@ -169,6 +185,8 @@ def _finish(kind: ChartKind, data: ChartData, runs: list[RunState], state: Panel
     bad = sum(len(line.points.bad) for line in data.lines)
     if bad:
         notes.append(f"⚠ {bad} NaN/inf")
+    if kind.key == "gates" and data.empty and runs and all(attention_kind(r) == "dense" for r in runs):
+        notes.append("dense: no gates")  # not "no data yet": none will ever come
     if data.empty and not notes:
         notes.append("N/A (no data yet)")
     data.note = "  ".join(n for n in notes if n)

@@ -94,6 +94,18 @@ def run_rows(state: PanelState) -> list[Row]:
     return rows
 
 
+def shown_selection(state: PanelState, rows: list[Row]) -> RunKey | None:
+    """What should be selected so that the header, summary, charts and log show a run the list
+    shows: the selected run while the list shows it (or while it is not listed yet: a run just
+    launched), else the first alive run of ``rows``, else their first, else nothing. Why: a
+    filter (``failed``) or an archive hid the selected run and the panes went on showing it."""
+    selected = state.selected_run()
+    if selected is not None and (selected.view is None or any(r.run is selected for r in rows)):
+        return state.selected
+    pick = next((r.run for r in rows if r.run.alive), rows[0].run if rows else None)
+    return pick.key if pick is not None else None
+
+
 def counts(state: PanelState) -> tuple[int, int]:
     """(runs shown by the filter, runs known): for the list's title."""
     f = parse_filter(state.view.filter)

@@ -207,6 +207,11 @@ def select(state: PanelState, host: str, run_id: str) -> None:
     state.selected = (host, run_id)
 
 
+def deselect(state: PanelState) -> None:
+    """Nothing selected: the run list shows no run (a filter that matches none)."""
+    state.selected = None
+
+
 # -- what the user chose to see (state.view) ---------------------------------------------------
 def toggle_mark(state: PanelState, host: str, run_id: str) -> bool:
     """Mark a run for comparison, or unmark it; returns whether it is marked now."""

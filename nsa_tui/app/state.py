@@ -138,6 +138,7 @@ class HostState:
 
 
 RunKey = tuple[str, str]  # (host, run id)
+STALL_KINDS = frozenset({"stall", "no_heartbeat"})  # alerts that say a rank of a live run is frozen
 DEFAULT_CHARTS = ("loss", "tokens_per_s")
 
 
@@ -293,6 +294,22 @@ class PanelState:
             p = parent.metrics.points(name).before(first).then(p)
             cur = parent
         return p
+
+    def stalled_ranks(self, run: RunState) -> list[int | None]:
+        """The ranks of ``run`` that an unresolved stall or no_heartbeat alert names (recorded by
+        a host's watchdog or raised by the panel; acknowledged ones too: the rank is still
+        frozen), in order; None: an alert that names no rank. Why: the header showed a calm ETA
+        while a rank was frozen. A scan of this run's hosts' alerts, once per header redraw."""
+        hosts = set(hosts_of(run.view)) or {run.host}
+        ranks: set[int | None] = set()
+        for dest in hosts:
+            host = self.hosts.get(dest)
+            for st in host.recorded.values() if host is not None else ():
+                if st.run == run.run_id and st.state != "resolved" and st.alert.kind in STALL_KINDS:
+                    ranks.add(st.alert.rank)
+        ranks |= {a.rank for a in self.alerts
+                  if a.run == run.run_id and a.host in hosts and a.kind in STALL_KINDS}
+        return sorted(ranks, key=lambda r: -1 if r is None else r)
 
     def open_alerts(self) -> list[Alert]:
         """Unacknowledged, unresolved alerts of both kinds, newest first."""

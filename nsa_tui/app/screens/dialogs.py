@@ -39,7 +39,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class HelpScreen(ModalScreen[None]):
-    """The keys as currently mapped (keymap file included) and what each pane shows."""
+    """The keys as currently mapped (keymap file included) and what each pane shows. Its first
+    line, which never scrolls away, says how to close it: it is taller than a small terminal."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss_help", "close")]
 
@@ -53,20 +54,27 @@ class HelpScreen(ModalScreen[None]):
         table.add_column()
         for key, what in self._keys:
             table.add_row(key, what)
-        panes = Text.from_markup(
+        panes = Text.from_markup(  # a line per pane: each wraps at the dialog's width
             "\n[b]Panes[/b]\n"
-            "header: hosts + connection, run status, phase (and how long), step/total, ETA, tokens\n"
-            "runs: ↑/↓ select a run (all hosts)   summary: config, params, seq len, global batch,\n"
-            "dtype, data, gate shares per NSA branch   charts: loss (train/val), tokens/s by step\n"
+            "header: hosts and their connection; the selected run's status (STALLED rN while a stall "
+            "alert is open), phase (and how long), step/total, elapsed, ETA, tokens\n"
+            "runs: ↑/↓ select a run (all hosts); the selected run is always one the list shows\n"
+            "summary: config, params, seq len, global batch, dtype, data, gate shares per NSA branch\n"
+            "charts: loss (train/val), tokens/s, … by step or by tokens (x); g: the next set\n"
             "GPUs: memory bar, util, power, temp, rank per GPU; host CPU/RAM/disk\n"
-            "alerts: newest first with evidence and suggested actions   log: follow, scrollback,\n"
-            "search (n/N), errors in red.   ctrl+p: command palette.\n"
+            "alerts: newest first with evidence and suggested actions\n"
+            "log: follow, scrollback, search (n/N), errors in red\n"
         )
-        with VerticalScroll(classes="-dialog", id="help"):
-            yield Label(Text("nsa-tui keys", style="bold"))
-            yield Static(table)
-            yield Static(panes)
-            yield Static(Text(self._note, style="dim"))
+        with Vertical(classes="-dialog", id="help-dialog"):
+            yield Label(Text.assemble(("nsa-tui keys", "bold"), ("   esc/q/? to close · ↑↓ PgUp PgDn scroll",
+                                                                   "dim")), id="help-title")
+            with VerticalScroll(id="help"):
+                yield Static(table)
+                yield Static(panes)
+                yield Static(Text(self._note, style="dim"))
+
+    def on_mount(self) -> None:
+        self.query_one("#help").focus()  # the arrow keys scroll it
 
     def action_dismiss_help(self) -> None:
         self.dismiss(None)

@@ -10,6 +10,7 @@ once more at launch; its error is shown here and the dialog stays open.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ Describe = Callable[[str, dict[str, Any]], Awaitable[ConfigSummary]]
 DEMO_CONFIG = "demo-cpu.yaml"
 DATA_SOURCES = ("stdlib", "synthetic", "fineweb-edu", "files")  # nsa.config DataConfig.source
 DESCRIBE_DEBOUNCE_S = 0.3
+TYPED_PROMPT = "the typed path below"  # the config picker, blank: a typed path launches
 
 
 def find_configs(cwd: Path | None = None) -> list[str]:
@@ -51,6 +53,13 @@ def demo_config(cwd: Path | None = None) -> str:
     if local.is_file():
         return str(local.relative_to(cwd))
     return str(Path(nsa_tui.__file__).parent / "configs" / DEMO_CONFIG)
+
+
+def listed(typed: str, configs: list[str]) -> str | None:
+    """The config of ``configs`` that the typed path names (``./configs/x.yaml`` is
+    ``configs/x.yaml``; the path is not looked up: it may be the host's), else None."""
+    want = os.path.normpath(os.path.expanduser(typed.strip()))
+    return next((c for c in configs if os.path.normpath(os.path.expanduser(c)) == want), None)
 
 
 def summary_text(s: ConfigSummary, host: str) -> Text:
@@ -117,9 +126,9 @@ class LaunchScreen(ModalScreen[str | None]):
                     yield Input(placeholder="…or one run over several: " + ",".join(self._hosts[:2]),
                                 id="hosts")
                 yield Label("config (local files are uploaded with the run)")
-                if self._configs:
-                    yield Select([(Text(c), c) for c in self._configs], value=self._config, allow_blank=False,
-                                 id="config")
+                if self._configs:  # blank while a typed path that is not in the list is what launches
+                    yield Select([(Text(c), c) for c in self._configs], prompt=TYPED_PROMPT,
+                                 value=self._config if not self._typed else Select.NULL, id="config")
                 yield Input(self._typed, placeholder="…or type a path to a config file", id="config-path")
                 yield Static(Text("", style="dim"), id="launch-about")
                 # two columns as a grid: a label that wraps (a long one on a narrow screen) keeps the
@@ -175,7 +184,8 @@ class LaunchScreen(ModalScreen[str | None]):
     def form(self) -> tuple[str, dict[str, Any]]:
         """The host and the launch options as typed (validation is the host's job)."""
         typed = self.query_one("#config-path", Input).value.strip()
-        config = typed or (str(self.query_one("#config", Select).value) if self._configs else "")
+        picked = self.query_one("#config", Select).value if self._configs else None
+        config = typed or (picked if isinstance(picked, str) else "")
         nproc_text = self.query_one("#nproc", Input).value.strip()
         opts: dict[str, Any] = {
             "config": config,
@@ -272,9 +282,31 @@ class LaunchScreen(ModalScreen[str | None]):
             recent.disabled = not self._recent
         elif sid == "recent" and isinstance(event.value, int):
             self.fill(self._recent[event.value])
+        elif sid == "config" and isinstance(event.value, str):
+            self._config = event.value
+            path = self.query_one("#config-path", Input)
+            if path.value.strip() and listed(path.value, [event.value]) is None:
+                path.value = ""  # a config picked from the list: the typed path no longer launches
         self._refresh_about()
 
+    def _follow_typed(self, typed: str) -> None:
+        """Keep the picker in step with the typed path: the listed config it names, blank (the
+        prompt says the typed path launches) for a path not in the list, and back to the last
+        picked config when the field is emptied. Why: the picker showed a config that the
+        typed path had replaced."""
+        if not self._configs:
+            return
+        picker = self.query_one("#config", Select)
+        target = listed(typed, self._configs) if typed.strip() else self._config
+        if target is None:
+            if not picker.is_blank():
+                picker.clear()
+        elif picker.value != target:
+            picker.value = target
+
     def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "config-path":
+            self._follow_typed(event.value)
         if event.input.id == "overrides":
             self.query_one("#set-hint", Static).update(Text(key_hint(event.value)))  # typed text: no markup
         self._refresh_about()

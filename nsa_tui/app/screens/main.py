@@ -21,7 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from nsa_tui.app import chartdata
-from nsa_tui.app.listing import FILTER_HELP
+from nsa_tui.app.listing import FILTER_HELP, run_rows, shown_selection
 from nsa_tui.app.state import PanelState
 from nsa_tui.app.widgets.alerts import AlertsPane
 from nsa_tui.app.widgets.charts import MetricChart, rgb
@@ -205,7 +205,8 @@ class MainScreen(Screen):
     def user_choice(self, state: PanelState) -> tuple:
         """What the user chose to see: when it changes, the panes redraw at once (no cap). A
         chosen run's arrival in full (synced) counts: its first full paint waits for no cap; so
-        does a pane's new size (a pane lays its lines out for its width and scroll bar)."""
+        does a pane's new size (a pane lays its lines out for its width and scroll bar), and the
+        first runs to arrive while none is selected (the first is selected at once)."""
         v = state.view
         if not self._sized:  # asked 10 times a second: the panes are found once (they stay)
             self._sized = tuple(self.query_one(q) for q in ("#runs", "#summary", "#gpus", "#log"))
@@ -213,10 +214,11 @@ class MainScreen(Screen):
         alerts, gpus = self._alerts, self._gpus
         run = state.selected_run()
         sizes = tuple(w.region.size for w in self._sized)
+        unselected = state.selected is None and any(h.runs for h in state.hosts.values())  # pick one now
         return (state.selected, run.synced if run else None, tuple(v.marks), v.compare, v.x_axis, v.charts,
                 v.filter, tuple(sorted(v.expanded)), len(state.acked), self.size, self.page,
                 self.app.focused.id if self.app.focused else None, alerts.cursor, sizes,
-                gpus.max_scroll_y > 0)
+                gpus.max_scroll_y > 0, unselected)
 
     def update_from(self, state: PanelState, now: float) -> None:
         """Redraw the panes from `state` (each pane skips work when nothing changed): at once
@@ -232,8 +234,13 @@ class MainScreen(Screen):
             self.ready = False
 
     def _update_from(self, state: PanelState, now: float) -> None:
+        rows = run_rows(state)
+        want = shown_selection(state, rows)  # the list decides what the other panes show
+        if want != state.selected:
+            self.app.select_key(want)  # type: ignore[attr-defined]
+            rows = run_rows(state)  # a lineage unfolds to show an older run when it is selected
         self.query_one(PanelHeader).update_from(state, now)
-        self.query_one(RunList).update_from(state, now)
+        self.query_one(RunList).update_from(state, now, rows)
         self.query_one(RunSummary).update_from(state, now)
         self.query_one(GpuTable).update_from(state, now)
         self.query_one(AlertsPane).update_from(state, now)

@@ -1,11 +1,11 @@
 """Charts (textual-plotext) drawn from app/chartdata.py: readable at any size.
 
-The chart's name, series legend and notes (NaN count, MFU) are in the pane's border, so
-the plot gets every row. Axis labels are round values inside the plot's limits, with one
-precision per axis (fmt.nice_ticks / fmt.fmt_ticks): they never come and go, never repeat,
-never leave the frame. Each line is its bucket means; the bucket min/max around it is a
-faint envelope (a one-step spike stays visible after any downsampling), and a NaN or inf
-is a red vertical mark.
+The chart's name, series legend and notes (NaN count, MFU) are in the pane's borders,
+arranged for its width (chart_labels), so the plot gets every row. Axis labels are round
+values inside the plot's limits, with one precision per axis (fmt.nice_ticks /
+fmt.fmt_ticks): they never come and go, never repeat, never leave the frame. Each line is
+its bucket means; the bucket min/max around it is a faint envelope (a one-step spike stays
+visible after any downsampling), and a NaN or inf is a red vertical mark.
 """
 
 from __future__ import annotations
@@ -28,17 +28,41 @@ def rgb(c: tuple[int, int, int]) -> str:
     return f"rgb({c[0]},{c[1]},{c[2]})"
 
 
-def chart_title(data: ChartData, compare: bool) -> Text:
-    """'loss ━ train ● val' with each series in its colour (the legend); compared runs have
-    their legend below the charts."""
-    t = Text(data.title, style="bold")
-    if compare or len(data.lines) < 2:
-        return t
-    for line in data.lines:
-        t.append("  ")
+def legend_text(data: ChartData, compact: bool) -> Text:
+    """'━ cmp  ━ sel  ━ win', each mark in its line's colour; ``compact``: '━cmp ━sel ━win'."""
+    t = Text()
+    for i, line in enumerate(data.lines):
+        if i:
+            t.append(" " if compact else "  ")
         t.append("●" if line.style == "dots" else "━", style=rgb(line.color))
-        t.append(f" {line.label}")
+        t.append(line.label if compact else f" {line.label}")
     return t
+
+
+def chart_labels(data: ChartData, compare: bool, width: int) -> tuple[Text, Text | None]:
+    """(top border, bottom border) of a chart ``width`` cells wide (0: not laid out yet): its
+    name, its legend, its note (NaN/inf count, MFU). A border holds ``width - 6`` cells; the
+    first arrangement that fits wins: the legend beside the name (wide charts), the legend
+    under the plot with the note, then without its spaces, then the note beside the name.
+    Why: with three charts in a row (120x40) the legend was cut after its first word, so the
+    gate shares' colours could not be told apart."""
+    note = Text(data.note, style="bold red" if "NaN" in data.note else "") if data.note else None
+    title = Text(data.title, style="bold")
+    if compare or len(data.lines) < 2:
+        return title, note
+    room = width - 6
+
+    def beside(a: Text, b: Text | None) -> Text:
+        return Text("  ").join([a, b]) if b is not None and b.plain else a
+
+    full, short = legend_text(data, compact=False), legend_text(data, compact=True)
+    tries = [(beside(title, full), note), (title, beside(full, note)), (title, beside(short, note))]
+    if note is not None:
+        tries += [(beside(title, note), full), (beside(title, note), short)]
+    for top, bottom in tries:
+        if width <= 0 or (top.cell_len <= room and (bottom is None or bottom.cell_len <= room)):
+            return top, bottom
+    return title, beside(short, note)  # cut at the end by the border: the legend comes first
 
 
 def y_axis(lo: float, hi: float, rows: int, max_ticks: int) -> tuple[float, float, list[float]]:
@@ -103,6 +127,7 @@ class MetricChart(PlotextPlot):
         self._draw()
 
     def on_resize(self) -> None:
+        self._label()
         self._draw()
 
     def show(self, data: ChartData, signature: tuple, compare: bool = False) -> None:
@@ -111,10 +136,12 @@ class MetricChart(PlotextPlot):
             return
         self._signature = signature
         self.data, self.compare = data, compare
-        self.border_title = chart_title(data, compare)
-        note = Text(data.note, style="bold red" if "NaN" in data.note else "") if data.note else None
-        self.border_subtitle = note
+        self._label()
         self._draw()
+
+    def _label(self) -> None:
+        """Name, legend and note in the borders, arranged for the chart's width."""
+        self.border_title, self.border_subtitle = chart_labels(self.data, self.compare, self.outer_size.width)
 
     def _draw(self) -> None:
         plt = self.plt

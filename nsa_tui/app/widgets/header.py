@@ -10,7 +10,7 @@ from textual.widgets import Static
 from nsa.contract import FAILED_STATUSES, UNHEALTHY_STATUSES, RunStatus, TrainMetric
 from nsa_tui.app.runmetrics import RunMetrics
 from nsa_tui.app.state import HostState, PanelState, RunState
-from nsa_tui.fmt import NA, fmt_count, fmt_duration
+from nsa_tui.fmt import NA, fmt_count3, fmt_duration
 
 CONN_STYLE = {"connected": "bold green", "connecting": "yellow", "reconnecting": "bold yellow",
               "lost": "bold red"}
@@ -60,6 +60,18 @@ def clip_words(text: str, limit: int) -> str:
     return cut.rstrip(" ,;:·-") + "…"
 
 
+def clip(text: str, width: int) -> str:
+    """Cut a long name in the middle: its start says what it is, its end which one (a relaunch
+    suffix, a time stamp), e.g. ``nsa-125…-fallback``."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    left = width // 2
+    right = width - 1 - left
+    return text[:left] + "…" + (text[-right:] if right else "")
+
+
 def smoothed_step_time(run: RunState) -> float | None:
     """An exponential moving average of the recent step times, oldest first. Why: the ETA was the
     last step's time × the steps left, and on a shared machine single steps took 0.9-9.4 s:
@@ -91,39 +103,53 @@ def eta_s(run: RunState, total: int | None) -> float | None:
 _STEP_TIME: weakref.WeakKeyDictionary[RunMetrics, tuple[int, float | None]] = weakref.WeakKeyDictionary()
 
 
-def run_progress(run: RunState, now: float) -> Text:
-    """Run name, status, phase (and for how long), step/total, elapsed, ETA, tokens."""
-    t = Text()
-    t.append(run.name, style="bold")
-    t.append("  ")
+def run_progress(run: RunState, now: float, width: int = 0, stalled: list[int | None] | None = None) -> Text:
+    """Run name, status, phase (and for how long), step/total, elapsed, ETA, tokens, cut to
+    ``width`` columns (0: no limit): the elapsed time goes first, then the tokens, the ETA, the
+    phase; then the name is cut in the middle. Why: at 80 columns the line wrapped and its end
+    was lost. ``stalled``: the ranks a stall alert names (PanelState.stalled_ranks): the header
+    says ``STALLED r1`` instead of an ETA that assumes the run moves."""
     status = run.status.value
-    t.append(status, style=STATUS_STYLE.get(status, ""))
+    head = Text(status, style=STATUS_STYLE.get(status, ""))
+    if stalled and run.alive:
+        ranks = ",".join(f"r{r}" for r in stalled if r is not None)
+        head.append(" · ")
+        head.append(f"STALLED {ranks}".strip(), style="bold reverse red")
     phase, since = run.phase()
     info = run.view.info if run.view is not None else None
     exited = run.view.exit if run.view is not None else None
-    t.append(" · ")
     if run.alive and phase:
-        age = fmt_duration(now - since) if since else NA
-        t.append(f"{phase}", style="bold magenta")
-        t.append(f" {age}")
+        where = Text(phase, style="bold magenta")
+        where.append(f" {fmt_duration(now - since) if since else NA}")
     elif not run.alive and ((info and info.exit_reason) or (exited and exited.exit_code is not None)):
         reason = (info.exit_reason if info else None) or f"exit code {exited.exit_code if exited else NA}"
-        t.append(clip_words(reason.splitlines()[0], REASON_CHARS),
-                 style="red" if run.status in FAILED_STATUSES else "")
+        where = Text(clip_words(reason.splitlines()[0], REASON_CHARS),
+                     style="red" if run.status in FAILED_STATUSES else "")
     else:
-        t.append(phase or NA, style="dim")
-    step = run.step
+        where = Text(phase or NA, style="dim")
     total = info.total_steps if info else None
-    t.append(f" · step {step}/{total if total is not None else NA}")
     started = info.started_at if info else None
     ended = info.ended_at if info else None
     elapsed = ((ended or now) - started) if started else None
-    t.append(f" · {fmt_duration(elapsed)} elapsed")
     m = run.metrics.last_train
-    eta = eta_s(run, total) if run.alive else None
-    t.append(f" · ETA {fmt_duration(eta)}")
     tokens = max(info.tokens if info else 0, (m.tokens or 0) if m else 0)
-    t.append(f" · {fmt_count(tokens, 'tok')}" if tokens else " · tokens N/A")
+    # (text, drop rank: the highest goes first while the line is too long; 0: always kept)
+    parts: list[tuple[Text, int]] = [
+        (head, 0), (where, 2), (Text(f"step {run.step}/{total if total is not None else NA}"), 0),
+        (Text(f"{fmt_duration(elapsed)} elapsed"), 5)]
+    if not (stalled and run.alive):
+        parts.append((Text(f"ETA {fmt_duration(eta_s(run, total) if run.alive else None)}"), 3))
+    parts.append((Text(fmt_count3(tokens, "tok") if tokens else "tokens N/A"), 4))
+    while True:
+        body = Text(" · ").join([t for t, _ in parts])
+        if not width or len(run.name) + 2 + body.cell_len <= width or max(d for _, d in parts) == 0:
+            break
+        worst = max(d for _, d in parts)
+        parts = [(t, d) for t, d in parts if d != worst]
+    name = run.name if not width else clip(run.name, max(8, width - 2 - body.cell_len))
+    t = Text(name, style="bold")
+    t.append("  ")
+    t.append_text(body)
     return t
 
 
@@ -145,9 +171,16 @@ class PanelHeader(Static):
             line1.append("▸" if selected and len(state.hosts) > 1 else " ")
             line1.append_text(host_text(host, now))
         run = state.selected_run()
-        line2 = run_progress(run, now) if run else Text("no run selected — press l to launch one",
-                                                           style="dim")
+        width = self.content_region.width  # 0 before the first layout: not cut then
+        if run is not None:
+            line2 = run_progress(run, now, width, state.stalled_ranks(run))
+        elif state.view.filter:  # the list shows no run (docs/panel.md: the selection follows the list)
+            line2 = Text(f"no run selected: none matches the filter '{state.view.filter}' (s: change it)",
+                         style="dim")
+        else:
+            line2 = Text("no run selected — press l to launch one", style="dim")
         text = Text("\n").join([line1, line2])
+        text.no_wrap, text.overflow = True, "ellipsis"  # two lines, never a third cut off below
         if text.plain != self._last:  # redraw only on change: the timer runs 10x/s
             self._last = text.plain
             self.update(text, layout=False)  # fixed height: no re-layout

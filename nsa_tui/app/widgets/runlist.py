@@ -14,7 +14,7 @@ from textual.widgets import DataTable
 from nsa_tui.app.chartdata import PALETTE
 from nsa_tui.app.listing import Row, counts, lineage_root, run_rows
 from nsa_tui.app.state import PanelState, RunState
-from nsa_tui.app.widgets.header import STATUS_STYLE
+from nsa_tui.app.widgets.header import STATUS_STYLE, clip
 from nsa_tui.fmt import NA, fmt_age, fmt_count
 from nsa_tui.hosts.merge import MergedRun, hosts_of
 
@@ -26,18 +26,6 @@ NAME_MIN, NAME_MAX = 12, 40
 
 def row_key(run: RunState) -> str:
     return f"{run.host}\x1f{run.run_id}"
-
-
-def clip(text: str, width: int) -> str:
-    """Cut a long name in the middle: its start says what it is, its end which one (a relaunch
-    suffix, a time stamp), e.g. ``nsa-125…-fallback``."""
-    if len(text) <= width:
-        return text
-    if width <= 1:
-        return "…"[:width]
-    left = width // 2
-    right = width - 1 - left
-    return text[:left] + "…" + (text[-right:] if right else "")
 
 
 def name_width(pane_width: int, multi_host: bool) -> int:
@@ -117,9 +105,10 @@ class RunList(DataTable):
         for name, width in COLUMNS:
             self.add_column(name, key=name or "mark", width=width or name_w)
 
-    def update_from(self, state: PanelState, now: float) -> None:
-        """Rebuild rows when the set of rows or their shown fields change."""
-        rows_shown = run_rows(state)
+    def update_from(self, state: PanelState, now: float, listed: list[Row] | None = None) -> None:
+        """Rebuild rows when the set of rows or their shown fields change; ``listed``: run_rows(state)
+        when the caller has them already."""
+        rows_shown = run_rows(state) if listed is None else listed
         self.rows_shown = rows_shown
         multi = len(state.hosts) > 1
         name_w = name_width(self.content_region.width or self.size.width, multi)
