@@ -89,6 +89,13 @@ def enable_flight_recorder(run_dir: Path) -> None:
 
 def init(cfg: TrainConfig, run_dir: Path, device: torch.device) -> DistInfo:
     """Join (or create) the process group with the start timeout (Timeouts switches later)."""
+    # Before the group exists: torch.distributed.nn.functional binds ``group=group.WORLD`` as
+    # default arguments when first imported, and DDP imports it lazily. Imported after
+    # init_process_group, it pins the default group for the life of the interpreter:
+    # destroy_process_group can no longer free it, and gloo's threads and connections are torn
+    # down in the middle of interpreter finalization instead of in close().
+    import torch.distributed.nn  # noqa: F401
+
     rank, local_rank, world, launched = env_ranks()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl":
@@ -205,7 +212,11 @@ def broadcast_object(obj: Any) -> Any:
 def close() -> None:
     """Orderly teardown on the success path: every rank reaches the barrier before any
     rank destroys the group (gloo can abort a rank that tears down while a peer still
-    talks to it). Failure paths skip this and exit without handshakes."""
+    talks to it). Failure paths skip this and exit without handshakes.
+
+    The group is freed here (gloo's worker and I/O threads joined, its connections closed)
+    only if nothing else holds it: a DDP wrapper's reducer does, so drop the wrapped model
+    first where the caller can; otherwise it goes when the model goes."""
     if dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()

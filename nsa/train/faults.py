@@ -1,22 +1,27 @@
 """Signals (SIGTERM: stop cleanly; SIGUSR1: stack dump) and debug fault injection.
 
-SIGUSR1 goes to ``faulthandler`` at C level, so a rank stuck inside a C call (a hung
-collective) still dumps every thread's stack; a watcher thread gives each dump its own
-file. SIGTERM (and SIGINT) only set a flag: the training loop finishes its step, every rank
-agrees through the per-step all-reduce, a checkpoint is saved and the run exits 0. The two
-handlers are separate, so a stack dump never swallows a stop.
+SIGUSR1 wakes a thread of its own (``nsa-stacks``, through Python's signal wakeup fd, written
+by the C-level handler in whichever thread got the signal), which writes every thread's stack
+while holding the GIL: a rank stuck inside a C call that waits without the GIL (a hung
+collective) still dumps. Not faulthandler's C-level dump: that one reads the other threads'
+frames and the thread list without the GIL, while they run, and killed healthy ranks with
+SIGSEGV when a thread (an async checkpoint's writer) came, went or returned under it. SIGTERM
+(and SIGINT) only set a flag: the training loop finishes its step, every rank agrees through
+the per-step all-reduce, a checkpoint is saved and the run exits 0. The two handlers are
+separate, so a stack dump never swallows a stop.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import os
+import select
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any
 
 from nsa.config import DebugConfig
 from nsa.contract.rundir import pending_stack_file, stack_file
@@ -73,48 +78,89 @@ def stop_when_launcher_dies(launched: bool) -> None:
 
 
 class StackDumper:
-    """SIGUSR1 -> ``stacks/rank-R-<unix-ms>.txt`` with every thread's Python stack."""
+    """SIGUSR1 -> ``stacks/rank-R-<unix-ms>.txt`` with every thread's Python stack, in
+    faulthandler's format (``nsa_tui/health/stacks.py`` reads it).
+
+    :meth:`install` (on the main thread) gives SIGUSR1 a Python handler that does nothing but
+    have the interpreter's C-level handler write the signal's number to the wakeup fd, in
+    whatever thread the signal lands on; the ``nsa-stacks`` thread waits on that fd (without the
+    GIL) and writes the dump with the GIL held (``sys._current_frames``), so no thread moves its
+    frames while they are read and no signal handler walks them.
+    """
+
+    MAX_FRAMES = 100  # per thread, as faulthandler
 
     def __init__(self, stacks_dir: Path, rank: int) -> None:
         self.dir, self.rank = stacks_dir, rank
         self.pending = stacks_dir / pending_stack_file(rank)
-        self._file: TextIO | None = None
         self._stop = threading.Event()
-
-    def _arm(self) -> None:
-        old = self._file
-        self._file = new = open(self.pending, "w", buffering=1)
-        faulthandler.register(signal.SIGUSR1, file=new, all_threads=True, chain=False)
-        if old is not None:
-            old.close()
+        self._thread: threading.Thread | None = None
+        self._pipe: tuple[int, int] | None = None
+        self._old_wakeup = -1
+        self._last_ms = 0
 
     def install(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._arm()
-        threading.Thread(target=self._watch, name="nsa-stacks", daemon=True).start()
+        r, w = self._pipe = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # the wakeup fd does the work
+        self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, args=(r,), name="nsa-stacks", daemon=True)
+        self._thread.start()
 
-    def _watch(self) -> None:
-        while not self._stop.wait(0.2):
+    def _watch(self, fd: int) -> None:
+        while not self._stop.is_set():
             try:
-                if self._file is None or os.fstat(self._file.fileno()).st_size == 0:
+                if not select.select([fd], [], [], 0.2)[0]:
                     continue
-                time.sleep(0.1)  # the C handler writes in microseconds; let it finish
-                ms = int(time.time() * 1000)
-                final = self.dir / stack_file(self.rank, ms)
-                os.replace(self.pending, final)
-                self._arm()
+                # one byte per signal caught (SIGTERM's and SIGINT's too: their handlers act on those)
+                if signal.SIGUSR1 in os.read(fd, 512) and not self._stop.is_set():
+                    self.write()
             except Exception:
-                continue
+                if self._stop.wait(0.2):
+                    return
+
+    def write(self) -> Path:
+        """Every thread's stack into a file of its own (written, then renamed into place)."""
+        me = threading.get_ident()
+        blocks = [self._block(ident, frame, ident == me) for ident, frame in sys._current_frames().items()]
+        with open(self.pending, "w") as fh:
+            fh.write("\n".join(blocks))
+        ms = self._last_ms = max(int(time.time() * 1000), self._last_ms + 1)  # never overwrite one
+        final = self.dir / stack_file(self.rank, ms)
+        os.replace(self.pending, final)
+        return final
+
+    @classmethod
+    def _block(cls, ident: int, frame: FrameType | None, current: bool) -> str:
+        lines = [f"{'Current thread' if current else 'Thread'} 0x{ident:016x} (most recent call first):"]
+        depth = 0
+        while frame is not None:
+            if depth == cls.MAX_FRAMES:
+                lines.append("  ...")
+                break
+            code = frame.f_code
+            line = frame.f_lineno if frame.f_lineno is not None else "???"
+            lines.append(f'  File "{code.co_filename}", line {line} in {code.co_name}')
+            frame, depth = frame.f_back, depth + 1
+        if depth == 0:
+            lines.append("  <no Python frame>")
+        return "\n".join(lines) + "\n"
 
     def close(self) -> None:
         self._stop.set()
         try:
-            faulthandler.unregister(signal.SIGUSR1)
-            # unregister restores SIGUSR1's default action, which kills the process: a dump
-            # request during teardown must not turn a clean exit into a death by signal
+            # a dump request during teardown must not turn a clean exit into a death by signal:
+            # ignored from now on, never the default action (terminate)
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-            if self._file is not None:
-                self._file.close()
+            if self._pipe is not None:
+                signal.set_wakeup_fd(self._old_wakeup)
+        except ValueError:  # not the main thread: the no-op handler stays, harmless
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        try:
             if self.pending.exists() and self.pending.stat().st_size == 0:
                 self.pending.unlink()
         except OSError:

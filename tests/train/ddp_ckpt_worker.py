@@ -1,12 +1,15 @@
 """torchrun worker: DDP gradients with per-block activation checkpointing equal those without.
 
 Run by test_train_checkpointing.py under ``torchrun --nproc_per_node=2`` (gloo). Each rank
-writes ``<out>/rank-R.json`` with the largest gradient difference it saw.
+writes ``<out>/rank-R.json`` with the largest gradient difference it saw, and the gloo threads
+still alive after ``D.close()``: none, or the group was not freed there and its threads and
+connections would be torn down during interpreter finalization, racing the peer's exit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,9 +44,24 @@ def main() -> None:
     worst = max((plain[n] - checked[n]).abs().max().item() for n in plain)
     scale = max(g.abs().max().item() for g in plain.values())
     missing = [n for n, g in plain.items() if g.abs().sum().item() == 0]
-    (out / f"rank-{info.rank}.json").write_text(json.dumps(
-        {"max_abs_diff": worst, "max_grad": scale, "n_params": len(plain), "zero_grads": missing}))
+    del model  # the DDP wrapper's reducer holds the process group: close() frees it only once it is gone
     D.close()
+    (out / f"rank-{info.rank}.json").write_text(json.dumps(
+        {"max_abs_diff": worst, "max_grad": scale, "n_params": len(plain), "zero_grads": missing,
+         "gloo_threads_after_close": gloo_threads()}))
+
+
+def gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (``pt_gloo_runloop`` workers, ``gloo_tcp_loop``)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+        except OSError:  # a thread that just ended
+            continue
+        if "gloo" in name:
+            names.append(name)
+    return sorted(names)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,41 @@ def test_sigusr1_dumps_stacks_and_sigterm_still_saves_and_stops(tmp_path: Path) 
     assert "FAILED" not in out, out[-3000:]  # torchrun itself reports the TERM it got; the ranks did not fail
 
 
+def test_stack_dumps_while_async_checkpoints_come_and_go_stop_nothing(tmp_path: Path) -> None:
+    """Dump after dump on both ranks while async saves start and finish threads: every dump is
+    written and no rank dies. faulthandler's C-level dump read the other threads' frames while
+    they ran and killed a rank with SIGSEGV once in tens of dumps (a multi-host run ended before
+    its kill)."""
+    run_dir = tmp_path / "run"
+    churn = ["train.steps=100000", "train.save_every=5", "train.eval_every=100000", "train.batch_size=1",
+             "train.grad_accum=2"]
+    proc = start_train(run_dir, churn, env={"NSA_THREADS": "1"})
+    try:
+        wait_for(lambda: min(last_step(run_dir, 0), last_step(run_dir, 1)) >= 2, 90, "2 steps on both ranks")
+        pids = [beats(run_dir, r)[-1]["pid"] for r in (0, 1)]
+        first = last_step(run_dir, 0)
+        rounds = 0
+        # dumps until 100 were written on each rank and the run went through 3 more saves meanwhile
+        while rounds < 100 or last_step(run_dir, 0) < first + 15:
+            for pid in pids:
+                os.kill(pid, signal.SIGUSR1)
+            rounds += 1
+            wait_for(lambda n=rounds: proc.poll() is not None or all(len(stack_files(run_dir, r)) >= n
+                                                                     for r in (0, 1)), 30, f"dump {rounds}")
+            assert proc.poll() is None, f"the run ended at dump {rounds}:\n{proc.communicate()[0][-3000:]}"
+        for r in (0, 1):
+            for f in stack_files(run_dir, r):
+                text = f.read_text()
+                assert text.count("most recent call first") >= 3 and "nsa/train/" in text, (f, text)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        kill_group(proc)
+    run = run_json(run_dir)
+    assert run["status"] == "stopped" and "SIGTERM" in run["exit_reason"], (run["exit_reason"], out[-3000:])
+    assert "FAILED" not in out, out[-3000:]
+
+
 def test_nan_stops_every_rank_with_failed_status(tmp_path: Path) -> None:
     done = run_train(tmp_path / "run", ["train.save_every=2", "debug.nan_at_step=3", "debug.nan_rank=1"])
     assert done.rc != 0

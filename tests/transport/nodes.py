@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -65,3 +66,30 @@ def stepped(n: int, clients: dict[str, HostClient], run_id: str) -> Callable[[],
         ok = len(m.ranks) == 2 and min(b.step for _, b in m.ranks) >= n
         return m if ok else None
     return check
+
+
+def parts_report(nodes: SshNodes, run_id: str, lines: int = 25) -> str:
+    """What each host's part of a run says about how it ended, for a failing assertion: the
+    supervisor's ``exit.json`` (torchrun's exit code or signal), each rank's last heartbeat
+    (phase, step, error), the stack dumps, and the tail of ``train.log`` (torchrun names every
+    failed rank with its exit code or signal; a rank that died of a signal left faulthandler's
+    report there)."""
+    out = []
+    for alias, server in zip(nodes.aliases, nodes.servers):
+        part = server.runs_root / run_id
+        out.append(f"=== {alias}: {part}")
+        exit_json = part / "exit.json"
+        ended = exit_json.read_text().strip() if exit_json.is_file() else "(none: still running?)"
+        out.append(f"exit.json: {ended}")
+        for beats in sorted((part / "heartbeats").glob("rank-*.jsonl")):
+            last = beats.read_text(errors="replace").strip().splitlines()[-1:]
+            beat = json.loads(last[0]) if last else {}
+            error = (beat.get("error") or "").strip().splitlines()[:1]
+            out.append(f"{beats.stem}: last beat pid {beat.get('pid')} phase {beat.get('phase')} "
+                       f"step {beat.get('step')} error {error[0][:300] if error else None}")
+        stacks = sorted(p.name for p in (part / "stacks").glob("*")) if (part / "stacks").is_dir() else []
+        out.append(f"stacks/: {stacks}")  # a .rank-R.pending left behind: a dump was being written
+        log = part / "train.log"
+        tail = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else ["(no train.log)"]
+        out.append("train.log tail:\n" + "\n".join(tail))
+    return "\n".join(out)

@@ -38,7 +38,7 @@ from nsa_tui.hosts.merge import MergedRun, merge
 from tests.agent.e2e import SMOKE
 from tests.sshd import SshNodes
 from tests.train.trainrun import metrics, run_train
-from tests.transport.nodes import cli, connected, merged, stepped, until
+from tests.transport.nodes import cli, connected, merged, parts_report, stepped, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -99,14 +99,17 @@ async def test_launch_across_two_hosts_see_one_run_kill_leaves_nothing(
                                "run.json").read_text())
         assert run_json["world_size"] == 2 and run_json["nnodes"] == 2 and run_json["global_batch"] == 4
         dump = cli(sshd_nodes, "dump", hosts, rid, "--json")
-        assert dump.returncode == 0, dump.stderr
+        assert dump.returncode == 0, dump.stderr + parts_report(sshd_nodes, rid)
         assert sorted(d["ranks"][0] for d in json.loads(dump.stdout).values()) == [0, 1]  # both hosts' ranks
+        # a dump stops nothing: the kill finds the run running on both hosts, and it ends stopped
         k = cli(sshd_nodes, "kill", hosts, rid, "--json")
         assert k.returncode == 0, k.stdout + k.stderr
-        assert all(v["was_running"] for v in json.loads(k.stdout).values())
+        killed = json.loads(k.stdout)
+        assert all(v["was_running"] for v in killed.values()), (killed, parts_report(sshd_nodes, rid))
         assert not run_processes(rid, fresh=True)  # nothing left on either host
         m = await merged(clients, rid)
-        assert m.status == RunStatus.STOPPED and not m.problem
+        assert m.status == RunStatus.STOPPED and not m.problem, (m.status, m.problem,
+                                                                 parts_report(sshd_nodes, rid))
         names = [sorted(e.name for e in (await c.checkpoints(rid)).checkpoints) for c in clients.values()]
         assert names[0] == names[1] and names[0]  # every node committed the same checkpoints
         logs = cli(sshd_nodes, "logs", hosts, rid)
