@@ -44,8 +44,8 @@ SUITE = (
     "tests/ops/test_self_check.py",  # the self-check and the reference path it falls back to
 )
 # the code that leans on torch internals: a record says which version of it was tested
-TORCH_FACING = ("nsa/train/checkpoint.py", "nsa/train/checkpoint_probe.py", "nsa/train/checkpoint_legacy.py",
-                "nsa/train/distributed.py")
+TORCH_FACING = ("nsa/train/checkpoint.py", "nsa/train/checkpoint_index.py", "nsa/train/checkpoint_probe.py",
+                "nsa/train/checkpoint_legacy.py", "nsa/train/distributed.py")
 
 
 def record_path(version: str, results_dir: Path = RESULTS_DIR) -> Path:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import shutil
 import threading
 import time
@@ -53,7 +52,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -72,9 +70,13 @@ from nsa.contract.rundir import (
 # re-exported: the trainer and callers catch it as checkpoint.CheckpointError
 from nsa.train.checkpoint_error import CheckpointError as CheckpointError
 
+# re-exported: the loaders read an index through it (one allow-list)
+from nsa.train.checkpoint_index import DCP_METADATA as DCP_METADATA
+from nsa.train.checkpoint_index import SafeReader as SafeReader
+from nsa.train.checkpoint_index import check_index
+
 TMP_PREFIX = CHECKPOINT_TMP_PREFIX
 META = META_JSON
-DCP_METADATA = ".metadata"
 # the model keys that do not change the weights (which kernels compute them)
 MODEL_KEYS_FREE = ("attention.backend",)
 
@@ -208,43 +210,6 @@ def check_model_config(path: Path, meta: CheckpointMeta, model_cfg: dict[str, An
     if diffs:
         raise CheckpointError(f"{path} was written by another model config; differing keys (saved -> this "
                               f"run): {'; '.join(diffs)}")
-
-
-# -- .metadata without arbitrary pickles -----------------------------------------------------
-_ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("pathlib", "PosixPath"),
-            ("pathlib", "PurePosixPath"), ("builtins", "set"), ("builtins", "frozenset")}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """DCP writes ``.metadata`` with pickle; this reads it with an allow-list: DCP's record
-    types, torch's dtypes, layouts and memory formats, and a few harmless builtins. Anything
-    else (``os.system``, say) is refused instead of run."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch.distributed.checkpoint.metadata" or (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch":
-            obj = getattr(torch, name, None)
-            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-                return obj
-        raise CheckpointError(f"{DCP_METADATA} refers to {module}.{name}, which a checkpoint index never "
-                              "holds: refusing to load it (not a checkpoint of ours, or tampered with)")
-
-
-class SafeReader(FileSystemReader):
-    """DCP's file reader with ``.metadata`` read through the allow-list above."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        path = Path(self.path) / DCP_METADATA
-        with open(path, "rb") as fh:
-            metadata = _MetadataUnpickler(fh).load()
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
 
 
 # -- save -------------------------------------------------------------------------------------
@@ -395,25 +360,6 @@ def written_files(tmp: Path, group: Any) -> list[str]:
         raise CheckpointError(f"{tmp}: the save wrote no {DCP_METADATA} (torch {torch.__version__}): "
                               f"files written: {', '.join(files) or 'none'}")
     return files
-
-
-def check_index(tmp: Path, files: list[str]) -> None:
-    """Read ``.metadata`` back as a load will (where this node has it): a checkpoint that could
-    not be loaded, or whose index names a file the save did not write, is not committed."""
-    if not (tmp / DCP_METADATA).is_file():
-        return  # written on rank 0's node (runs roots of their own per node)
-    try:
-        index = SafeReader(str(tmp)).read_metadata()
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(f"{tmp}: cannot read back the {DCP_METADATA} just written "
-                              f"(torch {torch.__version__}): {type(exc).__name__}: {exc}") from exc
-    named = {getattr(info, "relative_path", None) for info in (index.storage_data or {}).values()}
-    absent = sorted(str(n) for n in named - set(files) if n)
-    if absent:
-        raise CheckpointError(f"{tmp}: {DCP_METADATA} names files the save did not write: "
-                              f"{', '.join(absent)}")
 
 
 def broadcast_object(obj: Any, group: Any = None) -> Any:
