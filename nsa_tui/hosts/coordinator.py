@@ -161,6 +161,9 @@ async def launch(clients: dict[str, HostClient], config: str, *, nproc: int | No
         config_path=config, config_text=text, overrides=overrides, want_port=i == 0, nproc=nproc,
         port=rdzv_port if i == 0 else None) for i, h in enumerate(hosts)), return_exceptions=True)
     for host, p in zip(hosts, pre):
+        if isinstance(p, AgentError) and p.code not in ("disconnected", "closed", "bad_reply"):
+            # the host answered and refused (a runs root that is a file): its code, its exit status
+            raise MultiHostError(host, f"refused before anything started: {p.message}", p.code)
         if isinstance(p, BaseException):
             raise MultiHostError(host, f"preflight failed: {p}", "unreachable")
     first = check_preflight(hosts, pre, force)  # type: ignore[arg-type]

@@ -334,9 +334,10 @@ def test_a_host_without_nsa_tui_is_refused_before_anything_starts(sshd_nodes: Ss
 
 
 def test_a_partial_start_is_rolled_back(sshd_nodes: SshNodes, tmp_path: Path) -> None:
-    """The second host's runs root (``HOST:/path``) is a file: its launch fails after the first
-    host started; the first is stopped again, nothing is left running. Both hosts given one runs
-    root on one machine (the same machine named twice) is refused before anything starts."""
+    """The second host cannot create the run's directory (its runs root made immutable, which
+    even root cannot write into): its launch fails after the first host started; the first is
+    stopped again, nothing is left running. A runs root that is a file, and both hosts given one
+    runs root on one machine (the same machine named twice), are refused before anything starts."""
     a, b = sshd_nodes.aliases
     shared = tmp_path / "shared-runs"
     r = cli(sshd_nodes, "launch", f"{a},{b}", "--config", SMOKE, "--set", *LONG, "--runs-root", str(shared),
@@ -345,16 +346,32 @@ def test_a_partial_start_is_rolled_back(sshd_nodes: SshNodes, tmp_path: Path) ->
     assert r.returncode == 2 and "is the same machine as" in err["message"], r.stdout
     assert not list(shared.iterdir())  # no run directory, the probe's marker removed
 
-    first, bad = tmp_path / "first-runs", tmp_path / "not-a-directory"
-    bad.write_text("")
-    r = cli(sshd_nodes, "launch", f"{a}:{first},{b}:{bad}", "--config", SMOKE, "--set", *LONG, "--json")
+    first, file_root = tmp_path / "first-runs", tmp_path / "not-a-directory"
+    file_root.write_text("")
+    r = cli(sshd_nodes, "launch", f"{a}:{first},{b}:{file_root}", "--config", SMOKE, "--set", *LONG, "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and err["code"] == "bad_request", r.stdout  # bad input, not an unreachable host
+    assert err["message"] == (f"{b}:{file_root}: refused before anything started: runs root {file_root} "
+                              "is not a directory"), err["message"]
+    assert not first.exists() or not any(p.is_dir() for p in first.iterdir())  # nothing started
+
+    frozen = tmp_path / "frozen-runs"
+    frozen.mkdir()
+    if subprocess.run(["chattr", "+i", str(frozen)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not allowed here (needs CAP_LINUX_IMMUTABLE on ext4 or xfs)")
+    try:
+        r = cli(sshd_nodes, "launch", f"{a}:{first},{b}:{frozen}", "--config", SMOKE, "--set", *LONG,
+                "--json")
+    finally:
+        subprocess.run(["chattr", "-i", str(frozen)], check=True)
     err = json.loads(r.stdout)["error"]
     assert r.returncode == 1 and err["code"] == "launch_failed", r.stdout
-    assert err["message"].startswith(f"{b}:{bad}: launch failed"), err["message"]
+    assert err["message"].startswith(f"{b}:{frozen}: launch failed"), err["message"]
     assert f"stopped what had started on {a}:{first}" in err["message"]
     (rid,) = [p.name for p in first.iterdir() if p.is_dir()]
     assert not run_processes(rid, fresh=True)
     assert (first / rid / "stop.json").is_file()
+    assert not list(frozen.iterdir())
 
 
 def test_a_host_with_another_nsa_version_is_refused_before_anything_starts(sshd_nodes: SshNodes,
