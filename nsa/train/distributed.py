@@ -209,15 +209,37 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
-def close() -> None:
+def close() -> list[str]:
     """Orderly teardown on the success path: every rank reaches the barrier before any
     rank destroys the group (gloo can abort a rank that tears down while a peer still
     talks to it). Failure paths skip this and exit without handshakes.
 
     The group is freed here (gloo's worker and I/O threads joined, its connections closed)
     only if nothing else holds it: a DDP wrapper's reducer does, so drop the wrapped model
-    first where the caller can; otherwise it goes when the model goes."""
-    if dist.is_initialized():
-        if dist.get_world_size() > 1:
-            dist.barrier()
-        dist.destroy_process_group()
+    first. Returns the gloo threads still alive after it (none when the group was freed):
+    left to interpreter shutdown, they can abort the process after its work is done."""
+    if not dist.is_initialized():
+        return []
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+    return gloo_threads()
+
+
+def gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (``pt_gloo_runloop`` workers, ``gloo_tcp_loop``);
+    empty where /proc is not there to read."""
+    names = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # a thread that just ended
+            continue
+        if "gloo" in name:
+            names.append(name)
+    return sorted(names)

@@ -7,6 +7,7 @@ agrees on (attention_ops.py) and how a checkpoint continues on this world size (
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import time
 from collections.abc import Callable
@@ -394,3 +395,10 @@ class Trainer:
             self.debug_log.write({"final_step": self.step, "param_digest": param_digest(self.model)})
             self.debug_log.close()
         self.loader.close()
+
+    def release(self) -> None:
+        """Drop the model, the optimizer and the checkpointer (the run is over): a DDP wrapper's
+        reducer and the checkpoint group hold the process group, which ``D.close()`` can free
+        only once nothing else does."""
+        del self.model, self.raw, self.optimizer, self.ckpt
+        gc.collect()

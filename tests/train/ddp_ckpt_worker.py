@@ -9,7 +9,6 @@ connections would be torn down during interpreter finalization, racing the peer'
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -45,23 +44,10 @@ def main() -> None:
     scale = max(g.abs().max().item() for g in plain.values())
     missing = [n for n, g in plain.items() if g.abs().sum().item() == 0]
     del model  # the DDP wrapper's reducer holds the process group: close() frees it only once it is gone
-    D.close()
+    left = D.close()
     (out / f"rank-{info.rank}.json").write_text(json.dumps(
         {"max_abs_diff": worst, "max_grad": scale, "n_params": len(plain), "zero_grads": missing,
-         "gloo_threads_after_close": gloo_threads()}))
-
-
-def gloo_threads() -> list[str]:
-    """Names of this process's gloo threads (``pt_gloo_runloop`` workers, ``gloo_tcp_loop``)."""
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            name = open(f"/proc/self/task/{tid}/comm").read().strip()
-        except OSError:  # a thread that just ended
-            continue
-        if "gloo" in name:
-            names.append(name)
-    return sorted(names)
+         "gloo_threads_after_close": left}))
 
 
 if __name__ == "__main__":
