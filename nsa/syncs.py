@@ -1,0 +1,132 @@
+"""Count what would stall a GPU's host, on any device: the checks a CPU-only test can make of
+code that must run without host syncs (a decode step captured as a CUDA graph, a training
+step that keeps the GPU fed).
+
+On CUDA, the host waits for the device whenever a value computed there is read on the host
+(``.item()``, ``int(t)``, ``if t:``, ``.tolist()``, ``.cpu()``) or an op's output shape
+depends on values (``nonzero``, boolean-mask indexing, ``unique``); and a tensor built from
+host data inside the step is a host-to-device copy, which a CUDA graph cannot capture. Those
+happen in the same places on CPU, where they cost nothing and go unseen: ``HostSyncs``
+records each of them, with the op, while a block runs.
+
+    with HostSyncs() as syncs:
+        decode_step(model, state, tokens)
+    assert not syncs.events, syncs.report()
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["HostSyncs", "SyncEvent", "OpCounter"]
+
+_ROOT = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"  # callers shown relative to it
+
+# ops whose output shape depends on tensor values: the host must learn the size first
+_DATA_DEPENDENT = {
+    "aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default", "aten.unique_dim.default",
+    "aten.unique_consecutive.default", "aten.repeat_interleave.Tensor", "aten.bincount.default",
+}
+
+
+@dataclass
+class SyncEvent:
+    """One host sync (or host-to-device copy): what it was and where our code asked for it."""
+
+    kind: str  # "read" (a value read on the host), "shape" (a data-dependent shape), "upload" (host data)
+    op: str
+    where: str
+
+
+@dataclass
+class HostSyncs(TorchDispatchMode):
+    """Records host syncs and host-data uploads made inside the ``with`` block (see the module
+    docstring). ``.tolist()`` and ``.numpy()`` do not reach the dispatcher: they are recorded
+    by wrapping the two methods for the duration of the block."""
+
+    events: list[SyncEvent] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> HostSyncs:
+        for name in ("tolist", "numpy"):
+            original = getattr(torch.Tensor, name)
+            self._saved[name] = original
+
+            def wrapped(t: torch.Tensor, *a: Any, _name: str = name, _orig: Any = original, **k: Any) -> Any:
+                self._record("read", f"Tensor.{_name}")
+                return _orig(t, *a, **k)
+
+            setattr(torch.Tensor, name, wrapped)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        self._saved.clear()
+
+    def _record(self, kind: str, op: str) -> None:
+        self.events.append(SyncEvent(kind, op, _caller()))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func)
+        if name == "aten._local_scalar_dense.default":
+            self._record("read", name)
+        elif name in _DATA_DEPENDENT:
+            self._record("shape", name)
+        elif name == "aten.index.Tensor" and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+            self._record("shape", name + " (boolean mask)")
+        elif name in ("aten.lift_fresh.default", "aten.lift_fresh_copy.default"):
+            self._record("upload", name + " (torch.tensor of host data)")
+        elif name == "aten._to_copy.default" and "device" in (kwargs or {}) and \
+                torch.device(kwargs["device"]) != args[0].device:
+            self._record("read" if torch.device(kwargs["device"]).type == "cpu" else "upload", name)
+        return func(*args, **(kwargs or {}))
+
+    def counts(self) -> Counter[str]:
+        return Counter(e.kind for e in self.events)
+
+    def report(self) -> str:
+        """One line per distinct (kind, op, caller), most frequent first."""
+        c = Counter((e.kind, e.op, e.where) for e in self.events)
+        return "\n".join(f"{n}x {kind} {op} at {where}" for (kind, op, where), n in c.most_common())
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched inside the ``with`` block (views and metadata ops
+    included): a device-independent proxy for kernel launches per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+
+def _caller() -> str:
+    """The innermost frame of nsa code (or the test) that led here: file:line function."""
+    for frame in reversed(traceback.extract_stack()[:-3]):
+        f = frame.filename.replace("\\", "/")
+        if "/torch/" in f or f.endswith("/nsa/syncs.py"):
+            continue
+        short = f[len(_ROOT):] if f.startswith(_ROOT) else "/".join(f.split("/")[-3:])
+        return f"{short}:{frame.lineno} {frame.name}"
+    return "?"
