@@ -1,6 +1,6 @@
 """What the panel itself costs while it watches runs: CPU, memory, frames, first paint.
 
-    python -m bench.panel_cost [--seconds 30] [--warmup 8] [--only idle 1x2@1 1x2@10 3x8@10 day cold]
+    python -m bench.panel_cost [--seconds 30] [--warmup 45] [--only idle 1x2@1 1x2@10 3x8@10 day cold]
 
 The real app (``NsaApp``, as ``nsa-tui`` starts it) runs in a pseudo-terminal of 120×40 with
 its real local agent; synthetic runs are written at a chosen rate by writer processes that
@@ -214,7 +214,9 @@ def panel_main(runs_root: str, stats_path: str, select: str | None) -> None:
                  "run": run.run_id if run else None, "step": run.metrics.last_train.step
                  if run and run.metrics.last_train else 0, "synced": bool(run and run.synced),
                  "full_paint_s": painted["full"] - t_start if "full" in painted else None,
-                 "log_lines": len(run.log.lines) if run else 0}
+                 "log_lines": len(run.log.lines) if run else 0,
+                 # the redraw budget's stretch of the refresh cap (nsa_tui/app/budget.py)
+                 "stretch": getattr(getattr(app.screen, "_budget", None), "stretch", 1.0)}
         tmp = stats_path + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(stats, fh)
@@ -363,6 +365,32 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def reference_ms(repeat: int = 5) -> float:
+    """CPU milliseconds of a fixed pure-Python workload (string formatting, dicts, a sort: the
+    kind of work drawing a frame is), the best of ``repeat``: the unit that makes CPU time per
+    frame comparable between machines (a slower core takes longer for both)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.process_time()
+        rows = [{"step": i, "loss": 2.0 + 1.0 / (i + 1), "name": f"rank-{i % 8}"} for i in range(20_000)]
+        text = "\n".join(f"{r['name']:>8} {r['step']:>7} {r['loss']:.4f}" for r in rows)
+        sorted(text.split("\n"), key=len)
+        best = min(best, time.process_time() - t)
+    return best * 1000
+
+
+def lines_written(root: Path) -> int:
+    """Lines the synthetic writers have appended under ``root`` (every run's heartbeats,
+    metrics and log)."""
+    total = 0
+    paths = [p for pattern in ("*/heartbeats/*.jsonl", "*/metrics.jsonl", "*/train.log")
+             for p in root.glob(pattern)]
+    for path in paths:
+        with contextlib.suppress(OSError), open(path, "rb") as fh:
+            total += sum(chunk.count(b"\n") for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""))
+    return total
+
+
 @dataclass
 class Row:
     name: str
@@ -375,16 +403,21 @@ class Row:
     frames_s: float
     renders_s: float
     load: float
+    events_s: float = 0.0  # lines the writers appended per second (beats, metrics, log) in the window
+    stretch: float = 1.0  # how far the panel's CPU budget stretched its refresh cap (1: not at all)
     note: str = ""
     top_renders: list[tuple[str, float, float]] = field(default_factory=list)  # name, % of a core, renders/s
 
 
-def measure(name: str, panel: Panel, idle: subprocess.Popen[bytes], seconds: float) -> Row:
+def measure(name: str, panel: Panel, idle: subprocess.Popen[bytes], seconds: float,
+            root: Path | None = None) -> Row:
     agent = panel.agent()
     pids = (panel.proc.pid, agent, idle.pid)
+    n0 = lines_written(root) if root else 0
     st0, c0, t0 = panel.stats(), [cpu_ticks(p) for p in pids], time.monotonic()
     time.sleep(seconds)
     st1, c1, t1 = panel.stats(), [cpu_ticks(p) for p in pids], time.monotonic()
+    n1 = lines_written(root) if root else 0
     wall = t1 - t0
     pct = [100.0 * (b - a) / TICK / wall for a, b in zip(c0, c1)]
     rss = [rss_bytes(p) / 2**20 for p in pids]
@@ -396,7 +429,8 @@ def measure(name: str, panel: Panel, idle: subprocess.Popen[bytes], seconds: flo
     s0, s1 = Counter(st0.get("seconds", {})), Counter(st1.get("seconds", {}))
     top = [(k, v / span * 100, d[k] / span) for k, v in (s1 - s0).most_common(8)]
     return Row(name, pct[0], pct[1], pct[2], rss[0], rss[1], rss[2], frames, sum(d.values()) / span,
-               os.getloadavg()[0], top_renders=top)
+               os.getloadavg()[0], events_s=(n1 - n0) / wall, stretch=float(st1.get("stretch", 1.0)),
+               top_renders=top)
 
 
 def environment(work: Path, runs_root: Path) -> dict[str, str]:
@@ -424,7 +458,7 @@ def live_scenario(name: str, work: Path, runs: int, ranks: int, rate: float, sec
         else:
             panel.wait_for(lambda st: st.get("frames", 0) > 0, 120, "a first frame")
         time.sleep(warmup)
-        return measure(name, panel, idle, seconds)
+        return measure(name, panel, idle, seconds, root)
     finally:
         panel.close()
         for w in writers:
@@ -496,18 +530,29 @@ def cold_scenario(work: Path, steps: int, ranks: int, repeat: int) -> Row:
     return row
 
 
-def table(rows: list[Row]) -> str:
+def table(rows: list[Row], ref_ms: float) -> str:
+    """The percentages, and the machine-independent figures beside them: CPU milliseconds per
+    frame drawn and per line the writers appended, also in units of ``reference_ms`` (the
+    same work on a slower core costs more milliseconds and about the same units)."""
     out = ["| scenario | panel CPU | × idle | agent CPU | × idle | idle Python CPU | panel RSS | agent RSS "
-           "| idle RSS | frames/s | renders/s | load |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| idle RSS | frames/s | renders/s | lines/s | panel ms/frame | panel ms/line | agent ms/line "
+           "| panel ref/frame | cap × | load |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         def ratio(x: float, r: Row = r) -> str:
             # an idle process can use less than one clock tick in a window: no ratio then
             return f"{x / r.idle_cpu:.0f}×" if r.idle_cpu > 0 else "n/a (idle < 1 tick)"
 
+        def per(pct: float, rate: float) -> str:  # % of a core is 10 ms of CPU per second
+            return f"{pct * 10 / rate:.2f}" if rate > 0 else "-"
+
+        per_frame = r.panel_cpu * 10 / r.frames_s if r.frames_s > 0 else None
         out.append(f"| {r.name} | {r.panel_cpu:.1f} % | {ratio(r.panel_cpu)} | {r.agent_cpu:.1f} % | "
                    f"{ratio(r.agent_cpu)} | {r.idle_cpu:.2f} % | {r.panel_rss:.0f} MiB | "
                    f"{r.agent_rss:.0f} MiB | {r.idle_rss:.0f} MiB | {r.frames_s:.1f} | {r.renders_s:.1f} | "
+                   f"{r.events_s:.0f} | {per(r.panel_cpu, r.frames_s)} | {per(r.panel_cpu, r.events_s)} | "
+                   f"{per(r.agent_cpu, r.events_s)} | "
+                   f"{f'{per_frame / ref_ms:.2f}' if per_frame is not None else '-'} | {r.stretch:.1f} | "
                    f"{r.load:.1f} |")
     return "\n".join(out)
 
@@ -526,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="measuring window per scenario")
-    ap.add_argument("--warmup", type=float, default=8.0)
+    ap.add_argument("--warmup", type=float, default=45.0,
+                    help="seconds before measuring: the panel's CPU budget settles its refresh cap")
     ap.add_argument("--only", nargs="+", default=[*SCENARIOS, "day", "cold"])
     ap.add_argument("--day-steps", type=int, default=DAY_STEPS)
     ap.add_argument("--day-rate", type=float, default=1500.0, help="steps/s of the simulated day")
@@ -537,7 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, help="cProfile the panel: DIR/<scenario>.prof (pstats)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="nsa-panel-cost-"))
-    print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    ref_ms = reference_ms()
+    print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+          f"reference workload {ref_ms:.1f} ms of CPU", flush=True)
     rows = []
     try:
         for name in args.only:
@@ -556,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{name}: panel {row.panel_cpu:.1f} %, agent {row.agent_cpu:.1f} %, idle Python "
                   f"{row.idle_cpu:.2f} %, panel RSS {row.panel_rss:.0f} MiB, {row.frames_s:.1f} frames/s, "
+                  f"{row.events_s:.0f} lines/s, refresh cap × {row.stretch:.1f}, "
                   f"load {row.load:.1f}" + (f"; {row.note}" if row.note else ""), flush=True)
             if args.details:
                 print("   % of a core drawing (content + lines), renders/s: "
@@ -563,11 +612,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print(table(rows))
+    print(table(rows, ref_ms))
     for r in rows:
         if r.note:
             print(f"\n{r.name}: {r.note}")
-    print(f"\nmachine: {machine()}; load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"\nmachine: {machine()}; load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+          f"reference workload {ref_ms:.1f} ms of CPU (panel ref/frame: a frame's CPU in those units)")
     return 0
 
 

@@ -26,11 +26,17 @@ STEPS = 600
 
 def start_writer(root: Path) -> subprocess.Popen[bytes]:
     """A live synthetic run: STEPS steps of 2 ranks at once, then alive and quiet."""
-    d = root / RUN
+    return start_writer_at(root, RUN, rate=0.0, steps=STEPS)
+
+
+def start_writer_at(root: Path, run_id: str, rate: float, steps: int = 10**9) -> subprocess.Popen[bytes]:
+    """A live synthetic run of 2 ranks, ``rate`` steps/s (0: at once) up to ``steps``, then
+    alive and quiet: the benchmark's writer, which writes what the trainer writes."""
+    d = root / run_id
     d.mkdir(parents=True)
-    env = {**os.environ, "NSA_RUN_ID": RUN, "NSA_RUN_DIR": str(d), "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "bench.panel_cost", "--writer", str(d), "2", "0",
-                             str(STEPS), "1000"], env=env, cwd=REPO, start_new_session=True)
+    env = {**os.environ, "NSA_RUN_ID": run_id, "NSA_RUN_DIR": str(d), "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "bench.panel_cost", "--writer", str(d), "2", str(rate),
+                             str(steps), "1000000"], env=env, cwd=REPO, start_new_session=True)
 
 
 async def test_one_metric_line_redraws_only_what_it_changes(runs_root: Path) -> None:

@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from nsa_tui.app import chartdata
+from nsa_tui.app.budget import RedrawBudget
 from nsa_tui.app.listing import FILTER_HELP, run_rows, shown_selection
 from nsa_tui.app.state import PanelState
 from nsa_tui.app.widgets.alerts import AlertsPane
@@ -69,8 +70,9 @@ COMPACT_BELOW = (100, 30)  # width, height under which one view shows at a time
 # The refresh cap: new data from the hosts (a step, a log line, a beat) redraws the panes at most
 # every DATA_REDRAW_S, and the charts (plotting is the costliest draw) every CHART_MIN_S; what the
 # user chose (another run, a key, a resize) shows at the next tick. Without it every event of a
-# 10 steps/s run redrew header, summary, run list, log and charts up to 10x/s
-# (docs/panel.md, "What the panel costs").
+# 10 steps/s run redrew header, summary, run list, log and charts up to 10x/s. On a slow
+# machine the panel's CPU budget stretches both (nsa_tui/app/budget.py; docs/panel.md, "What
+# the panel costs").
 DATA_REDRAW_S = 1.0
 CHART_MIN_S = 2.0
 
@@ -114,6 +116,7 @@ class MainScreen(Screen):
     _chart_at = 0.0
     _choice: tuple = ()
     _drawn_at = 0.0
+    _budget: RedrawBudget | None = None
     _sized: tuple[Widget, ...] = ()  # the panes whose size user_choice compares
     _alerts: AlertsPane
     _gpus: GpuTable
@@ -222,11 +225,14 @@ class MainScreen(Screen):
 
     def update_from(self, state: PanelState, now: float) -> None:
         """Redraw the panes from `state` (each pane skips work when nothing changed): at once
-        after a choice of the user, else at most every DATA_REDRAW_S."""
+        after a choice of the user, else at most every DATA_REDRAW_S (stretched by the budget)."""
         try:
+            if self._budget is None:
+                self._budget = RedrawBudget(DATA_REDRAW_S, CHART_MIN_S)
+            self._budget.observe()
             choice = self.user_choice(state)
             mono = time.monotonic()
-            if choice == self._choice and mono - self._drawn_at < DATA_REDRAW_S:
+            if choice == self._choice and mono - self._drawn_at < self._budget.data_s:
                 return
             self._choice, self._drawn_at = choice, mono
             self._update_from(state, now)
@@ -276,7 +282,8 @@ class MainScreen(Screen):
             return
         mono = time.monotonic()
         shape = (kinds, view.x_axis, compare, tuple((r.key, r.synced) for r in lineage))
-        if shape == self._chart_shape and mono - self._chart_at < CHART_MIN_S:
+        cap = self._budget.chart_s if self._budget else CHART_MIN_S
+        if shape == self._chart_shape and mono - self._chart_at < cap:
             return  # same charts of the same runs, drawn moments ago: new points wait for the cap
         self._chart_sig, self._chart_shape, self._chart_at = sig, shape, mono
         legend = self.query_one("#legend", Static)
