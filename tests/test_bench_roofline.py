@@ -1,0 +1,266 @@
+"""bench.roofline: its launch list against the wrappers' real launches, its dot FLOPs against
+what the interpreter executes (program by program), its useful FLOPs against nsa.stats."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import triton.runtime.interpreter as interp
+from triton.runtime.jit import JITFunction
+
+import nsa.ops.triton as T
+from bench import roofline as rl
+from bench.core import NSA, attention_inputs, nsa_attention
+from nsa.config import load_config
+from nsa.ops.triton import band
+from nsa.stats import attention_flops_per_token
+
+ROOT = Path(__file__).resolve().parents[1]
+SMS = 132
+
+
+@contextlib.contextmanager
+def observed(execute: bool) -> Iterator[tuple[list[tuple[str, tuple[int, ...], int]], dict, dict]]:
+    """Every kernel launch (name, grid, warps) inside the block, and with ``execute`` the dot
+    FLOPs each program runs in the interpreter (keyed by launch number and program id) and
+    the rows (M) of each launch's dots; without it nothing runs (meta tensors). The
+    compressed dK/dV split sees 132 SMs."""
+    launches: list[tuple[str, tuple[int, ...], int]] = []
+    flops: dict[tuple[int, tuple[int, int, int]], int] = {}
+    rows: dict[int, set[int]] = {}
+    runs = {cls: cls.run for cls in (interp.InterpretedFunction, JITFunction)}
+    dot = interp.InterpreterBuilder.create_dot
+
+    def make_run(cls: Any) -> Any:
+        def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            meta = dict(zip(self.arg_names, args), **kwargs)
+            g = tuple(grid(meta) if callable(grid) else grid)
+            launches.append((self.fn.__name__, g, kwargs.get("num_warps", 4)))
+            if execute:
+                return runs[cls](self, *args, grid=grid, warmup=warmup, **kwargs)
+            return None
+        return run
+
+    def count(self: Any, a: Any, b: Any, d: Any, *rest: Any) -> Any:
+        m, k = a.data.shape[-2:]
+        key = (len(launches) - 1, self.grid_idx)
+        flops[key] = flops.get(key, 0) + 2 * m * k * b.data.shape[-1]
+        rows.setdefault(key[0], set()).add(m)
+        return dot(self, a, b, d, *rest)
+
+    saved_sm = T._sm_count
+    T._sm_count = lambda device: SMS
+    for cls in runs:
+        cls.run = make_run(cls)
+    interp.InterpreterBuilder.create_dot = count
+    try:
+        yield launches, flops, rows
+    finally:
+        for cls, run in runs.items():
+            cls.run = run
+        interp.InterpreterBuilder.create_dot = dot
+        T._sm_count = saved_sm
+
+
+def per_program(flops: dict, i: int, grid: tuple[int, ...]) -> np.ndarray:
+    """Launch i's dot FLOPs per program, in launch order (program_id(0) fastest)."""
+    gx = grid[0]
+    gy = grid[1] if len(grid) > 1 else 1
+    out = np.zeros(gx * gy)
+    for (li, (x, y, _)), f in flops.items():
+        if li == i:
+            out[y * gx + x] += f
+    return out
+
+
+def kernels(launches: list[rl.Launch]) -> list[rl.Launch]:
+    return [la for la in launches if la.grid]
+
+
+@pytest.mark.parametrize("layout,t,b", [("nsa-125m", 2048, 32), ("nsa-125m", 16384, 4),
+                                        ("nsa-125m", 65536, 1), ("paper", 65536, 1), ("h16-g4", 1000, 3),
+                                        ("nsa-125m", 20, 2)])
+def test_grids_and_warps_are_the_launches_the_wrappers_make(layout: str, t: int, b: int) -> None:
+    H, G, D = {**rl.LAYOUTS, **rl.EXTRA_LAYOUTS}[layout]
+    xs = attention_inputs("nsa", b, t, H, G, D, "meta")
+    q, kc, vc, ks, vs, kw, vw, g = (x.requires_grad_() for x in xs)
+    with observed(execute=False) as (launches, _, _):
+        out = nsa_attention(T, q, kc, vc, ks, vs, kw, vw, g)
+        out.backward(torch.empty_like(out))
+    model = kernels(rl.nsa_launches(rl.Shape(b, t, H, G, D), SMS))
+    predicted = [(la.kernel, la.grid, la.warps) for la in model]
+    assert launches == predicted
+
+
+def test_every_program_runs_the_dot_flops_predicted() -> None:
+    """The whole NSA fwd+bwd in the interpreter at a small shape (split compressed dK/dV,
+    the scores kernel's weights dot, chunked selected dK/dV), with the selection it made."""
+    s = rl.Shape(B=1, T=64, H=2, G=1, D=16, block=8, stride=4, select_block=8, n=3, n_init=1, n_local=2,
+                 window=24)
+    torch.manual_seed(0)
+    q = torch.randn(s.B, s.T, s.H, s.D, requires_grad=True)
+    kc, vc = (torch.randn(s.B, s.nc, s.G, s.D, requires_grad=True) for _ in range(2))
+    ks, vs, kw, vw = (torch.randn(s.B, s.T, s.G, s.D, requires_grad=True) for _ in range(4))
+    gates = torch.rand(s.B, s.T, s.H, 3, requires_grad=True)
+    with observed(execute=True) as (launches, flops, rows):
+        o_cmp, idx = T.compressed_attention_and_selection(q, kc, vc, s.block, s.stride, s.select_block, s.G,
+                                                          s.n, s.n_init, s.n_local)
+        out = T.gated_combine(gates, o_cmp, T.selected_attention(q, ks, vs, idx, s.select_block),
+                              T.window_attention(q, kw, vw, s.window))
+        out.backward(torch.randn_like(out))
+    positions = rl.selected._sizes(s.hpg, s.D, s.select_block, None)[1]
+    model = kernels(rl.nsa_launches(s, SMS, rl.selection_from_idx(idx, positions, s.select_block)))
+    assert [(la.kernel, la.grid) for la in model] == [(name, g) for name, g, _ in launches]
+    assert any(la.kernel == "_band_bwd_dkdv" and la.note.split("NSPLIT=")[1] != "1" for la in model)
+    for i, la in enumerate(model):
+        assert np.array_equal(per_program(flops, i, la.grid), la.flops), (i, la.kernel, la.branch)
+        assert la.dot_rows == min(rows.get(i, {0})), (la.kernel, rows.get(i))
+
+
+def test_band_tile_loops_match_the_interpreter_where_every_loop_runs() -> None:
+    """Window and compressed band kernels at a length where the forward, dQ and dK/dV each
+    take their masked edge, unmasked interior and diagonal loops."""
+    B, t, H, G, D = 1, 256, 1, 1, 64
+    torch.manual_seed(1)
+    cases = [("window", t, 1, 0, 200, 1), ("compressed", (t - 2) // 2 + 1, 2, 1, t + 1, 4)]
+    for branch, nk, stride, off, win, nsplit in cases:
+        s = rl.Shape(B, t, H, G, D, block=off + 1, stride=stride, window=win)
+        q = torch.randn(B, t, H, D)
+        k, v = torch.randn(B, nk, G, D), torch.randn(B, nk, G, D)
+        with observed(execute=True) as (launches, flops, rows):
+            o, lse = band.band_forward(q, k, v, stride, off, win, D**-0.5)
+            band.band_backward(q, k, v, o, lse, torch.randn_like(o), stride, off, win, D**-0.5, nsplit)
+        model = [la for la in rl._band_launches(s, branch, nk, stride, off, win, nsplit) if la.grid]
+        assert [(la.kernel, la.grid) for la in model] == [(n, g) for n, g, _ in launches]
+        for i, la in enumerate(model):
+            assert np.array_equal(per_program(flops, i, la.grid), la.flops), (branch, la.kernel)
+            assert la.dot_rows == min(rows.get(i, {0})), (branch, la.kernel)
+        for bm, bn in ((128, 64), (64, 32)):
+            p = rl.band_programs(t, nk, stride, off, win, bm, bn)
+            assert (p["edge"] > 0).any() and (p["tiles"] > p["edge"]).any(), (branch, bm, bn)
+        p = rl.band_dkdv_programs(t, nk, stride, off, win, 64, 32, nsplit)
+        assert (p["edge"] > 0).any() and (p["tiles"] > p["edge"]).any(), branch
+
+
+@pytest.mark.parametrize("t", [2048, 5000])
+def test_useful_flops_are_nsa_stats_and_the_rest_is_recompute_and_masked_work(t: int) -> None:
+    cfg = load_config(ROOT / "configs" / "nsa-125m.yaml").model
+    a = cfg.attention
+    assert (a.compress_block, a.compress_stride, a.select_block, a.num_selected, a.window) == (
+        NSA["block"], NSA["stride"], NSA["select_block"], NSA["num_selected"], NSA["window"])
+    b = 2
+    s = rl.Shape(b, t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+    stats = 3 * attention_flops_per_token(cfg, t) * t * b / cfg.n_layers  # one layer, fwd + bwd
+    launches = rl.nsa_launches(s, SMS)
+    useful = sum(la.useful for la in launches)
+    assert useful == pytest.approx(stats, rel=1e-12)
+    executed = sum(float(la.flops.sum()) for la in launches)
+    for la in launches:
+        assert float(la.flops.sum()) >= la.ideal >= la.useful >= 0, la.kernel
+    case = rl.analyse("nsa-125m", s, ["H200"])
+    assert case.total("flops") == pytest.approx(executed)
+    md = "\n".join(rl.case_markdown(case, ["H200"]))
+    lines = md.splitlines()
+    header = next(line for line in lines if line.startswith("| # |")).split("|")
+    sum_row = next(line for line in lines if "**sum**" in line).split("|")
+    useful_share = sum_row[[c.strip() for c in header].index("useful")].strip()
+    assert useful_share == f"{100 * stats / executed:.0f}%"  # the share of executed FLOPs nsa.stats counts
+
+
+def test_selection_model_is_consistent() -> None:
+    s = rl.Shape(2, 5000, 16, 1, 64)
+    t = np.arange(s.T)
+    chosen = np.minimum(s.n, t // s.select_block + 1).sum() * s.B * s.G
+    P = rl.selected._sizes(s.hpg, s.D, s.select_block, None)[1]
+    unions = {u: rl.selection_model(s, P, u) for u in rl.UNIONS}
+    for sel in unions.values():
+        assert abs(sel.seg.sum() - chosen) <= s.ns * s.B * s.G  # per-block rounding
+        assert sel.union.shape == (s.B * s.G, math.ceil(s.T / P))
+    assert (unions["shared"].union <= unions["random"].union + 1e-9).all()
+    assert (unions["random"].union <= unions["disjoint"].union + 1e-9).all()
+    assert unions["disjoint"].union.max() <= P * s.n
+
+
+def test_selection_from_a_real_idx() -> None:
+    # B 1, T 4, G 1, n 3, blocks of 2 tokens: t0, t1 chose {0}; t2, t3 chose {0, 1}
+    idx = torch.tensor([[[[0, -1, -1]], [[0, -1, -1]], [[0, 1, -1]], [[1, 0, -1]]]])
+    sel = rl.selection_from_idx(idx, 2, 2)
+    assert sel.union.tolist() == [[1, 2]]
+    assert sel.seg.tolist() == [[4, 2]]
+    assert sel.pairs == 1 + 2 + 3 + 4  # keys <= t inside the chosen blocks
+
+
+@pytest.mark.parametrize("nc,b,g", [(127, 1, 1), (1023, 4, 1), (4095, 1, 4), (3, 32, 1), (0, 1, 1)])
+def test_compressed_split_is_the_wrappers(nc: int, b: int, g: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = torch.empty(b, 16, 16, 64, device="meta")
+    monkeypatch.setattr(T, "_sm_count", lambda device: SMS)
+    assert rl.cmp_split(nc, b, g, SMS) == T._cmp_split(q, nc, g)
+    assert rl.cmp_split(nc, b, g, 0) == 1
+
+
+def test_residency_and_balance() -> None:
+    assert rl.resident(168, 0, 4) == 3 and rl.resident(255, 0, 4) == 2  # docs/kernels.md's register table
+    assert rl.resident(128, 0, 8) == 2 and rl.resident(129, 0, 8) == 1
+    assert rl.resident(64, 120 * 1024, 4) == 1  # shared memory binds
+    record = rl.read_record(rl.latest_record())
+    assert record[("_band_fwd", "nsa-125m window fwd")][2] == 8
+    assert rl.balance(np.ones(264), SMS) == 1.0
+    assert rl.balance(np.ones(133), SMS) == pytest.approx(133 / (2 * SMS))
+    assert rl.balance(np.array([4.0, 1, 1, 1, 1]), 2) == pytest.approx(8 / (2 * 4))
+
+
+def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    measured = tmp_path / "results.json"
+    row = dict(device="NVIDIA H200", layout="nsa-125m", seq_len=2048, batch=4, status="ok")
+    rows = [dict(row, op=op, impl=impl, ms=ms) for op, impl, ms in (
+        ("attn_fwd_train", "nsa_triton", 2.0), ("attn_bwd", "nsa_triton", 3.0),
+        ("attn_fwd_train", "dense_cudnn", 1.0), ("attn_bwd", "dense_cudnn", 2.0))]
+    measured.write_text(json.dumps(dict(
+        rows=rows,
+        kernels=[dict(impl="nsa_triton", layout="nsa-125m", seq_len=2048, batch=4, kernel="_sel_fwd", calls=1,
+                      device_ms=0.75, share=0.15)])))
+    out_json = tmp_path / "roofline.json"
+    assert rl.main(["--layouts", "nsa-125m", "--seqs", "2048", "--batch", "4", "--measured", str(measured),
+                    "--json", str(out_json)]) == 0
+    md = capsys.readouterr().out
+    assert "## nsa-125m, T 2048, batch 4" in md and "| dense flash (bound) |" in md
+    assert "H100 ms | H100 / balance | H100 tiles at HBM | H200 ms" in md
+    table = [line for line in md.splitlines() if re.match(r"\| \d+ \| `_", line)]
+    assert len(table) == len(kernels(rl.nsa_launches(rl.Shape(4, 2048, 16, 1, 64), SMS)))
+    assert "| `_sel_fwd` |" in md and "| 0.750 |" in md  # the measured kernel beside its bound
+    assert "| nsa-125m | 2048 | 4 | H200 |" in md and "| 5.000 | 3.000 |" in md
+    data = json.loads(out_json.read_text())
+    assert data["cases"][0]["shape"]["T"] == 2048 and data["cases"][0]["measured"]["nsa_ms"] == 5.0
+    names = {la["kernel"] for la in data["cases"][0]["launches"]}
+    assert names >= {"_band_fwd", "_sel_bwd_dkdv", "_scores_topn"}
+
+
+@pytest.mark.slow
+def test_mma_reads_the_sm90_ptx_of_every_kernel(tmp_path: Path) -> None:
+    """``--mma`` compiles the kernels (Triton's compiler, no GPU): the dots of fewer than 64
+    rows are the kernels whose PTX has no wgmma."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out_json = tmp_path / "mma.json"
+    out = subprocess.run([sys.executable, "-m", "bench.roofline", "--layouts", "nsa-125m", "--seqs", "2048",
+                          "--devices", "H200", "--mma", "--json", str(out_json)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    launches = json.loads(out_json.read_text())["cases"][0]["launches"]
+    kinds = {(la["kernel"], la["branch"]): la["mma"] for la in launches if la["grid"]}
+    assert all(kinds.values()), kinds
+    for la in launches:
+        if la["grid"] and la["dot_rows"]:
+            assert la["mma"] == ("wgmma" if la["dot_rows"] >= rl.WGMMA_ROWS else "mma.sync"), la["kernel"]
