@@ -1,5 +1,6 @@
-"""bench.roofline: its launch list against the wrappers' real launches, its dot FLOPs against
-what the interpreter executes (program by program), its useful FLOPs against nsa.stats."""
+"""bench.roofline and its launch model, bench.roofline_launches: the launch list against the
+wrappers' real launches, its dot FLOPs against what the interpreter executes (program by
+program), its useful FLOPs against nsa.stats."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from triton.runtime.jit import JITFunction
 
 import nsa.ops.triton as T
 from bench import roofline as rl
+from bench import roofline_launches as rll
 from bench.core import NSA, attention_inputs, nsa_attention
 from nsa.config import load_config
 from nsa.ops.triton import band
@@ -85,7 +87,7 @@ def per_program(flops: dict, i: int, grid: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def kernels(launches: list[rl.Launch]) -> list[rl.Launch]:
+def kernels(launches: list[rll.Launch]) -> list[rll.Launch]:
     return [la for la in launches if la.grid]
 
 
@@ -99,7 +101,7 @@ def test_grids_and_warps_are_the_launches_the_wrappers_make(layout: str, t: int,
     with observed(execute=False) as (launches, _, _):
         out = nsa_attention(T, q, kc, vc, ks, vs, kw, vw, g)
         out.backward(torch.empty_like(out))
-    model = kernels(rl.nsa_launches(rl.Shape(b, t, H, G, D), SMS))
+    model = kernels(rll.nsa_launches(rll.Shape(b, t, H, G, D), SMS))
     predicted = [(la.kernel, la.grid, la.warps) for la in model]
     assert launches == predicted
 
@@ -107,8 +109,8 @@ def test_grids_and_warps_are_the_launches_the_wrappers_make(layout: str, t: int,
 def test_every_program_runs_the_dot_flops_predicted() -> None:
     """The whole NSA fwd+bwd in the interpreter at a small shape (split compressed dK/dV,
     the scores kernel's weights dot, chunked selected dK/dV), with the selection it made."""
-    s = rl.Shape(B=1, T=64, H=2, G=1, D=16, block=8, stride=4, select_block=8, n=3, n_init=1, n_local=2,
-                 window=24)
+    s = rll.Shape(B=1, T=64, H=2, G=1, D=16, block=8, stride=4, select_block=8, n=3, n_init=1, n_local=2,
+                  window=24)
     torch.manual_seed(0)
     q = torch.randn(s.B, s.T, s.H, s.D, requires_grad=True)
     kc, vc = (torch.randn(s.B, s.nc, s.G, s.D, requires_grad=True) for _ in range(2))
@@ -120,8 +122,8 @@ def test_every_program_runs_the_dot_flops_predicted() -> None:
         out = T.gated_combine(gates, o_cmp, T.selected_attention(q, ks, vs, idx, s.select_block),
                               T.window_attention(q, kw, vw, s.window))
         out.backward(torch.randn_like(out))
-    positions = rl.selected._sizes(s.hpg, s.D, s.select_block, None)[1]
-    model = kernels(rl.nsa_launches(s, SMS, rl.selection_from_idx(idx, positions, s.select_block)))
+    positions = rll.selected._sizes(s.hpg, s.D, s.select_block, None)[1]
+    model = kernels(rll.nsa_launches(s, SMS, rll.selection_from_idx(idx, positions, s.select_block)))
     assert [(la.kernel, la.grid) for la in model] == [(name, g) for name, g, _ in launches]
     assert any(la.kernel == "_band_bwd_dkdv" and la.note.split("NSPLIT=")[1] != "1" for la in model)
     for i, la in enumerate(model):
@@ -136,21 +138,21 @@ def test_band_tile_loops_match_the_interpreter_where_every_loop_runs() -> None:
     torch.manual_seed(1)
     cases = [("window", t, 1, 0, 200, 1), ("compressed", (t - 2) // 2 + 1, 2, 1, t + 1, 4)]
     for branch, nk, stride, off, win, nsplit in cases:
-        s = rl.Shape(B, t, H, G, D, block=off + 1, stride=stride, window=win)
+        s = rll.Shape(B, t, H, G, D, block=off + 1, stride=stride, window=win)
         q = torch.randn(B, t, H, D)
         k, v = torch.randn(B, nk, G, D), torch.randn(B, nk, G, D)
         with observed(execute=True) as (launches, flops, rows):
             o, lse = band.band_forward(q, k, v, stride, off, win, D**-0.5)
             band.band_backward(q, k, v, o, lse, torch.randn_like(o), stride, off, win, D**-0.5, nsplit)
-        model = [la for la in rl._band_launches(s, branch, nk, stride, off, win, nsplit) if la.grid]
+        model = [la for la in rll._band_launches(s, branch, nk, stride, off, win, nsplit) if la.grid]
         assert [(la.kernel, la.grid) for la in model] == [(n, g) for n, g, _ in launches]
         for i, la in enumerate(model):
             assert np.array_equal(per_program(flops, i, la.grid), la.flops), (branch, la.kernel)
             assert la.dot_rows == min(rows.get(i, {0})), (branch, la.kernel)
         for bm, bn in ((128, 64), (64, 32)):
-            p = rl.band_programs(t, nk, stride, off, win, bm, bn)
+            p = rll.band_programs(t, nk, stride, off, win, bm, bn)
             assert (p["edge"] > 0).any() and (p["tiles"] > p["edge"]).any(), (branch, bm, bn)
-        p = rl.band_dkdv_programs(t, nk, stride, off, win, 64, 32, nsplit)
+        p = rll.band_dkdv_programs(t, nk, stride, off, win, 64, 32, nsplit)
         assert (p["edge"] > 0).any() and (p["tiles"] > p["edge"]).any(), branch
 
 
@@ -161,9 +163,9 @@ def test_useful_flops_are_nsa_stats_and_the_rest_is_recompute_and_masked_work(t:
     assert (a.compress_block, a.compress_stride, a.select_block, a.num_selected, a.window) == (
         NSA["block"], NSA["stride"], NSA["select_block"], NSA["num_selected"], NSA["window"])
     b = 2
-    s = rl.Shape(b, t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+    s = rll.Shape(b, t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
     stats = 3 * attention_flops_per_token(cfg, t) * t * b / cfg.n_layers  # one layer, fwd + bwd
-    launches = rl.nsa_launches(s, SMS)
+    launches = rll.nsa_launches(s, SMS)
     useful = sum(la.useful for la in launches)
     assert useful == pytest.approx(stats, rel=1e-12)
     executed = sum(float(la.flops.sum()) for la in launches)
@@ -180,11 +182,11 @@ def test_useful_flops_are_nsa_stats_and_the_rest_is_recompute_and_masked_work(t:
 
 
 def test_selection_model_is_consistent() -> None:
-    s = rl.Shape(2, 5000, 16, 1, 64)
+    s = rll.Shape(2, 5000, 16, 1, 64)
     t = np.arange(s.T)
     chosen = np.minimum(s.n, t // s.select_block + 1).sum() * s.B * s.G
-    P = rl.selected._sizes(s.hpg, s.D, s.select_block, None)[1]
-    unions = {u: rl.selection_model(s, P, u) for u in rl.UNIONS}
+    P = rll.selected._sizes(s.hpg, s.D, s.select_block, None)[1]
+    unions = {u: rll.selection_model(s, P, u) for u in rll.UNIONS}
     for sel in unions.values():
         assert abs(sel.seg.sum() - chosen) <= s.ns * s.B * s.G  # per-block rounding
         assert sel.union.shape == (s.B * s.G, math.ceil(s.T / P))
@@ -196,7 +198,7 @@ def test_selection_model_is_consistent() -> None:
 def test_selection_from_a_real_idx() -> None:
     # B 1, T 4, G 1, n 3, blocks of 2 tokens: t0, t1 chose {0}; t2, t3 chose {0, 1}
     idx = torch.tensor([[[[0, -1, -1]], [[0, -1, -1]], [[0, 1, -1]], [[1, 0, -1]]]])
-    sel = rl.selection_from_idx(idx, 2, 2)
+    sel = rll.selection_from_idx(idx, 2, 2)
     assert sel.union.tolist() == [[1, 2]]
     assert sel.seg.tolist() == [[4, 2]]
     assert sel.pairs == 1 + 2 + 3 + 4  # keys <= t inside the chosen blocks
@@ -206,8 +208,8 @@ def test_selection_from_a_real_idx() -> None:
 def test_compressed_split_is_the_wrappers(nc: int, b: int, g: int, monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.empty(b, 16, 16, 64, device="meta")
     monkeypatch.setattr(T, "_sm_count", lambda device: SMS)
-    assert rl.cmp_split(nc, b, g, SMS) == T._cmp_split(q, nc, g)
-    assert rl.cmp_split(nc, b, g, 0) == 1
+    assert rll.cmp_split(nc, b, g, SMS) == T._cmp_split(q, nc, g)
+    assert rll.cmp_split(nc, b, g, 0) == 1
 
 
 def test_residency_and_balance() -> None:
@@ -238,7 +240,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Cap
     assert "## nsa-125m, T 2048, batch 4" in md and "| dense flash (bound) |" in md
     assert "H100 ms | H100 / balance | H100 tiles at HBM | H200 ms" in md
     table = [line for line in md.splitlines() if re.match(r"\| \d+ \| `_", line)]
-    assert len(table) == len(kernels(rl.nsa_launches(rl.Shape(4, 2048, 16, 1, 64), SMS)))
+    assert len(table) == len(kernels(rll.nsa_launches(rll.Shape(4, 2048, 16, 1, 64), SMS)))
     assert "| `_sel_fwd` |" in md and "| 0.750 |" in md  # the measured kernel beside its bound
     assert "| nsa-125m | 2048 | 4 | H200 |" in md and "| 5.000 | 3.000 |" in md
     data = json.loads(out_json.read_text())
