@@ -84,6 +84,8 @@ class Trainer:
         self.telemetry_s = 0.0
         self.train_s = 0.0
         self.stop_agreed = False
+        self.last_grad_norm: float | None = None  # read by _agree with the loss, for the metrics line
+        self.last_gates: GateShares | None = None
         import psutil
 
         self._proc = psutil.Process()
@@ -203,7 +205,12 @@ class Trainer:
         return batch
 
     def train_step(self) -> tuple[float, torch.Tensor | None]:
-        """One optimizer step: accumulate, agree on loss/stop/NaN across ranks, clip, update."""
+        """One optimizer step: accumulate, agree on loss/stop/NaN across ranks, clip, update.
+
+        The host reads the device once (``_agree``), before the update: a non-finite loss or
+        gradient must stop every rank before it reaches the weights. The grad norm (and, on a
+        logging step, the gate shares) come to the host in the same read, as ``last_grad_norm``
+        and ``last_gates``."""
         step_idx = self.step  # 0-based index of the step being computed; it completes as step+1
         self.faults.maybe_crash(step_idx + 1)
         loss_sum = torch.zeros((), device=self.info.device)
@@ -219,31 +226,15 @@ class Trainer:
                 (loss / self.grad_accum).backward()
             loss_sum += loss.detach()
             self.positions = batch.positions
-        w = self.info.world_size
         # The norm, always (grad_clip 0 = no clipping, max_norm inf): logged, and computed before
         # the agreement so that a non-finite norm stops the step too.
         max_norm = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; resolve it on every rank
             grad_norm = grad_norm.full_tensor()
-        flags = torch.zeros(3 + w, device=self.info.device)
-        local = loss_sum / self.grad_accum
-        finite = torch.isfinite(local)  # stays on the device: one host sync per step, below
-        flags[0] = torch.where(finite, local, torch.zeros_like(local))
-        flags[1] = 1.0 if self.stop.is_set() else 0.0
-        flags[2 + self.info.rank] = (~finite).float()
-        flags[2 + w] = (~torch.isfinite(grad_norm)).float()  # a finite loss, non-finite gradient: poison
-        torch.distributed.all_reduce(flags)
-        vals = flags.tolist()
-        bad = [r for r in range(w) if vals[2 + r] > 0]
-        if bad:
-            raise NonFiniteLoss(f"non-finite loss at step {step_idx + 1} on rank(s) {bad}")
-        if vals[2 + w] > 0:
-            raise NonFiniteLoss(f"non-finite gradient norm (nan/inf) at step {step_idx + 1} "
-                                "with a finite loss")
-        self.stop_agreed = vals[1] > 0  # every rank saw the same sum: they stop together
-        if self.stop_agreed:
-            self.stop.set(self.stop.reason or "SIGTERM on another rank")
+        logged = self._logs(step_idx + 1) and hasattr(self.raw, "gate_shares")
+        shares = self.raw.gate_shares() if logged else None  # read with the loss, on logging steps only
+        loss_mean = self._agree(step_idx, loss_sum / self.grad_accum, grad_norm, shares)
         lr = lr_at(step_idx, lr=self.cfg.train.lr, min_lr=self.cfg.train.min_lr,
                    warmup_steps=self.cfg.train.warmup_steps, total_steps=self.cfg.train.steps)
         for group in self.optimizer.param_groups:
@@ -253,7 +244,46 @@ class Trainer:
         self.step += 1
         self.tokens += self.global_batch * self.cfg.train.seq_len
         self.last_lr = lr
-        return vals[0] / w, grad_norm
+        return loss_mean, grad_norm
+
+    def _logs(self, step: int) -> bool:
+        """Whether this rank writes a metrics line after ``step`` (rank 0, every ``log_every``)."""
+        t = self.cfg.train
+        return self.metrics is not None and (step % t.log_every == 0 or step == t.steps)
+
+    def _agree(self, step_idx: int, local: torch.Tensor, grad_norm: torch.Tensor,
+               shares: torch.Tensor | None) -> float:
+        """Every rank's verdict on this step in one all-reduce (skipped on one rank), read with
+        the grad norm and gate shares in one ``.tolist()``: the step's only host sync, so the
+        GPU queue drains once per step, not once per value. Raises ``NonFiniteLoss`` (every
+        rank alike); sets ``stop_agreed``; returns the mean loss over ranks."""
+        w = self.info.world_size
+        finite = torch.isfinite(local)
+        flags = torch.zeros(3 + w, device=self.info.device)
+        flags[0] = torch.where(finite, local, torch.zeros_like(local))
+        if self.stop.is_set():
+            flags[1].fill_(1.0)  # a kernel argument, not a tensor of host data to upload
+        flags[2 + self.info.rank] = (~finite).float()
+        flags[2 + w] = (~torch.isfinite(grad_norm)).float()  # a finite loss, non-finite gradient: poison
+        if w > 1:
+            torch.distributed.all_reduce(flags)
+        mine = [grad_norm.detach().float().reshape(1)] + ([] if shares is None else [shares.detach().float()])
+        vals = torch.cat([flags, *mine]).tolist()  # the one device->host transfer
+        bad = [r for r in range(w) if vals[2 + r] > 0]
+        if bad:
+            raise NonFiniteLoss(f"non-finite loss at step {step_idx + 1} on rank(s) {bad}")
+        if vals[2 + w] > 0:
+            raise NonFiniteLoss(f"non-finite gradient norm (nan/inf) at step {step_idx + 1} "
+                                "with a finite loss")
+        self.stop_agreed = vals[1] > 0  # every rank saw the same sum: they stop together
+        if self.stop_agreed:
+            self.stop.set(self.stop.reason or "SIGTERM on another rank")
+        self.last_grad_norm = vals[3 + w]  # this rank's; equal on every rank (DDP, FSDP full norm)
+        self.last_gates = None
+        if shares is not None:
+            c, s, win = vals[4 + w:]
+            self.last_gates = GateShares(compressed=c, selected=s, window=win)
+        return vals[0] / w
 
     # ------------------------------------------------------------------ eval / save
     def evaluate(self) -> float | None:
@@ -323,7 +353,7 @@ class Trainer:
             self.record.update(status="running", step=self.step, tokens=self.tokens)
         last_end = time.perf_counter()
         while self.step < t.steps:
-            loss, grad_norm = self.train_step()
+            loss, _ = self.train_step()
             self.timeouts.steady()  # joined, compiled, one step done: hangs now fail fast
             self.ckpt.poll()  # a background save that finished is committed here
             self.sync_last_checkpoint()
@@ -332,8 +362,8 @@ class Trainer:
             self.train_s += step_time
             t0 = time.perf_counter()
             self.hb.step_beat(self.step)
-            if self.metrics and (self.step % t.log_every == 0 or self.step == t.steps):
-                self._log_metrics(loss, grad_norm, step_time)
+            if self._logs(self.step):
+                self._log_metrics(loss, step_time)
             if self.record:
                 self.record.progress(self.step, self.tokens)
             self.telemetry_s += time.perf_counter() - t0
@@ -363,18 +393,16 @@ class Trainer:
             last_end = time.perf_counter()  # eval and checkpoint time are not step time
         return "finished"
 
-    def _log_metrics(self, loss: float, grad_norm: torch.Tensor | None, step_time: float) -> None:
+    def _log_metrics(self, loss: float, step_time: float) -> None:
+        """The step's metrics line and log line, from values already on the host (``_agree``)."""
         assert self.metrics is not None  # called on the main rank only, which logs metrics
-        shares = self.raw.gate_shares() if hasattr(self.raw, "gate_shares") else None
-        gates = None
-        if shares is not None:
-            c, s, w = shares.float().tolist()
-            gates = GateShares(compressed=c, selected=s, window=w)
-        if self.info.device.type == "cuda":
-            alloc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        gates, gn = self.last_gates, self.last_grad_norm
+        if self.info.device.type == "cuda":  # the caching allocator's counters: no device sync
+            stats = torch.cuda.memory_stats(self.info.device)
+            alloc = stats.get("allocated_bytes.all.current", 0)
+            reserved = stats.get("reserved_bytes.all.current", 0)
         else:
             alloc = reserved = self._proc.memory_info().rss  # CPU: process RSS (psutil)
-        gn = float(grad_norm) if grad_norm is not None else None
         tps = self.global_batch * self.cfg.train.seq_len / step_time if step_time > 0 else None
         self.metrics.write(TrainMetric(
             ts=time.time(), step=self.step, loss=loss, lr=self.last_lr, tokens=self.tokens, tokens_per_s=tps,
