@@ -116,17 +116,20 @@ class MarkovChain:
         rng = np.random.default_rng([seed, 0xC0FFEE])
         self.succ = np.stack([rng.choice(self.ALPHABET, size=4, replace=False) for _ in range(self.ALPHABET)])
         self.probs = np.array([0.7, 0.1, 0.1, 0.1])
+        # the walk in plain lists: numpy's per-element indexing made a document ~10x slower,
+        # Python time on the loader thread that holds the GIL while the step launches kernels
+        self._succ = self.succ.tolist()
 
     def document(self, index: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng([seed, index])
         n = int(rng.integers(64, 1024))
-        picks = rng.choice(4, size=n, p=self.probs)
-        out = np.empty(n, dtype=np.int32)
+        picks = rng.choice(4, size=n, p=self.probs).tolist()
         state = int(rng.integers(self.ALPHABET))
-        for t in range(n):
-            state = int(self.succ[state, picks[t]])
+        succ, out = self._succ, [0] * n
+        for t, pick in enumerate(picks):
+            state = succ[state][pick]
             out[t] = state
-        return out + self.BASE
+        return np.asarray(out, dtype=np.int32) + self.BASE
 
 
 def synthetic_source(seed: int, val_every: int) -> IndexedSource:
