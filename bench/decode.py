@@ -3,7 +3,8 @@ measured decode speed and memory with the KV-cache decoder (nsa/infer/).
 
     python -m bench.decode --analytic                  # the loaded-token table alone
     python -m bench.decode [--contexts 4096 ... 65536] [--steps 8] [--batch 1]
-                           [--device cpu|cuda] [--dtype fp32|bf16] [--threads N] [--json OUT]
+                           [--device cpu|cuda] [--dtype fp32|bf16] [--threads N] [--eager]
+                           [--json OUT]
 
 Loaded tokens (per layer and KV group, for the one query of a decoded token whose context
 holds s tokens, itself included):
@@ -22,11 +23,14 @@ same NSA hyperparameters, so its row is the same.
 Measured: configs/nsa-125m.yaml against configs/dense-125m.yaml (random weights: speed
 and memory do not depend on them), batch ``--batch``, caches filled with random K/V at
 context s (a prefill of 64k tokens would dominate the run and is not what is measured),
-then ``--steps`` timed decode steps after two warm-up steps. tokens/s = batch * steps /
-time: wall time on CUDA; on CPU the process's CPU time (steadier on a shared machine; with
-one thread, ``--threads 1``, it is the work done). Memory: the caches' bytes, and on CUDA
-the peak allocated during the steps over what was allocated before them (the model and
-caches excluded).
+then ``--steps`` timed decode steps (each also choosing the next token, greedily) through
+``nsa.infer.graph.DecodeRunner``: on CUDA the step is captured as a CUDA graph after its
+warm-up steps and replayed (``--eager``: no graph), on CPU it runs eagerly; every row and
+the JSON say which (``decode_path``). The warm-up steps and the capture are not timed.
+tokens/s = batch * steps / time: wall time on CUDA; on CPU the process's CPU time (steadier
+on a shared machine; with one thread, ``--threads 1``, it is the work done). Memory: the
+caches' bytes, and on CUDA the peak allocated during the steps over what was allocated
+before them (the model and caches excluded).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nsa.config import AttentionConfig, ModelConfig, load_config  # noqa: E402
-from nsa.infer import DecodeState, decode_step, make_cache  # noqa: E402
+from nsa.infer import DecodeState, make_cache  # noqa: E402
+from nsa.infer.graph import WARMUP, DecodeRunner  # noqa: E402
 from nsa.model import build_model  # noqa: E402
 from nsa.ops.reference import num_compressed, num_select_blocks  # noqa: E402
 
@@ -99,16 +104,18 @@ def filled_state(model: torch.nn.Module, batch: int, context: int, extra: int, d
 
 
 def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch.dtype,
-            device: torch.device) -> dict[str, Any]:
-    """Decode ``steps`` tokens per sequence after ``context`` tokens: speed and memory."""
+            device: torch.device, graph: bool | None = None) -> dict[str, Any]:
+    """Decode ``steps`` tokens per sequence after ``context`` tokens: speed and memory.
+    ``graph``: as ``DecodeRunner``'s (None: a CUDA graph on CUDA)."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device=device, dtype=dtype).eval()
-    warm = 2
+    warm = WARMUP + 1  # eager warm-up steps, then (CUDA graph) the one that captures
     state = filled_state(model, batch, context, steps + warm, dtype, device)
     cache_bytes = sum(t.numel() * t.element_size() for c in state.caches for t in c.cache_tensors())
+    runner = DecodeRunner(model, state, graph=graph)
     tok = torch.zeros(batch, dtype=torch.long, device=device)
     for _ in range(warm):
-        tok = decode_step(model, state, tok).argmax(-1)
+        tok = runner.step(tok)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     if device.type == "cuda":
@@ -116,7 +123,7 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
         before = torch.cuda.memory_allocated(device)
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
-        tok = decode_step(model, state, tok).argmax(-1)
+        tok = runner.step(tok)
     sync()
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     # On CPU the process's CPU time is the steadier clock on a shared machine (with one
@@ -125,7 +132,8 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
     row = {"kind": cfg.attention.kind, "context": context, "batch": batch, "steps": steps,
            "tokens_per_s": batch * steps / clock, "clock": "process CPU" if device.type == "cpu" else "wall",
            "wall_ms_per_step": 1000 * dt / steps, "cpu_ms_per_step": 1000 * cpu / steps,
-           "cache_bytes": cache_bytes, "step_peak_bytes": None}
+           "cache_bytes": cache_bytes, "step_peak_bytes": None, "decode_path": runner.path,
+           "replays": runner.replays}
     if device.type == "cuda":
         row["step_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     del model, state
@@ -160,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
                     help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graph: every step eagerly")
     ap.add_argument("--json", type=Path, default=None, help="also write every row here")
     args = ap.parse_args(argv)
 
@@ -178,16 +187,20 @@ def main(argv: list[str] | None = None) -> int:
         measured = []
         for s in args.contexts:
             for cfg in (dense_cfg, nsa_cfg):
-                measured.append(measure(cfg, s, args.steps, args.batch, dtype, device))
-                print(f"  measured {cfg.attention.kind} at {s}: {measured[-1]['tokens_per_s']:.2f} tok/s",
-                      file=sys.stderr, flush=True)
+                measured.append(measure(cfg, s, args.steps, args.batch, dtype, device,
+                                        graph=False if args.eager else None))
+                print(f"  measured {cfg.attention.kind} at {s}: {measured[-1]['tokens_per_s']:.2f} tok/s "
+                      f"({measured[-1]['decode_path']})", file=sys.stderr, flush=True)
         ratios = {r["context"]: r["ratio_exact"] for r in rows if r["config"] == "nsa-125m"}
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
             f"CPU, {torch.get_num_threads()} threads, tokens per second of process CPU time"
-        print(f"\nMeasured decode, nsa-125m vs dense-125m, batch {args.batch}, {dtype}, {where}\n")
+        paths = sorted({r["decode_path"] for r in measured})
+        print(f"\nMeasured decode, nsa-125m vs dense-125m, batch {args.batch}, {dtype}, {where}, "
+              f"decode path {', '.join(paths)}\n")
         print(measured_table(measured, ratios))
         result["measured"] = measured
         result["device"] = where
+        result["decode_path"] = paths[0] if len(paths) == 1 else paths
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0

@@ -3,6 +3,7 @@ really attends to."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -54,3 +55,16 @@ def test_exact_count_is_what_the_decoder_attends_to(monkeypatch: pytest.MonkeyPa
         decode_step(model, state, torch.zeros(1, dtype=torch.long))
         per_layer = sum(seen[:3])  # compressed, selected, window of the first layer
         assert per_layer == loaded_tokens(s, a)["nsa_exact"], f"context {s}"
+
+
+def test_measured_json_says_which_decode_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every measured row and the JSON name the decode path: eager on the CPU (a CUDA graph
+    needs CUDA), after the warm-up steps, one timed step each."""
+    out = tmp_path / "decode.json"
+    assert main(["--contexts", "128", "--steps", "1", "--device", "cpu", "--threads", "1",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["decode_path"] == "eager"
+    assert [(r["kind"], r["decode_path"], r["replays"]) for r in data["measured"]] == \
+        [("dense", "eager", 0), ("nsa", "eager", 0)]
+    assert "decode path eager" in capsys.readouterr().out

@@ -26,13 +26,19 @@ implementation of them. One exception: Eq. 9 + 10 (block scores from the compres
 probabilities) goes through the nonzero band of the overlap matrix (``group_scores``),
 O(Nc) per step instead of the dense ``[Nc, Ns]`` product, which took about a third of a
 nsa-125m step's CPU time at 64k tokens; a test compares it with the reference's.
+
+``step`` is ``project``, ``_append`` (the cache writes), ``_branches`` (the three
+branches' attention, reading the cache only: what a fused decode kernel replaces) and
+``mix``. It is device work on fixed shapes with no host sync, no tensor built from host
+data and no branch on a device value, and the index tensors it needs are built once by
+``allocate``: a CUDA graph captures it (nsa/infer/graph.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from nsa.model.attention import DenseAttention, NSAAttention
+from nsa.model.attention import Angles, DenseAttention, NSAAttention
 from nsa.ops.reference import (
     _acc_dtype,
     _attend,
@@ -87,13 +93,6 @@ def _ring_fill(ring: torch.Tensor, src: torch.Tensor, lengths: torch.Tensor) -> 
     ring.copy_(torch.gather(src, 1, pos[:, :, None, None].expand(-1, -1, *src.shape[2:])))
 
 
-def _ring_positions(size: int, pos: torch.Tensor) -> torch.Tensor:
-    """``[B, size]``: the position each ring slot holds once position ``pos [B]`` is written
-    (negative: none yet)."""
-    slot = torch.arange(size, device=pos.device)
-    return pos[:, None] - torch.remainder(pos[:, None] - slot, size)
-
-
 class NSACache:
     """One NSA layer's cache (see the module docstring) and its prefill and one-token step."""
 
@@ -103,10 +102,12 @@ class NSACache:
         self.batch = batch
         self.capacity = num_select_blocks(capacity, c.select_block) * c.select_block
         self.tensors: dict[str, torch.Tensor] = {}
+        self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
         """Zeroed cache tensors (prefill calls this with its K/V's dtype; a benchmark may
-        call it and fill them with anything)."""
+        call it and fill them with anything), and the step's constant index tensors: a step
+        builds none (fewer ops per token, nothing a CUDA graph would have to re-create)."""
         c, a = self.attn.cfg, self.attn
         B, S, G, D = self.batch, self.capacity, a.n_kv_heads, a.head_dim
         sizes = {"slc": S, "win": min(c.window, S), "raw": c.compress_block,
@@ -118,6 +119,20 @@ class NSACache:
         cols, vals = overlap_band(S, c.compress_block, c.compress_stride, c.select_block, device)
         self.band_cols, self.band_vals = cols, vals.to(_acc_dtype(self.tensors["k_slc"]))
         self.n_blocks = num_select_blocks(S, c.select_block)
+        rows = torch.arange(B, device=device)
+        bl = c.compress_block
+        self.consts = {
+            "rows": rows,  # [B]: each sequence's cache row
+            "rows_col": rows[:, None],  # [B, 1]
+            "rows_blk": rows[:, None, None],  # [B, 1, 1]
+            "groups_blk": torch.arange(G, device=device)[None, :, None],  # [1, G, 1]
+            # [l]: a block's tokens as offsets from its last one, oldest first
+            "raw_back": torch.arange(bl, device=device) - (bl - 1),
+            # [Nc]: the position at which compressed token i becomes visible, i*d + l - 1
+            "cmp_ends": torch.arange(sizes["cmp"], device=device) * c.compress_stride + (bl - 1),
+            "block_tok": torch.arange(c.select_block, device=device),  # [l']: offsets in a block
+            "win_slots": torch.arange(sizes["win"], device=device),  # [w]: the window ring's slots
+        }
 
     def cache_tensors(self) -> list[torch.Tensor]:
         """Everything the cache holds (for memory accounting)."""
@@ -143,37 +158,58 @@ class NSACache:
             _ring_fill(t["v_" + name], v, lengths)
         return out
 
-    def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]``: write its
-        keys (and the compressed token whose block it completes), then the three branches
-        for its query, gated and projected -> ``[B, 1, dim]``."""
-        a, c, t = self.attn, self.attn.cfg, self.tensors
-        B, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
-        bl, d, lp = c.compress_block, c.compress_stride, c.select_block
-        rows = torch.arange(B, device=x.device)
-        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None])
-        t["k_slc"][rows, pos], t["v_slc"][rows, pos] = k_slc[:, 0], v_slc[:, 0]
-        for name, k, v in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
+    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None) -> torch.Tensor:
+        """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]`` (``angles``:
+        RoPE's cos and sin of ``pos``, computed once per step for every layer): write its keys
+        (and the compressed token whose block it completes), then the three branches for its
+        query (``_branches``), gated and projected -> ``[B, 1, dim]``. Device work only: no
+        host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
+        a = self.attn
+        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
+        new = (t[:, 0] for t in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
+        self._append(pos, angles, *new)
+        o_cmp, o_slc, o_win = self._branches(q, pos)
+        return a.mix(x, o_cmp, o_slc, o_win)
+
+    def _append(self, pos: torch.Tensor, angles: Angles | None, k_raw: torch.Tensor, v_raw: torch.Tensor,
+                k_slc: torch.Tensor, v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor) -> None:
+        """Write the new token's keys and values (each ``[B, G, D]``) at ``pos [B]``: the selected
+        branch's cache, both rings, and compressed token ``i`` when this token completes its block."""
+        a, c, t, k = self.attn, self.attn.cfg, self.tensors, self.consts
+        bl, d = c.compress_block, c.compress_stride
+        rows = k["rows"]
+        t["k_slc"][rows, pos], t["v_slc"][rows, pos] = k_slc, v_slc
+        for name, kn, vn in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
             slot = pos % t["k_" + name].shape[1]
-            t["k_" + name][rows, slot], t["v_" + name][rows, slot] = k[:, 0], v[:, 0]
-
-        # Compressed token i = (pos - l + 1) / d (bl = l) completes now when that is a whole number >= 0.
+            t["k_" + name][rows, slot], t["v_" + name][rows, slot] = kn, vn
+        # Compressed token i = (pos - l + 1) / d (bl = l) completes now when that is a whole
+        # number >= 0. phi runs for every sequence every step and the write keeps the old token
+        # where none completes: no branch on a device value.
         n_cmp = t["k_cmp"].shape[1]
-        if n_cmp:
-            order = torch.remainder(pos[:, None] - (bl - 1) + torch.arange(bl, device=x.device), bl)
-            blk_k = torch.gather(t["k_raw"], 1, order[:, :, None, None].expand(-1, -1, G, D))
-            blk_v = torch.gather(t["v_raw"], 1, order[:, :, None, None].expand(-1, -1, G, D))
-            new_k, new_v = a.compress(blk_k, blk_v, pos[:, None])  # [B, 1, G, D]: one block each
-            start = pos - (bl - 1)
-            done = ((start >= 0) & (start % d == 0))[:, None, None]
-            i = (start // d).clamp(0, n_cmp - 1)
-            t["k_cmp"][rows, i] = torch.where(done, new_k[:, 0], t["k_cmp"][rows, i])
-            t["v_cmp"][rows, i] = torch.where(done, new_v[:, 0], t["v_cmp"][rows, i])
+        if not n_cmp:  # the cache's shape (host): a capacity below l holds no compressed token
+            return
+        order = torch.remainder(pos[:, None] + k["raw_back"], bl)  # [B, l]: the block's ring slots
+        blk_k, blk_v = t["k_raw"][k["rows_col"], order], t["v_raw"][k["rows_col"], order]  # [B, l, G, D]
+        new_k, new_v = a.compress(blk_k, blk_v, pos[:, None], angles)  # [B, 1, G, D]: one block each
+        start = pos - (bl - 1)
+        done = ((start >= 0) & (start % d == 0))[:, None, None]
+        i = (start // d).clamp(0, n_cmp - 1)
+        t["k_cmp"][rows, i] = torch.where(done, new_k[:, 0], t["k_cmp"][rows, i])
+        t["v_cmp"][rows, i] = torch.where(done, new_v[:, 0], t["v_cmp"][rows, i])
 
+    def _branches(self, q: torch.Tensor, pos: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The three branches' attention for the one new query per sequence, ``q [B, 1, H, D]``
+        at ``pos [B]``, over what the cache holds (this token's keys already written) ->
+        ``(o_cmp, o_slc, o_win)``, each ``[B, 1, H, D]`` in q's dtype. Reads the cache only:
+        the part of a step that a fused decode kernel can take over whole."""
+        a, c, t, k = self.attn, self.attn.cfg, self.tensors, self.consts
+        B, H, G, D = q.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+        lp = c.select_block
+        n_cmp = t["k_cmp"].shape[1]
         scale = D**-0.5
         # Compressed branch (causal: token i visible iff i*d + l - 1 <= pos) and its probabilities.
-        ends = torch.arange(n_cmp, device=x.device) * d + (bl - 1)
-        visible = (ends[None, :] <= pos[:, None])[:, None, None, None, :]  # [B, 1, 1, 1, Nc]
+        visible = (k["cmp_ends"] <= pos[:, None])[:, None, None, None, :]  # [B, 1, 1, 1, Nc]
         o_cmp, probs = _masked_attention(q, t["k_cmp"], t["v_cmp"], visible, scale)
         probs = probs.permute(0, 3, 1, 2, 4).reshape(B, 1, H, n_cmp)
         # Eq. 10 + 9, then the training forward's selection rule at each sequence's position.
@@ -187,21 +223,21 @@ class NSACache:
         n = blk.shape[-1]
         k_blocks = t["k_slc"].view(B, -1, lp, G, D).permute(0, 3, 1, 2, 4)  # [B, G, Ns, l', D]
         v_blocks = t["v_slc"].view(B, -1, lp, G, D).permute(0, 3, 1, 2, 4)
-        groups = torch.arange(G, device=x.device)
-        keys = k_blocks[rows[:, None, None], groups[None, :, None], blk].reshape(B, 1, G, n * lp, D)
-        vals = v_blocks[rows[:, None, None], groups[None, :, None], blk].reshape(B, 1, G, n * lp, D)
-        tok = blk[..., None] * lp + torch.arange(lp, device=x.device)  # [B, G, n, l']
+        keys = k_blocks[k["rows_blk"], k["groups_blk"], blk].reshape(B, 1, G, n * lp, D)
+        vals = v_blocks[k["rows_blk"], k["groups_blk"], blk].reshape(B, 1, G, n * lp, D)
+        tok = blk[..., None] * lp + k["block_tok"]  # [B, G, n, l']
         seen = (idx[:, 0, :, :, None] >= 0) & (tok <= pos[:, None, None, None])
         o_slc = _attend(qg, keys, vals, seen.reshape(B, 1, G, n * lp)).reshape(B, 1, H, D).to(q.dtype)
 
-        # Window branch: the ring holds exactly the positions pos - w < s <= pos (those >= 0).
+        # Window branch: the ring holds exactly the positions pos - w < s <= pos that are >= 0;
+        # slot s holds one once pos >= s (position s is the first written there).
         size = t["k_win"].shape[1]
-        held = _ring_positions(size, pos) >= 0  # [B, size]
+        held = k["win_slots"] <= pos[:, None]  # [B, size]
         keys = t["k_win"].permute(0, 2, 1, 3)[:, None]  # [B, 1, G, size, D]
         vals = t["v_win"].permute(0, 2, 1, 3)[:, None]
         o_win = _attend(qg, keys, vals, held[:, None, None, :].expand(B, 1, G, size))
         o_win = o_win.reshape(B, 1, H, D).to(q.dtype)
-        return a.mix(x, o_cmp, o_slc, o_win)
+        return o_cmp, o_slc, o_win
 
 
 class DenseCache:
@@ -213,6 +249,7 @@ class DenseCache:
         self.capacity = capacity
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
 
     def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The layer's own forward over ``x [B, T, dim]``, keeping its K/V."""
@@ -227,11 +264,14 @@ class DenseCache:
         return self.attn.attend(q, k, v, None)
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
-        """Zeroed K/V ``[B, S, G, D]`` (prefill calls this; a benchmark may fill them)."""
+        """Zeroed K/V ``[B, S, G, D]`` (prefill calls this; a benchmark may fill them) and the
+        step's constant index tensors (a step builds none)."""
         a = self.attn
         shape = (self.batch, self.capacity, a.n_kv_heads, a.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.consts = {"rows": torch.arange(self.batch, device=device),
+                       "key_pos": torch.arange(self.capacity, device=device)[None, :]}
 
     def cache_tensors(self) -> list[torch.Tensor]:
         """Everything the cache holds (for memory accounting)."""
@@ -242,13 +282,14 @@ class DenseCache:
             raise RuntimeError("the cache is empty: prefill first")
         return self.k, self.v
 
-    def step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """One new token per sequence at positions ``pos [B]``: attention over keys ``<= pos``."""
+    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None) -> torch.Tensor:
+        """One new token per sequence at positions ``pos [B]`` (``angles``: RoPE's of ``pos``):
+        attention over keys ``<= pos``. Device work only, as ``NSACache.step``."""
         kc, vc = self._kv()
-        rows = torch.arange(x.shape[0], device=x.device)
-        q, k, v = self.attn.project(x, pos[:, None])
+        rows = self.consts["rows"]
+        q, k, v = self.attn.project(x, pos[:, None], angles)
         kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
-        mask = torch.arange(self.capacity, device=x.device)[None, :] <= pos[:, None]
+        mask = self.consts["key_pos"] <= pos[:, None]
         return self.attn.attend(q, kc, vc, mask[:, None, None, :])
 
 

@@ -6,6 +6,13 @@ the right-padded prompts (returning the prompt logits) and fills the caches;
 returns the logits of its next position. Each sequence keeps its own length: the logits
 of a sequence are those of the full forward over that sequence alone (tests/model/
 test_decode.py), whatever the other prompts' lengths.
+
+A step is split in two: ``advance`` is its device work (every layer's cache step, the
+positions ``lengths`` moved on in place, the logits), with no host sync, no tensor built
+from host data and no Python branch on a device value, so that a CUDA graph can capture it
+once and replay it per token (``nsa.infer.graph.DecodeRunner``) and ``torch.compile`` traces
+it whole; ``decode_step`` adds the host's bookkeeping (the capacity check, from a counter the
+host keeps, never a device read).
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ from collections.abc import Sequence
 import torch
 
 from nsa.infer.cache import LayerCache, make_cache
+from nsa.model.layers import upcast
 from nsa.model.transformer import Transformer
+from nsa.ops.rope import rope_angles
 
 
 @dataclasses.dataclass
@@ -24,7 +33,9 @@ class DecodeState:
     """The caches of every layer and where each sequence stands."""
 
     caches: list[LayerCache]
-    lengths: torch.Tensor  # [B] int64, on the model's device: tokens held per sequence
+    # [B] int64, on the model's device: tokens held per sequence, which is also the position
+    # of each one's next token; moved on in place by every step (a CUDA graph's static input)
+    lengths: torch.Tensor
     longest: int  # max(lengths), on the host: capacity checks without a device sync
     capacity: int  # positions the caches hold per sequence
 
@@ -59,17 +70,34 @@ def prefill(model: Transformer, tokens: torch.Tensor, lengths: Sequence[int] | t
     return model.lm_head(model.norm(x)), DecodeState(caches, lt, max(lens), capacity)
 
 
-@torch.no_grad()
-def decode_step(model: Transformer, state: DecodeState, next_tokens: torch.Tensor) -> torch.Tensor:
-    """Append ``next_tokens [B]`` (one per sequence, at position ``lengths[b]``) and return
-    the logits ``[B, vocab]`` that predict the token after it."""
+def check_room(state: DecodeState) -> None:
+    """ValueError when the caches are full: the host counts the steps, no device read."""
     if state.longest >= state.capacity:
         raise ValueError(f"the caches hold {state.capacity} positions; pass a larger max_new_tokens "
                          "to prefill")
-    pos = state.lengths
-    x = model.tok_emb(next_tokens[:, None])
-    for block, cache in zip(model.blocks, state.caches):
-        x = block(x, lambda h, cache=cache: cache.step(h, pos))
-    state.lengths = pos + 1
-    state.longest += 1
+
+
+@torch.no_grad()
+def advance(model: Transformer, caches: Sequence[LayerCache], lengths: torch.Tensor, tokens: torch.Tensor
+            ) -> torch.Tensor:
+    """The device work of one decode step: append ``tokens [B]`` at positions ``lengths [B]``
+    in every layer's cache, add 1 to ``lengths`` in place, and return the logits ``[B, vocab]``
+    that predict the next token. No capacity check (``check_room``, on the host). Fixed shapes,
+    no host sync or host data: the function a CUDA graph captures and replays."""
+    pos = lengths
+    x = model.tok_emb(tokens[:, None])
+    # RoPE's angles of the new positions, once for every layer (same head dim and theta)
+    angles = rope_angles(pos, model.cfg.head_dim, model.cfg.rope_theta, upcast(x).dtype)
+    for block, cache in zip(model.blocks, caches):
+        x = block(x, lambda h, cache=cache: cache.step(h, pos, angles))
+    lengths.add_(1)
     return model.lm_head(model.norm(x))[:, 0]
+
+
+def decode_step(model: Transformer, state: DecodeState, next_tokens: torch.Tensor) -> torch.Tensor:
+    """Append ``next_tokens [B]`` (one per sequence, at position ``lengths[b]``) and return
+    the logits ``[B, vocab]`` that predict the token after it (eager; see ``advance``)."""
+    check_room(state)
+    logits = advance(model, state.caches, state.lengths, next_tokens)
+    state.longest += 1
+    return logits

@@ -9,6 +9,7 @@ the first windows of the run's validation split (or the filler).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -21,11 +22,13 @@ import torch
 from nsa.config import Config
 from nsa.contract.evals import EvalProgress, LossBucket, PasskeyEval
 from nsa.contract.rundir import step_name
-from nsa.infer.decode import decode_step, prefill
+from nsa.infer.decode import prefill
+from nsa.infer.graph import DecodeRunner, decode_path
 from nsa.infer.passkey import FILLER, PasskeyPrompt, build_prompt, fixed_tokens, is_correct, make_key
 from nsa.model.transformer import Transformer
 from nsa.train.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
 Progress = Callable[[EvalProgress], None]
 BATCH = 8  # prompts decoded together (same length: no padding) ...
 BATCH_TOKENS = 1 << 16  # ... at most this many prompt tokens in one prefill
@@ -58,6 +61,7 @@ class EvalResult:
     loss_length: int = 0
     loss_source: str = ""
     seconds: float = 0.0
+    decode_path: str = ""  # how the passkey answers were decoded: "cuda-graph" or "eager"
 
 
 def check_plan(plan: EvalPlan, shortest: int) -> None:
@@ -90,16 +94,17 @@ def _answer(tok: Tokenizer, ids: Sequence[int]) -> str:
 @torch.no_grad()
 def greedy(model: Transformer, prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
     """``n`` greedy tokens after each prompt (all of one length), with the KV cache; the
-    prompts' logits are computed at their last position only."""
+    prompts' logits are computed at their last position only. The steps run through
+    ``DecodeRunner`` (a CUDA graph on CUDA) and the tokens stay on the device until the end."""
     device = next(model.parameters()).device
     tokens = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
     logits, state = prefill(model, tokens, max_new_tokens=n - 1, last_only=True)
-    out: list[torch.Tensor] = []
-    for i in range(n):
-        tok = logits.float().argmax(dim=-1)
+    tok = logits.float().argmax(dim=-1)
+    out = [tok]
+    runner = DecodeRunner(model, state)
+    for _ in range(n - 1):
+        tok = runner.step(tok)
         out.append(tok)
-        if i + 1 < n:
-            logits = decode_step(model, state, tok)
     return torch.stack(out, dim=1).tolist()
 
 
@@ -107,6 +112,8 @@ def greedy(model: Transformer, prompts: Sequence[Sequence[int]], n: int) -> list
 def passkey(model: Transformer, tok: Tokenizer, plan: EvalPlan, progress: Progress | None = None,
             done0: int = 0) -> list[list[int]]:
     """``hits[length][depth]``: prompts answered exactly, greedy, batched per length."""
+    path, why = decode_path(next(model.parameters()).device)
+    log.info("passkey: decode path: %s (%s)", path, why)
     grid = prompts_for(tok, plan)
     total, done = plan.total(), done0
     hits = [[0] * len(plan.depths) for _ in plan.lengths]
@@ -186,7 +193,8 @@ def evaluate(model: Transformer, tok: Tokenizer, plan: EvalPlan, windows: Iterat
         model.train(was_training)
     acc = [[h / plan.trials for h in row] for row in hits]
     return EvalResult(hits=hits, accuracy=acc, buckets=buckets, loss_length=length,
-                      loss_source=source if buckets else "", seconds=round(time.monotonic() - t0, 3))
+                      loss_source=source if buckets else "", seconds=round(time.monotonic() - t0, 3),
+                      decode_path=decode_path(next(model.parameters()).device)[0])
 
 
 def val_windows(cfg: Config, tok: Tokenizer, length: int) -> Iterator[np.ndarray] | None:

@@ -2,27 +2,44 @@
 
 ``generate`` returns the new tokens of each prompt; ``stream`` yields them one step at a
 time (for printing text as it is produced). The same seed gives the same tokens on the
-same device (the draws come from a ``torch.Generator`` seeded once per call).
+same device (the draws come from a ``torch.Generator`` seeded once per call). Choosing a
+token reads nothing back to the host, so it runs inside the decode step that a CUDA graph
+replays (nsa/infer/graph.py); ``stream`` logs which path decoded (``decode path: ...``).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterator, Sequence
 
 import torch
 
-from nsa.infer.decode import decode_step, prefill
+from nsa.infer.decode import prefill
+from nsa.infer.graph import DecodeRunner
 from nsa.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """ValueError unless temperature >= 0, top_k >= 1 and 0 < top_p <= 1 (when given)."""
+    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(f"need temperature >= 0, top_k >= 1, 0 < top_p <= 1 (got {temperature}, "
+                         f"{top_k}, {top_p})")
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of ``logits [B, V]``: the argmax when ``temperature`` is 0, else a
     draw from softmax(logits / temperature) restricted to the ``top_k`` most likely tokens
-    and to the smallest set of most likely tokens whose probability reaches ``top_p``."""
-    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError(f"need temperature >= 0, top_k >= 1, 0 < top_p <= 1 (got {temperature}, "
-                         f"{top_k}, {top_p})")
+    and to the smallest set of most likely tokens whose probability reaches ``top_p``.
+
+    The draw is the argmax of ``p / E`` with ``E ~ Exp(1)`` per token (an exponential race:
+    token i wins with probability ``p_i``), the draw ``torch.multinomial`` makes for one
+    sample, with the same tokens for the same generator state, but without its check of the
+    probabilities on the host: a device sync, which a CUDA graph cannot hold."""
+    check_sampling(temperature, top_k, top_p)
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -36,7 +53,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         drop = before >= top_p  # never the most likely token (its `before` is 0)
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax(dim=-1)
 
 
 @torch.no_grad()
@@ -44,7 +62,9 @@ def stream(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens:
            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            seed: int = 0) -> Iterator[torch.Tensor]:
     """Yield ``[B]`` new tokens per step (one per prompt), ``max_new_tokens`` times. Prompts
-    may differ in length (each decodes at its own positions)."""
+    may differ in length (each decodes at its own positions). Decoded by ``DecodeRunner``: a
+    CUDA graph on CUDA, eager elsewhere (a log line says which)."""
+    check_sampling(temperature, top_k, top_p)
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if max_new_tokens <= 0:
@@ -59,12 +79,15 @@ def stream(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens:
     gen.manual_seed(seed)
     logits, state = prefill(model, tokens, lens, max_new_tokens=max_new_tokens - 1)
     last = torch.tensor(lens, device=device) - 1
-    nxt = logits[torch.arange(len(lens), device=device), last]
-    for i in range(max_new_tokens):
-        tok = sample_next(nxt, temperature, top_k, top_p, gen)
+    choose = functools.partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+    tok = choose(logits[torch.arange(len(lens), device=device), last])
+    yield tok
+    runner = DecodeRunner(model, state, choose, generator=gen if temperature > 0 else None)
+    if max_new_tokens > 1:
+        log.info("%s", runner.describe())
+    for _ in range(max_new_tokens - 1):
+        tok = runner.step(tok)
         yield tok
-        if i + 1 < max_new_tokens:
-            nxt = decode_step(model, state, tok)
 
 
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,

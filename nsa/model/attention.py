@@ -27,13 +27,17 @@ from nsa.ops.rope import apply_rope, rope_angles
 BRANCHES = ("compressed", "selected", "window")
 
 
-def _per_sequence(fn: Callable[..., object], x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``fn(x, pos)`` for ``x [B, 1, ...]`` with one position per sequence ``pos [B, 1]``: the
-    B tokens are handed to ``fn`` as one sequence ``[1, B, ...]`` at positions ``pos[:, 0]``
+Angles = tuple[torch.Tensor, torch.Tensor]  # RoPE's (cos, sin) ``[T, D/2]`` of some positions
+
+
+def _per_sequence(fn: Callable[..., object], x: torch.Tensor, pos: torch.Tensor, *args: object
+                  ) -> tuple[torch.Tensor, ...]:
+    """``fn(x, pos, *args)`` for ``x [B, 1, ...]`` with one position per sequence ``pos [B, 1]``:
+    the B tokens are handed to ``fn`` as one sequence ``[1, B, ...]`` at positions ``pos[:, 0]``
     (every per-token map, RoPE included, then sees each token at its own position)."""
     if x.shape[1] != 1:
         raise ValueError(f"per-sequence positions need one token per sequence, got {x.shape[1]}")
-    out = fn(x.transpose(0, 1), pos[:, 0])
+    out = fn(x.transpose(0, 1), pos[:, 0], *args)
     return tuple(t.transpose(0, 1) for t in (out if isinstance(out, tuple) else (out,)))
 
 
@@ -82,28 +86,32 @@ class NSAAttention(nn.Module):
     # The pieces of forward, also called one token at a time by the KV-cache decoder
     # (nsa/infer/), so that decoding and training share every projection, RoPE, phi and gate.
 
-    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None) -> torch.Tensor:
         """RoPE on ``x [B, T, heads, D]`` at positions ``pos [T]`` (or ``[B, 1]``: one token per
         sequence, each at its own position), in the compute dtype (the kernels: one pass,
-        fp32 maths inside)."""
+        fp32 maths inside). ``angles``: ``rope_angles`` of those positions when the caller
+        already has them (a decode step computes them once for all its layers)."""
         if pos.dim() == 2:
-            return _per_sequence(self.rotate, x, pos)[0]
-        cos, sin = rope_angles(pos, self.head_dim, self.rope_theta, upcast(x).dtype)
+            return _per_sequence(self.rotate, x, pos, angles)[0]
+        cos, sin = rope_angles(pos, self.head_dim, self.rope_theta, upcast(x).dtype) if angles is None \
+            else angles
         return ops_rope(get_ops(self.cfg.backend, x.device.type), x, cos, sin)
 
-    def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None
+                ) -> tuple[torch.Tensor, ...]:
         """``x [B, T, dim]`` at positions ``pos [T]`` -> ``(q, k_raw, v_raw, k_slc, v_slc,
         k_win, v_win)``: q ``[B,T,H,D]`` and the selected/window keys rotated, the
         compressed branch's keys/values raw (phi sees un-rotated keys), all ``[B,T,G,D]``.
-        ``pos [B, 1]``: one token per sequence at its own position (decoding)."""
+        ``pos [B, 1]``: one token per sequence at its own position (decoding). ``angles``:
+        as for ``rotate``."""
         if pos.dim() == 2:
-            return _per_sequence(self.project, x, pos)
+            return _per_sequence(self.project, x, pos, angles)
         B, T, _ = x.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 6, G, D)
         adt = upcast(x).dtype  # fp32, or fp64 in tests
-        cos, sin = rope_angles(pos, D, self.rope_theta, adt)
+        cos, sin = rope_angles(pos, D, self.rope_theta, adt) if angles is None else angles
         ops = get_ops(self.cfg.backend, x.device.type)
         # q is rotated once and shared by the three branches
         q = ops_rope(ops, q, cos, sin)
@@ -112,17 +120,18 @@ class NSAAttention(nn.Module):
         v_slc, v_win = kv[:, :, 3].contiguous(), kv[:, :, 5].contiguous()
         return q, kv[:, :, 0], kv[:, :, 1], k_slc, v_slc, k_win, v_win
 
-    def compress(self, k_raw: torch.Tensor, v_raw: torch.Tensor, ends: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def compress(self, k_raw: torch.Tensor, v_raw: torch.Tensor, ends: torch.Tensor | None = None,
+                 angles: Angles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """phi over the raw compressed-branch keys and values ``[B,T,G,D]`` -> ``[B,Nc,G,D]``
         each, the keys rotated at their block's last token ``ends`` (default: the blocks of a
-        sequence that starts at position 0, ``i*d + l - 1``)."""
+        sequence that starts at position 0, ``i*d + l - 1``; ``angles``: theirs, as for
+        ``rotate``)."""
         k_cmp, v_cmp = self.compress_k(k_raw), self.compress_v(v_raw).contiguous()
         if ends is None:
             c = self.cfg
             ends = torch.arange(k_cmp.shape[1], device=k_raw.device) * c.compress_stride
             ends = ends + (c.compress_block - 1)
-        return self.rotate(k_cmp, ends), v_cmp
+        return self.rotate(k_cmp, ends, angles), v_cmp
 
     def attend(self, x: torch.Tensor, q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor,
                k_slc: torch.Tensor, v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor
@@ -198,16 +207,18 @@ class DenseAttention(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
 
-    def project(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x [B, T, dim]`` at positions ``pos [T]`` -> rotated q ``[B,T,H,D]``, rotated k and
         v ``[B,T,G,D]`` (shared with the KV-cache decoder, nsa/infer/; ``pos [B, 1]``: one
-        token per sequence at its own position)."""
+        token per sequence at its own position; ``angles``: ``rope_angles`` of ``pos`` when
+        the caller has them)."""
         if pos.dim() == 2:
-            q, k, v = _per_sequence(self.project, x, pos)
+            q, k, v = _per_sequence(self.project, x, pos, angles)
             return q, k, v
         B, T, _ = x.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 2, G, D)
-        cos, sin = rope_angles(pos, D, self.rope_theta, upcast(x).dtype)
+        cos, sin = rope_angles(pos, D, self.rope_theta, upcast(x).dtype) if angles is None else angles
         return apply_rope(q, cos, sin), apply_rope(kv[:, :, 0], cos, sin), kv[:, :, 1]

@@ -255,7 +255,9 @@ def select_blocks_at(
     own = t // select_block
     eligible = j <= own  # j*l' <= t; [B | 1, C, Ns]
     forced = eligible & ((j < num_initial) | (j > own - num_local))
-    inf = torch.tensor(float("inf"), device=dev)
+    # +-inf as Python scalars, not torch.tensor(inf, device=...): a tensor built from host
+    # data is a host-to-device copy per call, which a CUDA graph of the decode step cannot hold
+    inf = float("inf")
     key = torch.where(eligible[:, :, None, :], scores.to(_acc_dtype(scores)), -inf)
     key = torch.where(forced[:, :, None, :], inf, key)  # [B, C, G, Ns]
     k = min(num_selected, Ns)

@@ -1,0 +1,314 @@
+"""The decode step is capturable as a CUDA graph, checked on the CPU.
+
+A CUDA graph replays recorded kernels on fixed buffers: a step may not read a device value
+on the host, build a tensor from host data, give an op a data-dependent shape, or hand a
+kernel a host value that changes from step to step (it would be frozen at capture). Here:
+``nsa.syncs.HostSyncs`` sees no event in decode steps (batch 2 of different lengths, across
+steps that complete a compression block) nor in choosing the next token; every step
+dispatches the same ops with the same shapes and host arguments (so one captured step
+replays any other); the step traces whole under ``torch.compile(fullgraph=True)`` with the
+eager logits; ops per token stay under a recorded cap. ``DecodeRunner`` decodes eagerly on
+the CPU and says so; the CUDA-graph path itself is checked by the ``gpu`` tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from nsa_model_testlib import peaked_model, small_cfg
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from nsa.config import load_config
+from nsa.infer import decode_step, generate, prefill, sample_next
+from nsa.infer import graph as graph_mod
+from nsa.infer.decode import DecodeState, advance
+from nsa.infer.graph import CUDA_GRAPH, EAGER, GRAPH_ENV, DecodeRunner, argmax, decode_path
+from nsa.model import build_model
+from nsa.syncs import HostSyncs, OpCounter
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# Ops dispatched by one decode step (batch 2, reference ops, fp32, torch 2.13 on CPU; views
+# included), counted by test_ops_per_token_are_capped with nsa.syncs.OpCounter when the
+# step's constants moved to allocate time and RoPE's angles to once per step. Before that:
+# 4,778 and 1,250. A change that adds ops per token fails here; one that removes some
+# should lower the cap.
+MAX_OPS = {"nsa-125m": 4200, "dense-125m": 1104}
+# torch.multinomial checks its probabilities on the host (a sync inside the op, which a
+# dispatch mode does not see): the next token must be drawn without it.
+SYNCING_OPS = {"aten.multinomial.default"}
+LENS = [3, 10]  # batch 2 of different lengths
+STEPS = 8
+
+
+def _state(model: torch.nn.Module, steps: int = STEPS, seed: int = 0) -> tuple[DecodeState, torch.Tensor]:
+    """Right-padded prompts of LENS tokens, prefilled with room for ``steps`` more, and the
+    first new token per sequence (the argmax at each prompt's end)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 64, (len(LENS), max(LENS)), generator=g)
+    logits, state = prefill(model, tokens, LENS, max_new_tokens=steps)
+    return state, logits[torch.arange(len(LENS)), torch.tensor(LENS) - 1].argmax(-1)
+
+
+def _completes_a_block(positions: list[int]) -> bool:
+    """Whether a token at one of ``positions`` completes a compression block (i*d + l - 1)
+    of the test models' NSA layout."""
+    c = small_cfg("nsa").attention
+    return any(p >= c.compress_block - 1 and (p - c.compress_block + 1) % c.compress_stride == 0
+               for p in positions)
+
+
+def _sampler(seed: int = 0) -> tuple[functools.partial[torch.Tensor], torch.Generator]:
+    gen = torch.Generator().manual_seed(seed)
+    return functools.partial(sample_next, temperature=0.9, top_k=20, top_p=0.9, generator=gen), gen
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_decode_steps_make_no_host_sync(kind: str) -> None:
+    """Every step (all layers, then a temperature / top-k / top-p draw of the next token)
+    records no host read, data-dependent shape or upload; some of the steps complete a
+    compression block in one sequence and not in the other."""
+    model = peaked_model(kind)
+    state, tok = _state(model, steps=STEPS + 1)
+    choose, gen = _sampler()
+    runner = DecodeRunner(model, state, choose, generator=gen)
+    completing = 0
+    for i in range(STEPS):
+        positions = [n + i for n in LENS]
+        completing += _completes_a_block(positions)
+        with HostSyncs() as syncs:
+            tok = runner.step(tok)
+        assert not syncs.events, f"step {i}:\n{syncs.report()}"
+    assert completing == 3  # position 7 in one sequence, 11 and 15 in the other (l=8, d=4)
+    with HostSyncs() as syncs:  # the plain eager step too
+        decode_step(model, state, tok)
+    assert not syncs.events, syncs.report()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, None), (0.9, None, None), (0.9, 5, None),
+                                                     (1.3, 40, 0.9), (0.7, None, 0.5)])
+def test_choosing_the_next_token_makes_no_host_sync(temperature: float, top_k: int | None,
+                                                     top_p: float | None) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 320) * 3
+    gen = torch.Generator().manual_seed(0)
+    with HostSyncs() as syncs, OpCounter() as ops:
+        sample_next(logits, temperature, top_k, top_p, gen)
+    assert not syncs.events, syncs.report()
+    assert not SYNCING_OPS & set(ops.ops), ops.ops
+
+
+def test_a_draw_is_the_one_multinomial_makes() -> None:
+    """The sync-free draw (argmax of p / Exp(1) noise) picks the token torch.multinomial
+    picks for the same generator state: same distribution, same samples for a seed."""
+    torch.manual_seed(1)
+    logits = torch.randn(3, 64) * 2
+    ours, ref = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    for _ in range(50):
+        got = sample_next(logits, 0.8, generator=ours)
+        want = torch.multinomial(torch.softmax(logits.float() / 0.8, -1), 1, generator=ref)[:, 0]
+        assert torch.equal(got, want)
+
+
+class _Trace(TorchDispatchMode):
+    """Each dispatched op with its tensors' dtype, shape and strides and every other
+    argument as given (Python numbers, and the values of 0-dim tensors: a host number that
+    reaches a kernel is frozen into a captured graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[Any, ...]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        flat, _ = tree_flatten((args, kwargs or {}))
+        self.ops.append((str(func), *(self._sig(a) for a in flat)))
+        return func(*args, **(kwargs or {}))
+
+    @staticmethod
+    def _sig(a: object) -> object:
+        if isinstance(a, torch.Tensor):
+            return ("tensor", a.dtype, tuple(a.shape), a.stride(), a.item() if a.dim() == 0 else None)
+        if isinstance(a, torch.Generator):
+            return "generator"
+        return a
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_every_step_dispatches_the_same_ops(kind: str) -> None:
+    """Steps at other positions, completing a compression block or not, dispatch the same
+    ops on the same shapes with the same host arguments: what one captured step records is
+    right for every later step."""
+    model = peaked_model(kind)
+    state, tok = _state(model)
+    choose, gen = _sampler()
+    runner = DecodeRunner(model, state, choose, generator=gen)
+    traces = []
+    for _ in range(STEPS):
+        with _Trace() as trace:
+            tok = runner.step(tok)
+        traces.append(trace.ops)
+    assert len(traces[0]) > 100
+    for i, t in enumerate(traces[1:], 1):
+        diff = next((j for j, (a, b) in enumerate(zip(traces[0], t)) if a != b), None)
+        assert len(t) == len(traces[0]) and diff is None, \
+            f"step {i} differs from step 0 at op {diff}: {traces[0][diff] if diff is not None else ''} vs " \
+            f"{t[diff] if diff is not None else len(t)}"
+
+
+@pytest.mark.parametrize("name", list(MAX_OPS))
+def test_ops_per_token_are_capped(name: str) -> None:
+    """configs/nsa-125m.yaml and configs/dense-125m.yaml (random weights): the ops one decode
+    step dispatches, against MAX_OPS; no host sync there either."""
+    torch.manual_seed(0)
+    model = build_model(load_config(CONFIGS / f"{name}.yaml").model).eval()
+    tokens = torch.randint(0, 320, (2, 40))
+    _, state = prefill(model, tokens, [40, 31], max_new_tokens=2)  # past l = 32: phi runs
+    tok = torch.zeros(2, dtype=torch.long)
+    with HostSyncs() as syncs, OpCounter() as ops:
+        decode_step(model, state, tok)
+    assert not syncs.events, syncs.report()
+    assert ops.total <= MAX_OPS[name], f"{name}: {ops.total} ops per token, cap {MAX_OPS[name]}"
+
+
+@pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile does not run here")
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_decode_step_compiles_fullgraph(kind: str) -> None:
+    """``advance`` (the device work of a step) traces as one graph (a graph break is an
+    error), once for all positions (no recompilation as they move), and gives the eager
+    logits and positions at every step."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = peaked_model(kind)
+    eager, tok = _state(model)
+    compiled, _ = _state(model)
+    step = torch.compile(advance, fullgraph=True, backend="aot_eager")
+    for i in range(6):
+        want = advance(model, eager.caches, eager.lengths, tok)
+        got = step(model, compiled.caches, compiled.lengths, tok)
+        torch.testing.assert_close(got, want, msg=f"step {i}")
+        assert torch.equal(compiled.lengths, eager.lengths)
+        tok = want.argmax(-1)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_decode_path_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GRAPH_ENV, raising=False)
+    assert decode_path("cuda")[0] == CUDA_GRAPH
+    assert decode_path("cuda:1", graph=True)[0] == CUDA_GRAPH
+    assert decode_path("cuda", graph=False) == (EAGER, "graph turned off by the caller")
+    assert decode_path("cpu") == (EAGER, "no CUDA graphs on cpu")
+    assert decode_path("cpu", graph=True)[0] == EAGER
+    monkeypatch.setenv(GRAPH_ENV, "0")
+    assert decode_path("cuda") == (EAGER, f"{GRAPH_ENV}=0")
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_runner_decodes_eagerly_on_cpu_as_decode_step_does(kind: str) -> None:
+    """On the CPU the runner is the eager path (and says so): its tokens and logits are
+    decode_step's followed by the argmax, step for step."""
+    model = peaked_model(kind)
+    state, tok = _state(model)
+    ref_state, ref_tok = _state(model)
+    runner = DecodeRunner(model, state, graph=True)
+    assert runner.path == EAGER and "cpu" in runner.describe()
+    for _ in range(STEPS):
+        tok = runner.step(tok)
+        logits = decode_step(model, ref_state, ref_tok)
+        ref_tok = argmax(logits)
+        assert torch.equal(runner.logits, logits) and torch.equal(tok, ref_tok)
+    assert (runner.steps, runner.replays, state.longest) == (STEPS, 0, ref_state.longest)
+
+
+def test_runner_checks_capacity_on_the_host() -> None:
+    """The cache holds max(lengths) + max_new_tokens positions: one step more is refused
+    from the host's count, with no device read."""
+    model = peaked_model("nsa")
+    state, tok = _state(model, steps=2)
+    runner = DecodeRunner(model, state)
+    tok = runner.step(runner.step(tok))
+    with HostSyncs() as syncs, pytest.raises(ValueError, match="max_new_tokens"):
+        runner.step(tok)
+    assert not syncs.events, syncs.report()
+
+
+def test_a_failed_capture_warns_and_decodes_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forced onto the graph path on the CPU, the capture fails (no CUDA graphs here): the
+    runner warns, says why, and goes on eagerly with decode_step's results."""
+    monkeypatch.setattr(graph_mod, "decode_path", lambda device, graph=None: (CUDA_GRAPH, "forced"))
+    model = peaked_model("nsa")
+    state, tok = _state(model)
+    ref_state, ref_tok = _state(model)
+    runner = DecodeRunner(model, state, warmup=0)
+    assert runner.path == CUDA_GRAPH
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        tok = runner.step(tok)
+    assert runner.path == EAGER and "capture failed" in runner.why
+    assert torch.equal(tok, argmax(decode_step(model, ref_state, ref_tok)))
+    assert state.longest == ref_state.longest and torch.equal(state.lengths, ref_state.lengths)
+
+
+def test_sampling_logs_its_decode_path(caplog: pytest.LogCaptureFixture) -> None:
+    model = peaked_model("dense")
+    with caplog.at_level(logging.INFO, logger="nsa.infer.sample"):
+        generate(model, [[1, 2, 3]], 4, temperature=0.5, seed=1)
+    assert any("decode path: eager (no CUDA graphs on cpu)" in r.getMessage() for r in caplog.records)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _cuda_state(model: torch.nn.Module, steps: int) -> tuple[DecodeState, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 64, (len(LENS), max(LENS)), generator=g).cuda()
+    logits, state = prefill(model, tokens, LENS, max_new_tokens=steps)
+    return state, logits[torch.arange(len(LENS)), torch.tensor(LENS) - 1].argmax(-1)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kind,backend", [("nsa", "reference"), ("nsa", "triton"), ("dense", "reference")])
+def test_cuda_graph_replays_the_eager_step(kind: str, backend: str) -> None:
+    """On CUDA the runner captures after its warm-up steps and replays: greedy tokens equal
+    the eager runner's and the logits agree (fp32), for 20 steps across block boundaries."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    model = peaked_model(kind, backend=backend).cuda()
+    steps = 20
+    g_state, g_tok = _cuda_state(model, steps)
+    e_state, e_tok = _cuda_state(model, steps)
+    graphed = DecodeRunner(model, g_state)
+    eager = DecodeRunner(model, e_state, graph=False)
+    assert graphed.path == CUDA_GRAPH and eager.path == EAGER
+    for i in range(steps):
+        g_tok, e_tok = graphed.step(g_tok), eager.step(e_tok)
+        assert torch.equal(g_tok, e_tok), f"step {i}"
+        torch.testing.assert_close(graphed.logits, eager.logits, rtol=1e-5, atol=1e-5, msg=f"step {i}")
+    assert graphed.path == CUDA_GRAPH and graphed.replays == steps - graphed.warmup
+    assert torch.equal(g_state.lengths, e_state.lengths)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_graph_sampling_is_reproducible() -> None:
+    """A draw inside the graph uses the registered generator: the same seed gives the same
+    tokens, another seed other tokens, and every replay draws afresh."""
+    model = peaked_model("nsa").cuda()
+
+    def run(seed: int) -> list[list[int]]:
+        state, tok = _cuda_state(model, 16)
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        choose = functools.partial(sample_next, temperature=1.5, generator=gen)
+        runner = DecodeRunner(model, state, choose, generator=gen)
+        out = [runner.step(tok) for _ in range(16)]
+        assert runner.path == CUDA_GRAPH and runner.replays > 0
+        return torch.stack(out, 1).tolist()
+
+    a = run(1)
+    assert a == run(1) and a != run(2)
