@@ -98,6 +98,7 @@ def test_a_greedy_sample_prints_no_seed(trained_nsa_run: tuple[Path, str]) -> No
                 "--max-new-tokens", "4", timeout=240)
     assert r.returncode == 0, r.stderr
     assert "on cpu, greedy" in r.stderr and "seed" not in r.stderr, r.stderr
+    assert "decoding: eager (no CUDA graphs on cpu)" in r.stderr, r.stderr  # which decode path, said
 
 
 @pytest.mark.slow

@@ -106,6 +106,7 @@ class SampleStart(Record, kw_only=True):
     tokenizer: str  # "byte" | "gpt2"
     seed: int
     prompt_tokens: list[int] = []
+    decode_path: str = ""  # "cuda-graph" or "eager (why)": how each token is decoded
 
 
 class SampleText(Record, kw_only=True):

@@ -44,6 +44,7 @@ def run(job: Job) -> None:
     """Load, prefill, then stream tokens as text (stopping at end-of-text)."""
     import torch
 
+    from nsa.infer.graph import CUDA_GRAPH, decode_path
     from nsa.infer.load import find_checkpoint, load_model
     from nsa.infer.sample import stream
     from nsa.train.tokenizer import build_tokenizer
@@ -55,8 +56,10 @@ def run(job: Job) -> None:
     prompt_tokens = [tok.eot, *(int(t) for t in tok.encode(job.prompt))]
     step = meta.step
     device = str(next(model.parameters()).device)
+    how, why = decode_path(device)
     emit("sample_start", SampleStart(run=job.run, checkpoint=path.name, step=step, device=device,
-                                      tokenizer=tok.name, seed=job.seed, prompt_tokens=prompt_tokens))
+                                      tokenizer=tok.name, seed=job.seed, prompt_tokens=prompt_tokens,
+                                      decode_path=how if how == CUDA_GRAPH else f"{how} ({why})"))
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tokens: list[int] = []
     pieces: list[str] = []

@@ -76,7 +76,8 @@ async def run(c: Any, args: argparse.Namespace) -> int:
         if ev.kind == "sample_start" and not args.json:
             d = ev.data
             seed = "greedy" if args.temperature == 0 else f"seed {d.seed}"  # greedy draws nothing
-            print(f"{args.run} {d.checkpoint} on {d.device}, {seed}", file=sys.stderr, flush=True)
+            how = f", decoding: {d.decode_path}" if d.decode_path else ""
+            print(f"{args.run} {d.checkpoint} on {d.device}, {seed}{how}", file=sys.stderr, flush=True)
             sys.stdout.write(prompt)
             sys.stdout.flush()
         elif ev.kind == "sample_text" and not args.json:
