@@ -6,8 +6,10 @@
   processes belong to a run), ``watch`` and ``follow`` (a run's streams with positions),
   ``watchlists`` (the run list, host samples, alerts as subscriptions), ``sampler`` (host
   samples);
-- changing runs: ``launcher`` (launch, kill, dump), ``relaunch`` (fallback, resume),
-  ``runlock``, ``describe`` and ``preflight`` (checks before a launch), ``diskroom``,
+- changing runs: ``backend`` (the interface each way of running a job implements) and
+  ``backends`` (which one a launch or a run gets): ``direct_backend`` over ``launcher``
+  (launch, kill, dump) and ``relaunch`` (fallback, resume), ``slurm_backend`` (batch jobs
+  through nsa_tui/slurm); ``runlock``, ``describe`` and ``preflight`` (checks before a launch), ``diskroom``,
   ``housekeeping`` (archive, delete), ``ckptfiles`` (checkpoint files between hosts);
 - beside a run: ``supervise`` (the parent of torchrun), ``watchdog``, ``policy``,
   ``evidence``, ``dump``;

@@ -45,6 +45,12 @@ def validate_config(path: str, overrides: list[str], shown_as: str | None = None
         raise OpError("bad_config", str(exc)) from exc
 
 
+def check_nproc(nproc: Any) -> None:
+    """A process count a launch can use (every backend checks it before creating anything)."""
+    if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
+        raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
+
+
 def hub_endpoint(env: dict[str, str] | os._Environ[str] = os.environ) -> tuple[str, int]:
     """Where ``datasets`` would connect for the Hub: the HTTPS proxy if one is set, else
     HF_ENDPOINT (default huggingface.co), as (host, port)."""

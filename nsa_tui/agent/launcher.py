@@ -38,7 +38,7 @@ from nsa.contract.rundir import (
     TRAIN_LOG,
     new_run_id,
 )
-from nsa_tui.agent.describe import validate_config
+from nsa_tui.agent.describe import check_nproc, validate_config
 from nsa_tui.agent.diskroom import MIN_FREE_BYTES, creating, dir_size, launch_safely, need_room, no_space
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.owners import (
@@ -334,11 +334,6 @@ class Launcher(RelaunchOps):
         from nsa_tui.agent.dump import dump
 
         return await dump(self.store.run_dir(run_id), run_id, wait_s)
-
-
-def check_nproc(nproc: Any) -> None:
-    if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
-        raise OpError("bad_request", f"nproc must be a positive integer, got {nproc!r}")
 
 
 def _signal_all(pgid: int | None, procs: list[RunProcess], sig: int) -> None:

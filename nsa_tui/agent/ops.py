@@ -47,12 +47,14 @@ from nsa.contract.requests import (
 )
 from nsa.contract.rundir import METRICS_JSONL, NODE_FILES, nothing_to_fall_back
 from nsa_tui.agent import ckptfiles, evaluate, sample
+from nsa_tui.agent.backend import RunBackend
+from nsa_tui.agent.backends import backend_for_launch, backend_for_run
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.housekeeping import Housekeeping
 from nsa_tui.agent.launcher import Launcher
 from nsa_tui.agent.owners import shown_part
 from nsa_tui.agent.preflight import preflight
-from nsa_tui.agent.runlock import run_lock, run_lock_async
+from nsa_tui.agent.runlock import run_lock
 from nsa_tui.agent.runs import RunStore, latest_beats
 from nsa_tui.agent.sampler import HostSampler
 from nsa_tui.agent.watch import METRIC_LINE_BYTES, RunWatch, SummaryCache
@@ -138,18 +140,15 @@ class AgentOps:
 
         return await asyncio.to_thread(report)
 
+    def _backend(self, run: str) -> RunBackend:
+        """The backend the run was started by (backends.py): it stops and relaunches it."""
+        return backend_for_run(self.launcher, self.store.run_dir(run))
+
     async def op_launch(self, rid: Any, a: LaunchArgs) -> Any:
         overrides = list(a.overrides)
         if a.on_failure is not None:  # validated with the config: a wrong value is a bad_config naming it
             overrides.append(f"on_failure.action={a.on_failure}")
-        if a.slurm is not None:  # a batch job from this login node (nsa_tui/slurm)
-            from nsa_tui.slurm.ops import submit
-
-            return await asyncio.to_thread(submit, self.launcher, a.slurm, a.config_path, a.config_text,
-                                           a.nproc, overrides, a.name)
-        return await asyncio.to_thread(self.launcher.launch, a.config_path, config_text=a.config_text,
-                                       nproc=a.nproc, overrides=overrides, name=a.name, check=not a.force,
-                                       run_id=a.run_id, nodes=a.nodes)
+        return await backend_for_launch(self.launcher, a).launch(a, overrides)
 
     async def op_describe(self, rid: Any, a: DescribeArgs) -> Any:
         return await asyncio.to_thread(self.launcher.describe, a.config_path, config_text=a.config_text,
@@ -162,40 +161,17 @@ class AgentOps:
         return await asyncio.to_thread(preflight, self.launcher, self.hello(), a)
 
     async def op_kill(self, rid: Any, a: KillArgs) -> Any:
-        from nsa_tui.slurm.ops import cancel
-        from nsa_tui.slurm.view import read_job
-
-        run_dir = self.store.run_dir(a.run)
-        job = read_job(run_dir)
-        if job is not None:  # a Slurm batch job: scancel, confirmed by the queue
-            async with run_lock_async(run_dir):
-                return await cancel(a.run, run_dir, job, float(a.grace_s))
-        return await self.launcher.kill(a.run, float(a.grace_s))
+        return await self._backend(a.run).kill(a.run, float(a.grace_s))
 
     async def op_fallback(self, rid: Any, a: FallbackArgs) -> Any:
         view = await asyncio.to_thread(self.store.view, a.run, False)
         why = nothing_to_fall_back(view.name, view.info.world_size)
         if why:  # the panel's f says the same (nsa.contract.rundir)
             raise OpError("bad_request", why)
-        job = self._slurm_job(a.run)
-        if job is not None:  # a new Slurm job: one node, one process, the same global batch
-            from nsa_tui.slurm.ops import relaunch
-
-            return await relaunch(self.launcher, a.run, job, "fallback", float(a.grace_s))
-        return await self.launcher.fallback(a.run, float(a.grace_s), a.nproc, a.checkpoint)
-
-    def _slurm_job(self, run: str) -> Any:
-        from nsa_tui.slurm.view import read_job
-
-        return read_job(self.store.run_dir(run))
+        return await self._backend(a.run).fallback(a.run, a)
 
     async def op_resume(self, rid: Any, a: ResumeArgs) -> Any:
-        job = self._slurm_job(a.run)
-        if job is not None:  # a new Slurm job on the same allocation, from the newest checkpoint
-            from nsa_tui.slurm.ops import relaunch
-
-            return await relaunch(self.launcher, a.run, job, "resume")
-        return await asyncio.to_thread(self.launcher.resume, a.run, a.nproc, a.checkpoint, a.run_id, a.nodes)
+        return await self._backend(a.run).resume(a.run, a)
 
     async def op_checkpoints(self, rid: Any, a: RunArgs) -> Any:
         return await asyncio.to_thread(ckptfiles.checkpoint_list, self.store, a.run)

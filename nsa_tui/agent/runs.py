@@ -2,8 +2,10 @@
 
 A :class:`~nsa.contract.RunView` combines what the trainer wrote (run.json), what the
 agent wrote (launch.json, stop.json), how the launcher ended (exit.json) and whether
-processes of the run are alive (nsa_tui.agent.procs). Reading one is O(1) in the run's
-age: small JSON files, a /proc scan shared by every caller, and the last lines of a file.
+processes of the run are alive (nsa_tui.agent.procs), or, for a run whose processes are
+elsewhere (a batch job), what its backend says (backends.job_view). Reading one is O(1) in
+the run's age: small JSON files, a /proc scan shared by every caller, and the last lines of
+a file.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from nsa.contract.rundir import (
     LAUNCH_JSON,
     RUN_ID_RE,
     RUN_JSON,
-    SLURM_JSON,
     STOP_JSON,
     TRAIN_LOG,
     is_complete_checkpoint,
@@ -44,7 +45,7 @@ from nsa.contract.rundir import (
     read_checkpoint_meta,
     step_of,
 )
-from nsa.contract.slurm import SlurmJob, SlurmState
+from nsa_tui.agent.backends import job_view
 from nsa_tui.agent.owners import judge_remote, node_parts, remote_parts, shown_part, this_node
 from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
 
@@ -195,13 +196,11 @@ class RunStore:
                   ([(part, launch)] if not mine and not parts else remote_parts(d, me))]
         procs: list[RunProcess] = []
         launcher_alive = False
-        slurm_job = read_json(d / SLURM_JSON, SlurmJob)
-        slurm: SlurmState | None = None
-        if slurm_job is not None:  # a batch job: the queue says whether it is alive (nsa_tui/slurm)
-            from nsa_tui.slurm.view import view_state
-
+        # a batch job: its backend (the queue) says whether it is alive, not this host's processes
+        job = job_view(d, info.status if info else None, stop_requested)
+        if job is not None:
             same_boot = False
-            status, alive, slurm = view_state(d, slurm_job, info.status if info else None, stop_requested)
+            status, alive = job.status, job.alive
         elif mine:
             same_boot = launch is None or not launch.boot_id or launch.boot_id == boot_id()
             if same_boot and launch is not None:
@@ -213,7 +212,7 @@ class RunStore:
             alive = any(o.alive for o in owners)
             launcher_alive = alive
             same_boot = not any(o.how == "expired" for o in owners)
-        if slurm is None:
+        if job is None:
             status = derive_status(info, launch, alive, same_boot, stop_requested, exited)
             if any(o.how == "expired" for o in owners if not o.mine) and status not in FAILED_STATUSES:
                 status = RunStatus.LOST  # a host of the run vanished: its lease and heartbeats expired
@@ -236,7 +235,7 @@ class RunStore:
                        created=launch.created if launch else (info.started_at or 0.0), archived=archived,
                        log_tail=tail, launcher_alive=launcher_alive,
                        watchdog=launcher_alive or (exited is not None and exited.watchdog),
-                       owners=owners, shared=bool(parts), slurm=slurm)
+                       owners=owners, shared=bool(parts), slurm=job.slurm if job else None)
 
     def _own_processes(self, run_id: str, d: Path, part: Path, launch: LaunchInfo, info: RunInfo | None,
                        exited: ExitInfo | None) -> tuple[list[RunProcess], bool]:

@@ -4,10 +4,11 @@ The script is written into the run directory and kept, so what ran can be read a
 Everything taken from the user (paths, overrides, names) is quoted with ``shlex.quote``;
 sbatch's own options go as separate arguments, never through a shell. The script runs one
 ``srun`` task per node, each a torchrun meeting at the c10d rendezvous on the allocation's
-first node, and starts from the run's newest checkpoint when there is one (a requeued job
-continues where it stopped). With requeue, Slurm sends the batch shell USR1 ``signal_s``
-seconds before the time limit; the script asks Slurm to requeue the job, Slurm sends every
-rank TERM, and the ranks save a checkpoint and exit before it requeues.
+first node (on a port chosen there as the job starts: rdzvport.py), and starts from the
+run's newest checkpoint when there is one (a requeued job continues where it stopped). With
+requeue, Slurm sends the batch shell USR1 ``signal_s`` seconds before the time limit; the
+script asks Slurm to requeue the job, Slurm sends every rank TERM, and the ranks save a
+checkpoint and exit before it requeues.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 
 from nsa.contract.slurm import SlurmRequest
 
-RDZV_PORT_BASE = 29400
 _TIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$|^\d+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.,+-]*$")  # partitions and accounts
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -127,7 +127,10 @@ def build_script(req: SlurmRequest, spec: JobSpec, submitted_with: list[str]) ->
     lines += [
         'echo "nsa-tui: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"',
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 1000 ))",
+        "# a port free on this node (the batch shell runs on the first one), reserved against the",
+        "# other jobs starting here; the srun line below hands it to every node's torchrun",
+        f'rdzv_port=$({q(spec.python)} -m nsa_tui.slurm.jobside rdzv-port {q(spec.run_dir)} "$SLURM_JOB_ID")',
+        'echo "nsa-tui: rendezvous at $head_node:$rdzv_port"',
         "# the newest complete checkpoint of this run, else the one the run starts from",
         f"resume=$({q(spec.python)} -m nsa_tui.slurm.jobside resume-arg {q(spec.run_dir)}"
         + (f" {q(spec.resume_from)}" if spec.resume_from else "")

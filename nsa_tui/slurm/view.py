@@ -1,7 +1,7 @@
 """A Slurm run's view on the login node: the queue, not /proc, says whether it is alive.
 
-Kept apart from ``ops`` (submit, cancel): the run store reads views through this module
-alone, so reading a run never imports the launcher.
+The agent's Slurm backend (nsa_tui/agent/slurm_backend.py) reads a run's view through this
+module; it needs the queue and the run directory alone, nothing of the agent.
 """
 
 from __future__ import annotations

@@ -234,3 +234,48 @@ def test_requeued_job_resumes_from_its_checkpoint(login: SshServer, slurm: Slurm
     wait_for("the fallback's steps", lambda r: len(train_steps(child_dir)) >= 2, login, child, slurm, 240)
     assert train_steps(child_dir)[0] == steps[-1] + 1
     killed_and_gone(login, slurm, child, child_job)
+
+
+def rendezvous(run_dir: Path) -> str | None:
+    """The endpoint the job's batch script chose (its line in train.log), the newest."""
+    log = run_dir / TRAIN_LOG
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    mark = "nsa-tui: rendezvous at "
+    found = [x[len(mark):].strip() for x in lines if x.startswith(mark)]
+    return found[-1] if found else None
+
+
+def test_two_jobs_on_one_node_each_get_their_own_rendezvous_port(
+    login: SshServer, slurm: SlurmCluster
+) -> None:
+    """Two jobs at once on the one node, their ids 1000 apart (the old ``29400 + id % 1000`` gave
+    both one port): each serves its rendezvous on a port of its own and both advance; the second
+    goes on after the first is cancelled (on the first's store it would die with it)."""
+    first = launch(login)
+    rid_a, job_a = first["run_id"], first["slurm_job_id"]
+    # the next job id is 1000 on: the cluster's first id raised (sbatch has no --jobid here)
+    slurm.conf.write_text(slurm.conf.read_text() + f"FirstJobId={int(job_a) + 1000}\n")
+    slurm.run("scontrol", "reconfigure")
+    second = launch(login)
+    rid_b, job_b = second["run_id"], second["slurm_job_id"]
+    assert int(job_b) == int(job_a) + 1000, (job_a, job_b)
+    dirs = {}
+    for rid in (rid_a, rid_b):
+        rep = wait_for(f"{rid} running", lambda r: r["slurm"]["state"] == "RUNNING", login, rid, slurm, 120)
+        dirs[rid] = Path(rep["run"]["dir"])
+    for rid, d in dirs.items():
+        wait_for(f"{rid}'s steps advance", lambda r, d=d: len(train_steps(d)) >= 3, login, rid, slurm, 300)
+    ports = {rid: rendezvous(d) for rid, d in dirs.items()}
+    assert None not in ports.values() and ports[rid_a] != ports[rid_b], ports
+    assert {p.rpartition(":")[0] for p in ports.values() if p} == {slurm.node}, ports
+    killed_and_gone(login, slurm, rid_a, job_a)
+    before = len(train_steps(dirs[rid_b]))
+    wait_for(
+        "the second job goes on alone",
+        lambda r: r["slurm"]["state"] == "RUNNING" and len(train_steps(dirs[rid_b])) >= before + 3,
+        login,
+        rid_b,
+        slurm,
+        240,
+    )
+    killed_and_gone(login, slurm, rid_b, job_b)

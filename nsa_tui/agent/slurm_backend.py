@@ -1,11 +1,14 @@
-"""The agent's Slurm side, on the login node: submit a run as a batch job, read its queue
-state into the run's view, cancel it, and relaunch it (fallback, resume) as a new job.
+"""Slurm as a launch backend: the agent's side, on the login node.
+
+Submits a run as a batch job, reads its queue state into the run's view, cancels it, and
+relaunches it (fallback, resume) as a new job. The pure parts (the batch script, parsing the
+queue, the statuses) are in nsa_tui/slurm, which imports nothing of the agent.
 
 The run directory is the same contract as a run on one host (nsa/contract/rundir.py): the
 agent writes config.yaml, launch.json, the batch script and slurm.json; the ranks, on the
 allocation's nodes, write run.json, heartbeats, metrics, checkpoints and train.log into it
 through the shared filesystem. The job's processes are not on this machine, so the queue,
-not /proc, says whether the run is alive (``runstate.run_status``).
+not /proc, says whether the run is alive (``nsa_tui.slurm.runstate.run_status``).
 """
 
 from __future__ import annotations
@@ -15,14 +18,19 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import msgspec
+
+import nsa
 import nsa_tui
-from nsa.contract import LaunchInfo, StopInfo, write_json_atomic
+from nsa.contract import LaunchInfo, Relaunch, RunStatus, StopInfo, write_json_atomic
 from nsa.contract.replies import KillResult, LaunchResult
+from nsa.contract.requests import FallbackArgs, LaunchArgs, ResumeArgs
 from nsa.contract.rundir import (
     CONFIG_YAML,
     LAUNCH_JSON,
+    RELAUNCH_JSON,
     RUN_ID_RE,
     SLURM_JSON,
     SLURM_SCRIPT,
@@ -31,14 +39,69 @@ from nsa.contract.rundir import (
     new_run_id,
 )
 from nsa.contract.slurm import FINAL_STATES, SlurmJob, SlurmRequest
-from nsa_tui.agent.describe import validate_config
+from nsa_tui.agent.backend import JobView, RunBackend
+from nsa_tui.agent.describe import check_nproc, validate_config
 from nsa_tui.agent.errors import OpError
-from nsa_tui.agent.launcher import check_nproc
+from nsa_tui.agent.runlock import run_lock_async
 from nsa_tui.install.pkgpath import env_with_package_path
 from nsa_tui.slurm import script as S
 from nsa_tui.slurm.queue import run_command
 from nsa_tui.slurm.version import SlurmVersionError, check_supported, parse_version
-from nsa_tui.slurm.view import QUEUE
+from nsa_tui.slurm.view import QUEUE, read_job, view_state
+
+if TYPE_CHECKING:
+    from nsa_tui.agent.launcher import Launcher
+
+
+class SlurmBackend(RunBackend):
+    """A batch job submitted from this login node; its job record is the run's slurm.json."""
+
+    kind = "slurm"
+
+    @classmethod
+    def owns(cls, run_dir: Path) -> bool:
+        return read_job(run_dir) is not None
+
+    @classmethod
+    def takes(cls, a: LaunchArgs) -> bool:
+        return a.slurm is not None
+
+    @classmethod
+    def job_view(cls, run_dir: Path, trainer: RunStatus | None, stop_requested: bool) -> JobView | None:
+        """The queue says whether the run is alive: its processes are on other machines."""
+        job = read_job(run_dir)
+        if job is None:
+            return None
+        status, alive, state = view_state(run_dir, job, trainer, stop_requested)
+        return JobView(status=status, alive=alive, slurm=state)
+
+    def _job(self, run_id: str) -> tuple[Path, SlurmJob]:
+        run_dir = self.launcher.store.run_dir(run_id)
+        job = read_job(run_dir)
+        if job is None:  # chosen by its record a moment ago: unreadable since
+            raise OpError("bad_request", f"{run_id}: its Slurm job record ({SLURM_JSON}) cannot be read")
+        return run_dir, job
+
+    async def launch(self, a: LaunchArgs, overrides: list[str]) -> LaunchResult:
+        if a.slurm is None:  # takes() chose this backend for it: only a caller skipping that
+            raise OpError("bad_request", "a Slurm launch needs its request (slurm)")
+        return await asyncio.to_thread(submit, self.launcher, a.slurm, a.config_path, a.config_text,
+                                       a.nproc, overrides, a.name)
+
+    async def kill(self, run_id: str, grace_s: float) -> KillResult:
+        """scancel, confirmed by the queue, under the run's lock."""
+        run_dir, job = self._job(run_id)
+        async with run_lock_async(run_dir):
+            return await cancel(run_id, run_dir, job, grace_s)
+
+    async def fallback(self, run_id: str, a: FallbackArgs) -> LaunchResult:
+        """A new job: one node, one process, the same global batch (``nproc`` and ``checkpoint``
+        are not used: the newest checkpoint, the one the cancelled ranks saved)."""
+        return await relaunch(self.launcher, run_id, self._job(run_id)[1], "fallback", float(a.grace_s))
+
+    async def resume(self, run_id: str, a: ResumeArgs) -> LaunchResult:
+        """A new job on the same request, from the newest checkpoint."""
+        return await relaunch(self.launcher, run_id, self._job(run_id)[1], "resume")
 
 
 def slurm_version() -> str:
@@ -60,7 +123,7 @@ def _remove(run_dir: Path) -> None:
 
 
 def submit(
-    launcher: Any,
+    launcher: Launcher,
     req: SlurmRequest,
     config_path: str | None,
     config_text: str | None,
@@ -117,7 +180,7 @@ def submit(
 
 
 def _write_and_submit(
-    launcher: Any,
+    launcher: Launcher,
     req: SlurmRequest,
     run_id: str,
     run_dir: Path,
@@ -131,8 +194,6 @@ def _write_and_submit(
     parent_run: str | None,
     resume_from: str | None,
 ) -> LaunchResult:
-    import nsa
-
     os.chmod(run_dir, 0o700)
     cfg_copy = run_dir / CONFIG_YAML
     fd = os.open(cfg_copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -240,14 +301,12 @@ async def cancel(run_id: str, run_dir: Path, job: SlurmJob, grace_s: float) -> K
     )
 
 
-async def relaunch(launcher: Any, run_id: str, job: SlurmJob, op: str, grace_s: float = 60.0) -> LaunchResult:
+async def relaunch(
+    launcher: Launcher, run_id: str, job: SlurmJob, op: str, grace_s: float = 60.0
+) -> LaunchResult:
     """``fallback`` (one node, one process) or ``resume`` (the same allocation) of a Slurm run: a
     new job, a new run linked to this one, from its newest complete checkpoint with the
     gradient accumulation that keeps the global batch. Idempotent, under the run's lock."""
-    from nsa.contract import Relaunch
-    from nsa.contract.rundir import RELAUNCH_JSON
-    from nsa_tui.agent.runlock import run_lock_async
-
     run_dir = launcher.store.run_dir(run_id)
     async with run_lock_async(run_dir):
         done = launcher._done_before(run_dir, op)
@@ -272,16 +331,17 @@ async def relaunch(launcher: Any, run_id: str, job: SlurmJob, op: str, grace_s: 
         # the new job starts when it can: a hold the first submission asked for is not repeated
         args = [a for a in job.request.sbatch_args if a not in ("--hold", "-H")]
         req = msgspec_replace(job.request, nodes=nodes, sbatch_args=args)
+        ckpt = plan.checkpoint
+        if ckpt is None:  # had one a moment ago: removed while the job was cancelled
+            raise OpError("no_checkpoint", f"{run_id} has no complete checkpoint: nothing to start from")
         res = await asyncio.to_thread(
             submit, launcher, req, str(run_dir / CONFIG_YAML), None, nproc, overrides, plan.name,
-            run_id, plan.checkpoint)
+            run_id, ckpt)
         write_json_atomic(run_dir / RELAUNCH_JSON, Relaunch(op=op, child_run=res.run_id,  # type: ignore[arg-type]
-                                                            resume_from=plan.checkpoint, ts=time.time()))
+                                                            resume_from=ckpt, ts=time.time()))
         res.killed = killed
         return res
 
 
 def msgspec_replace(req: SlurmRequest, **changes: Any) -> SlurmRequest:
-    import msgspec
-
     return msgspec.structs.replace(req, **changes)
