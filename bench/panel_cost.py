@@ -581,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="cold opens (the median is reported)")
     ap.add_argument("--details", action="store_true", help="the most rendered widgets per scenario")
     ap.add_argument("--profile", type=Path, help="cProfile the panel: DIR/<scenario>.prof (pstats)")
+    ap.add_argument("--profile-agent", type=Path,
+                    help="cProfile the agent: DIR/<scenario>-agent.prof (pstats; its worker-thread calls "
+                         "run inline, so its CPU numbers are not comparable)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="nsa-panel-cost-"))
     ref_ms = reference_ms()
@@ -592,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.profile:
                 args.profile.mkdir(parents=True, exist_ok=True)
                 os.environ["PANEL_COST_PROFILE"] = str(args.profile.resolve() / f"{name}.prof")
+            if args.profile_agent:
+                args.profile_agent.mkdir(parents=True, exist_ok=True)
+                os.environ["NSA_AGENT_PROFILE"] = str(args.profile_agent.resolve() / f"{name}-agent.prof")
             if name in SCENARIOS:
                 runs, ranks, rate = SCENARIOS[name]
                 row = live_scenario(name, work, runs, ranks, rate, args.seconds, args.warmup)

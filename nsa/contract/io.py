@@ -11,6 +11,7 @@ Files are created private to their user (0600; directories 0700).
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import msgspec
+import msgspec.structs
 
 T = TypeVar("T")
 # The readers below take a record class (and give its instances) or any other type msgspec
@@ -64,8 +66,38 @@ def to_builtins(obj: Any) -> Any:
     return _safe(msgspec.to_builtins(obj, enc_hook=_as_text))
 
 
+_DIRECT = msgspec.json.Encoder(enc_hook=_as_text)
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _finite(x: Any) -> bool:
+    """Whether ``x`` (a record, or what records hold) surely has no NaN or infinite float:
+    False for one, and for any value of a kind not looked into (the slow path is then exact)."""
+    t = type(x)
+    if t in _PLAIN:
+        return True
+    if t is float:
+        return math.isfinite(x)
+    if isinstance(x, msgspec.Struct):
+        values: Any = msgspec.structs.astuple(x)
+    elif isinstance(x, (list, tuple)):
+        values = x
+    elif isinstance(x, dict):
+        values = x.values()
+    elif isinstance(x, enum.Enum):
+        values = (x.value,)
+    else:  # subclasses of str, int or float (numpy's float64, torch's version): the slow path
+        return False
+    return all(type(v) in _PLAIN or _finite(v) for v in values)
+
+
 def encode(obj: Any) -> bytes:
-    """Compact JSON of a record (one JSONL line without its newline)."""
+    """Compact JSON of a record (one JSONL line without its newline). A record without a
+    non-finite float (nearly all) is encoded as it is; one with NaN or infinity is first
+    rebuilt as plain Python with those as strings (``to_builtins``), which costs 2-3x more:
+    the agent encodes every line a panel watches."""
+    if _finite(obj):
+        return _DIRECT.encode(obj)
     return _ENCODER.encode(to_builtins(obj))
 
 

@@ -24,8 +24,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-root", default=os.environ.get("NSA_RUNS_ROOT", DEFAULT_ROOT),
                    help="directory holding one directory per run (default ~/nsa-runs)")
     args = p.parse_args(argv)
-    asyncio.run(_amain(os.path.expanduser(args.runs_root)))
+    profile = os.environ.get("NSA_AGENT_PROFILE")  # set only by bench.panel_cost --profile-agent
+    if profile:
+        _profiled(os.path.expanduser(args.runs_root), profile)
+    else:
+        asyncio.run(_amain(os.path.expanduser(args.runs_root)))
     return 0
+
+
+def _profiled(runs_root: str, path: str) -> None:
+    """Run the agent under cProfile (pstats to ``path`` when it ends). cProfile sees only its
+    own thread, so worker-thread calls (``asyncio.to_thread``) run inline on the loop here."""
+    import cProfile
+    from collections.abc import Callable
+    from typing import Any
+
+    async def inline(fn: Callable[..., Any], /, *a: Any, **kw: Any) -> Any:
+        return fn(*a, **kw)
+
+    asyncio.to_thread = inline
+    prof = cProfile.Profile()
+    try:
+        prof.runcall(asyncio.run, _amain(runs_root))
+    finally:
+        prof.dump_stats(path)
 
 
 if __name__ == "__main__":

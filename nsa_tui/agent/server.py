@@ -11,6 +11,7 @@ runs root at once: every change of a run's state holds the run's lock (runlock.p
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import platform
 import re
@@ -48,12 +49,22 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _buffered_stdout() -> Any:
+    """stdout as a buffered binary stream. Under ``python -u`` or PYTHONUNBUFFERED,
+    ``sys.stdout.buffer`` is the raw file, and every line would be its own write(2) (and a
+    wake-up of the client); :meth:`Agent.send` relies on a buffer to write once per loop turn."""
+    buf = sys.stdout.buffer
+    if isinstance(buf, io.RawIOBase):
+        return open(buf.fileno(), "wb", buffering=1 << 16, closefd=False)  # noqa: SIM115 (lives as long as the agent)
+    return buf
+
+
 class Agent(AgentOps):
     """Dispatches requests to ``op_<name>`` handlers, each with its argument record."""
 
     def __init__(self, runs_root: str, out: Any = None, sampler: HostSampler | None = None) -> None:
         self.store = RunStore(runs_root)
-        self.out = out if out is not None else sys.stdout.buffer
+        self.out = out if out is not None else _buffered_stdout()
         self.sampler = sampler or HostSampler(str(self.store.root))
         gpu = self.sampler.gpu
         self.launcher = Launcher(self.store, gpu_count=gpu.count(), read_gpus=gpu.read)
