@@ -240,6 +240,15 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
             run("rope", lambda: T.apply_rope(q, angles, angles))
             run("selected", lambda: T.selected_attention(q, k, v, idx, s.select_block))
             run("window", lambda: T.window_attention(q, k, v, s.window))
+            from nsa.ops.triton.decode import DecodeSplits
+
+            q1 = torch.empty(s.B, 1, s.H, s.D, device="meta", dtype=torch.bfloat16)
+            ring = torch.empty(s.B, min(s.window, s.T), s.G, s.D, device="meta", dtype=torch.bfloat16)
+            pos = torch.empty(s.B, device="meta", dtype=torch.int64)
+            for splits in (DecodeSplits(), DecodeSplits(2, 2, 2, 2)):  # one program per group, and split
+                step["op"] = f"decode {'split' if splits.cmp > 1 else 'whole'}"
+                T.nsa_decode_branches(q1, kc, vc, k, v, ring, ring, pos, s.block, s.stride, s.select_block,
+                                      s.n, 1, 2, splits=splits)
     finally:
         T._sm_count = saved
     return launches

@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from nsa.model.attention import Angles, DenseAttention, NSAAttention
+from nsa.ops import get_ops
 from nsa.ops.reference import (
     _acc_dtype,
     _attend,
@@ -204,6 +205,13 @@ class NSACache:
         ``(o_cmp, o_slc, o_win)``, each ``[B, 1, H, D]`` in q's dtype. Reads the cache only:
         the part of a step that a fused decode kernel can take over whole."""
         a, c, t, k = self.attn, self.attn.cfg, self.tensors, self.consts
+        # on CUDA with the Triton ops: the fused decode kernels (nsa/ops/triton/decode.py), a few
+        # launches per layer instead of ~140 ops; these torch ops are their reference
+        fused = getattr(get_ops(c.backend, q.device.type), "nsa_decode_branches", None)
+        if fused is not None and q.is_cuda and q.dtype != torch.float64:
+            return fused(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos,
+                         c.compress_block, c.compress_stride, c.select_block, c.num_selected, c.num_initial,
+                         c.num_local)
         B, H, G, D = q.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
         lp = c.select_block
         n_cmp = t["k_cmp"].shape[1]

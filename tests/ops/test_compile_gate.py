@@ -152,7 +152,8 @@ def test_every_kernel_is_covered_and_list_mode_needs_no_compiler() -> None:
     assert "ignoring TRITON_INTERPRET" in out.stdout
     for kernel in ("_band_fwd", "_band_bwd_dq", "_band_bwd_dkdv", "_scores_topn", "_select_kernel",
                    "_sel_fwd", "_sel_bwd_dq", "_sel_bwd_dkdv", "_sel_bwd_reduce", "_delta_kernel",
-                   "_combine_fwd", "_combine_bwd", "_rope_kernel"):
+                   "_combine_fwd", "_combine_bwd", "_rope_kernel", "_decode_partials", "_decode_scores",
+                   "_decode_selected", "_decode_combine"):
         assert f"LIST sm_80 {kernel} " in out.stdout and f"LIST sm_90 {kernel} " in out.stdout
     assert "not covered" not in out.stdout
     # an autotuned kernel is listed once per config its prune keeps: the default and the others

@@ -28,6 +28,7 @@ from nsa.ops.reference import selection_scores
 
 from . import topn
 from .band import BWD_BN, LN2, band_backward, band_forward
+from .decode import nsa_decode_branches
 from .glue import GatedCombine, Rope
 from .selected import selected_backward, selected_forward
 from .topn import scores_from_lse, selection_from_lse
@@ -38,6 +39,7 @@ __all__ = [
     "compressed_attention_and_selection",
     "apply_rope",
     "gated_combine",
+    "nsa_decode_branches",
     "selection_scores",
     "select_blocks",
     "selected_attention",

@@ -1,0 +1,199 @@
+"""One NSA layer's decode branches: the fused kernels (nsa/ops/triton/decode.py) against the
+KV-cache decoder's torch maths, per decoded token.
+
+    python -m bench.decode_kernel [--contexts 4096 16384 65536] [--batch 1] [--device cpu|cuda]
+                                  [--dtype fp32|bf16] [--threads 1] [--iters 20]
+                                  [--plan-sms 132] [--json OUT]
+
+nsa-125m's attention layer (16 query heads in one KV group, head dim 64, l=32, d=16,
+l'=64, n=16, w=512), an ``NSACache`` with room for the context, filled with random K/V,
+every sequence at the context's last position. For each context:
+
+- torch: ``NSACache._branches`` (the step's three branches over the cache, without the
+  projections and the cache writes), its aten ops per call, and its time per call
+  (process CPU time on CPU, one thread unless ``--threads``; wall time on CUDA);
+- kernels: the launches and grids ``plan_splits`` gives on this device (or, ``--plan-sms``,
+  on a GPU of that many SMs), the wrapper's aten
+  ops (allocations), the K/V bytes the launches must read at least (compressed K and V,
+  compressed K again for the scores, the selected blocks' and the window's K and V), and
+  on CUDA the time per call, eager and replayed from a CUDA graph, with the planned splits
+  and with none.
+
+The kernels are not timed on CPU: there they run in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from nsa.config import load_config  # noqa: E402
+from nsa.infer.cache import NSACache  # noqa: E402
+from nsa.model import build_model  # noqa: E402
+from nsa.ops.reference import num_compressed  # noqa: E402
+from nsa.syncs import OpCounter  # noqa: E402
+
+
+def setup(context: int, batch: int, dtype: torch.dtype, device: torch.device
+          ) -> tuple[NSACache, torch.Tensor, torch.Tensor]:
+    """nsa-125m's first attention layer with a random cache at ``context`` tokens, a random
+    query, the positions (each sequence's last)."""
+    cfg = load_config(ROOT / "configs" / "nsa-125m.yaml").model
+    cfg.n_layers = 1
+    torch.manual_seed(0)
+    attn = build_model(cfg).to(device=device, dtype=dtype).blocks[0].attn
+    cache = NSACache(attn, batch, context)
+    cache.allocate(dtype, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for t in cache.cache_tensors():
+        t.copy_(torch.randn(t.shape, generator=gen, device=device, dtype=torch.float32).to(dtype))
+    q = torch.randn(batch, 1, attn.n_heads, attn.head_dim, generator=gen, device=device).to(dtype)
+    pos = torch.full((batch,), context - 1, dtype=torch.long, device=device)
+    return cache, q, pos
+
+
+def kernel_call(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, splits: Any = None) -> Any:
+    from nsa.ops.triton.decode import nsa_decode_branches
+
+    c, t = cache.attn.cfg, cache.tensors
+    return lambda: nsa_decode_branches(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"],
+                                       t["v_win"], pos, c.compress_block, c.compress_stride, c.select_block,
+                                       c.num_selected, c.num_initial, c.num_local, splits=splits)
+
+
+def timed(fn: Any, iters: int, device: torch.device) -> float:
+    """Seconds per call: wall time on CUDA (synchronised), process CPU time on CPU."""
+    for _ in range(2):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / iters
+    c0 = time.process_time()
+    for _ in range(iters):
+        fn()
+    return (time.process_time() - c0) / iters
+
+
+def graph_timed(fn: Any, iters: int) -> float:
+    """Seconds per replay of ``fn`` captured as a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, iters, torch.device("cuda"))
+
+
+def launch_plan(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int | None = None
+                ) -> tuple[list[str], int]:
+    """The kernel launches (name and grid) of one call on this device (on a GPU of ``sms``
+    SMs when given), and the wrapper's aten ops, without running a kernel."""
+    from nsa.ops.triton import decode as DK
+
+    log: list[str] = []
+
+    class Rec:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            return lambda *a, **k: log.append(f"{self.name}{list(grid)}")
+
+    names = ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine", "_sm_count")
+    saved = {n: getattr(DK, n) for n in names}
+    try:
+        for n in names[:-1]:
+            setattr(DK, n, Rec(n))
+        if sms is not None:
+            DK._sm_count = lambda device: sms
+        with OpCounter() as ops:
+            kernel_call(cache, q, pos)()
+    finally:
+        for n, k in saved.items():
+            setattr(DK, n, k)
+    return log, ops.total
+
+
+def kv_bytes(context: int, batch: int, cache: NSACache, itemsize: int) -> int:
+    """K/V bytes the kernels must read per call at least (see the module docstring)."""
+    c, a = cache.attn.cfg, cache.attn
+    row = a.n_kv_heads * a.head_dim * itemsize
+    nc = num_compressed(context, c.compress_block, c.compress_stride)
+    selected = min(c.num_selected * c.select_block, context)
+    return batch * row * (3 * nc + 2 * selected + 2 * min(c.window, context))
+
+
+def measure(context: int, batch: int, dtype: torch.dtype, device: torch.device, iters: int,
+            plan_sms: int | None = None) -> dict[str, Any]:
+    cache, q, pos = setup(context, batch, dtype, device)
+    branches = getattr(cache, "_branches", None)
+    row: dict[str, Any] = {"context": context, "batch": batch, "dtype": str(dtype), "device": device.type}
+    if branches is not None:
+        with torch.no_grad(), OpCounter() as ops:
+            branches(q, pos)
+        row["torch_ops"] = ops.total
+        with torch.no_grad():
+            row["torch_us"] = 1e6 * timed(lambda: branches(q, pos), iters, device)
+    launches, wrapper_ops = launch_plan(cache, q, pos, plan_sms)
+    row.update(launches=launches, wrapper_ops=wrapper_ops,
+               kv_mib=kv_bytes(context, batch, cache, q.element_size()) / 2**20)
+    if device.type == "cuda":
+        from nsa.ops.triton.decode import DecodeSplits
+
+        for name, splits in (("planned", None), ("no_split", DecodeSplits())):
+            fn = kernel_call(cache, q, pos, splits)
+            row[f"kernels_{name}_us"] = 1e6 * timed(fn, iters, device)
+            row[f"kernels_{name}_graph_us"] = 1e6 * graph_timed(fn, iters)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.decode_kernel", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 65536])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
+                    help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--plan-sms", type=int, default=None,
+                    help="show the launches planned for a GPU of this many SMs (132: an H100)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype or ("bf16" if device.type == "cuda"
+                                                                          else "fp32")]
+    rows = []
+    for s in args.contexts:
+        r = measure(s, args.batch, dtype, device, args.iters, args.plan_sms)
+        rows.append(r)
+        timing = "  ".join(f"{k} {v:,.1f}" for k, v in r.items() if k.endswith("_us"))
+        print(f"context {s:,} batch {args.batch}: torch {r.get('torch_ops', '-')} aten ops; kernels "
+              f"{len(r['launches'])} launches {' '.join(r['launches'])}, wrapper {r['wrapper_ops']} aten "
+              f"ops, >= {r['kv_mib']:.2f} MiB K/V read; {timing}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

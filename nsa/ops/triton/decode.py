@@ -1,0 +1,469 @@
+"""NSA decode attention: the three branches of one new query per sequence, in 3-4 launches.
+
+``NSACache.step`` (nsa/infer/cache.py) computes, for the query of each sequence b at
+position ``pos[b]``, the compressed branch (token i visible iff ``i*d + l - 1 <= pos``) and
+its probabilities, the block scores (Eq. 10: summed over a KV group's heads; Eq. 9:
+spread over the selection blocks by overlap / d), the top-n rule of
+``nsa.ops.reference.select_blocks_at``, the selected branch (the chosen blocks' keys
+``<= pos``) and the window branch (the ring's slots that hold a position ``>= 0``), in over
+a hundred small torch ops per layer (bench/decode_kernel.py counts them). Here the same
+maths runs in three or four kernels, each with one program per (split, sequence, KV group)
+whose rows are the group's query heads, so every K/V row is loaded once for the whole group:
+
+1. ``_decode_partials``: flash-decoding partials (running max, sum, unnormalised output)
+   of the compressed keys and of the window ring, each cut into equal chunks of what
+   ``pos`` makes visible;
+2. ``_decode_scores``: the compressed branch's per-head log-sum-exp from those partials
+   (the first and last programs also write ``o_cmp`` and ``o_win``), then the scores of
+   its share of the eligible selection blocks and their running top-n (topn.py's packed
+   keys: forced blocks +inf, higher score first, ties to the lower block), stored as a
+   candidate list;
+3. ``_decode_selected``: the candidate lists merged give the chosen blocks (the top n that
+   beat -inf: the reference's choice, -1 for slots nothing fills); attention over its
+   share of them;
+4. ``_decode_combine`` (only when the selected branch is split): its partials -> ``o_slc``.
+
+Why split at all: at batch 1 a 64k context has ~4k compressed tokens and 1024 selection
+blocks per KV group, and one program per (sequence, group) would stream them through one
+SM while the rest idle; the splits (``plan_splits``, from the batch, the groups and the
+SM count) spread each phase over many programs, and the cross-program steps (the
+log-sum-exp, the top-n, the softmax combine) are what costs the extra launches.
+
+A block's score sums its overlapping compressed tokens one at a time in ascending token
+order, exactly as the reference's ``index_add_`` does, so blocks whose contributions are
+equal (a uniform compressed attention) tie exactly here as they do there, and the tie
+goes to the lower block in both.
+
+No host sync and no data-dependent shape: every bound that depends on ``pos`` is computed
+inside the kernels, the grids depend on shapes only, so a decode step can be captured as
+a CUDA graph. Scratch (the partials, the candidate lists) is allocated per call; inside a
+graph capture it comes from the graph's pool.
+
+Under ``TRITON_INTERPRET=1`` the kernels run on CPU in fp32 (bf16 ``tl.dot`` is wrong in
+the interpreter); fp32/fp16/bf16 inputs, not fp64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from nsa.ops import poison
+
+from .band import LOG2E, NEG, _prec
+from .topn import NO_KEY, ORD_NEG_INF, _candidates
+
+# Below every packed key (topn.py's NO_KEY and the fillers under it): the max-reduction's
+# neutral element in ``_merge_top``.
+FLOOR = tl.constexpr(-(2**63) + 1)
+
+# Keys per program below which splitting a branch further costs more (launch, partial
+# stores, the combine) than it spreads. A design estimate, not a measurement.
+MIN_CMP_KEYS = 128  # compressed tokens per chunk
+MIN_WIN_KEYS = 128  # window slots per chunk
+MIN_SCORE_BLOCKS = 32  # selection blocks scored per program
+MIN_SEL_BLOCKS = 2  # selected blocks attended per program
+PROGRAMS_PER_SM = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSplits:
+    """Programs per (sequence, KV group) of each phase: compressed chunks, window chunks,
+    scoring programs, selected-attention programs (> 1: a fourth launch combines them)."""
+
+    cmp: int = 1
+    win: int = 1
+    scores: int = 1
+    selected: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.cmp, self.win, self.scores, self.selected) < 1:
+            raise ValueError(f"every split must be >= 1, got {self}")
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int, num_selected: int,
+                device: torch.device) -> DecodeSplits:
+    """Splits that give about ``PROGRAMS_PER_SM`` programs per SM in each phase, no program
+    with less than the ``MIN_*`` keys (a capacity-sized bound: shapes only, no sync). No
+    split off CUDA (the interpreter: fewer programs, faster tests) or once the batch's
+    (sequence, group) pairs fill the GPU on their own."""
+    sms = _sm_count(device)
+    if sms == 0:
+        return DecodeSplits()
+    per = max(1, -(-PROGRAMS_PER_SM * sms // max(1, batch * groups)))
+
+    def cap(units: int, least: int) -> int:
+        return max(1, min(per, units // least))
+
+    return DecodeSplits(cmp=cap(n_cmp, MIN_CMP_KEYS), win=cap(window, MIN_WIN_KEYS),
+                        scores=cap(n_blocks, MIN_SCORE_BLOCKS), selected=cap(num_selected, MIN_SEL_BLOCKS))
+
+
+@triton.jit
+def _group_of_program(POS, G):
+    """Axis 1 of every decode grid is (sequence, KV group): ``bg``, ``b``, ``g`` and the
+    sequence's position."""
+    bg = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    return bg, b, g, tl.load(POS + b).to(tl.int32)
+
+
+@triton.jit
+def _group_queries(Q, b, g, sqb, sqh, HPG, R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """The new query of each of group ``g``'s heads, ``[R, BD]`` (rows past HPG and columns
+    past D zero): GQA, one program serves the whole group."""
+    r = tl.arange(0, R)
+    offs_d = tl.arange(0, BD)
+    q = tl.load(Q + b * sqb + (g * HPG + r)[:, None] * sqh + offs_d[None, :],
+                mask=(r < HPG)[:, None] & (offs_d < D)[None, :], other=0.0)
+    return r, offs_d, q
+
+
+@triton.jit
+def _flash(q, kbase, vbase, skt, lo, hi, m_i, l_i, acc, qk_scale, offs_d,
+           D: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    """Online softmax of the rows ``q`` over the key rows ``[lo, hi)`` (log2 units)."""
+    for s0 in range(lo, hi, BN):
+        offs_n = s0 + tl.arange(0, BN)
+        m_i, l_i, acc = _online(q, kbase, vbase, skt, offs_n, offs_n < hi, m_i, l_i, acc, qk_scale, offs_d,
+                                D, PREC)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _online(q, kbase, vbase, skt, offs_n, nmask, m_i, l_i, acc, qk_scale, offs_d,
+            D: tl.constexpr, PREC: tl.constexpr):
+    """One tile of keys ``offs_n`` (``nmask``: those that count) into the running softmax
+    (max ``m_i``, sum ``l_i``, unnormalised output ``acc``; log2 units)."""
+    dmask = offs_d < D
+    kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None], mask=nmask[None, :] & dmask[:, None],
+                 other=0.0)
+    s = tl.where(nmask[None, :], tl.dot(q, kt, input_precision=PREC) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :], mask=nmask[:, None] & dmask[None, :],
+                other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _store_partial(PM, PL, PACC, slot, m_i, l_i, acc, r, offs_d, R: tl.constexpr, BD: tl.constexpr):
+    """One partial (max, sum, unnormalised output) into its slot of the workspace."""
+    row = slot * R + r
+    tl.store(PM + row, m_i)
+    tl.store(PL + row, l_i)
+    tl.store(PACC + row[:, None] * BD + offs_d[None, :], acc)
+
+
+@triton.jit
+def _combine(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
+    """Slots ``base + [c0, c1)`` of the partials merged: (max, sum, output) per row; the
+    output only with ACC (the scores programs need the log-sum-exp alone)."""
+    m_i = tl.full([R], NEG, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BD], tl.float32)
+    for c in range(c0, c1):
+        row = (base + c) * R + r
+        mc = tl.load(PM + row)
+        m_new = tl.maximum(m_i, mc)
+        alpha = tl.exp2(m_i - m_new)
+        beta = tl.exp2(mc - m_new)
+        l_i = l_i * alpha + tl.load(PL + row) * beta
+        if ACC:
+            acc = acc * alpha[:, None] + tl.load(PACC + row[:, None] * BD + offs_d[None, :]) * beta[:, None]
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D: tl.constexpr):
+    """``acc / l`` (0 for a row that saw no key) into ``OUT [B, 1, H, D]``."""
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(OUT + b * sob + (g * HPG + r)[:, None] * soh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=valid[:, None] & (offs_d < D)[None, :])
+
+
+@triton.jit
+def _decode_partials(Q, KC, VC, KW, VW, POS, PM, PL, PACC,
+                     sqb, sqh, scb, sct, sch, swb, swt, swh,
+                     G, HPG, NC, NW, qk_scale, STRIDE, BLK, SC, SW, SP,
+                     R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
+                     PREC: tl.constexpr):
+    """Programs ``[0, SC)``: a chunk of the visible compressed tokens (i*d + l - 1 <= pos);
+    ``[SC, SC + SW)``: a chunk of the window ring's slots that hold a position (slot s
+    holds one iff s <= pos). Equal BN-aligned chunks of what ``pos`` makes visible."""
+    pid = tl.program_id(0)
+    bg, b, g, p = _group_of_program(POS, G)
+    r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
+    if pid < SC:
+        n = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
+        part = pid
+        parts = SC
+        kbase = KC + b * scb + g * sch
+        vbase = VC + b * scb + g * sch
+        skt = sct
+    else:
+        n = tl.minimum(p + 1, NW)
+        part = pid - SC
+        parts = SW
+        kbase = KW + b * swb + g * swh
+        vbase = VW + b * swb + g * swh
+        skt = swt
+    per = tl.cdiv(tl.cdiv(n, BN), parts) * BN
+    lo = tl.minimum(part * per, n)
+    hi = tl.minimum(lo + per, n)
+    m_i = tl.full([R], NEG, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BD], tl.float32)
+    m_i, l_i, acc = _flash(q, kbase, vbase, skt, lo, hi, m_i, l_i, acc, qk_scale, offs_d, D, BN, PREC)
+    _store_partial(PM, PL, PACC, bg * SP + pid, m_i, l_i, acc, r, offs_d, R, BD)
+
+
+@triton.jit
+def _merge_top(top, cand, N: tl.constexpr):
+    """The N largest of ``top [N]`` (ascending) and ``cand [N]`` (any order), ascending. Each
+    key's rank in the union (how many keys beat it) says whether it stays and in which
+    slot. Real keys are distinct (one per block); fillers, below every real key, may repeat
+    and then collide among themselves only, in the slots under the real keys (which then
+    hold FLOOR or a filler: never chosen). O(N^2) compares and no sort: a few ops where a
+    bitonic merge takes dozens of compare-exchange steps."""
+    col = tl.arange(0, N)
+    r_top = (N - 1 - col) + tl.sum((cand[None, :] > top[:, None]).to(tl.int32), 1)
+    r_cand = (tl.sum((top[:, None] > cand[None, :]).to(tl.int32), 0)
+              + tl.sum((cand[:, None] > cand[None, :]).to(tl.int32), 0))
+    slot = col[None, :]  # key i goes to slot N - 1 - rank_i, or out when rank_i >= N
+    from_top = tl.max(tl.where((N - 1 - r_top)[:, None] == slot, top[:, None], FLOOR), 0)
+    from_cand = tl.max(tl.where((N - 1 - r_cand)[:, None] == slot, cand[:, None], FLOOR), 0)
+    return tl.maximum(from_top, from_cand)
+
+
+@triton.jit
+def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND,
+                   sqb, sqh, scb, sct, sch, sob, soh,
+                   G, HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SW, SP, SS,
+                   R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr,
+                   M: tl.constexpr, PREC: tl.constexpr):
+    """Program ``pid`` of SS: its share of the eligible blocks ``[0, pos // l']``, scored and
+    ranked; its top BJ keys (ascending) go to ``CAND[bg, pid]``."""
+    pid = tl.program_id(0)
+    bg, b, g, p = _group_of_program(POS, G)
+    r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
+    valid = r < HPG
+    dmask = offs_d < D
+    m_c, l_c, _ = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, False)
+    lse = tl.where(l_c > 0, m_c + tl.log2(tl.where(l_c > 0, l_c, 1.0)), float("inf"))
+    if pid == 0:
+        m_o, l_o, acc_o = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, True)
+        _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
+    if pid == SS - 1:
+        m_w, l_w, acc_w = _combine(PM, PL, PACC, bg * SP, SC, SC + SW, r, offs_d, R, BD, True)
+        _store_out(OW, acc_w, l_w, b, g, HPG, sob, soh, r, valid, offs_d, D)
+    nvis = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
+    n_elig = p // SBLK + 1  # blocks that start at or before pos
+    per = tl.cdiv(tl.cdiv(n_elig, BJ), SS) * BJ
+    j_lo = tl.minimum(pid * per, n_elig)
+    j_hi = tl.minimum(j_lo + per, n_elig)
+    kbase = KC + b * scb + g * sch
+    t_p = tl.zeros([1], tl.int32) + p
+    col = tl.arange(0, BJ)
+    top = col.to(tl.int64) + (NO_KEY - BJ)  # below every real key, distinct
+    for j0 in range(j_lo, j_hi, BJ):
+        offs_j = j0 + col
+        jm = offs_j < j_hi
+        s0 = offs_j * SBLK
+        # the first compressed token that reaches into block j: i*d + l > j*l'
+        num = s0 - BLK
+        i_first = tl.where(num >= 0, tl.maximum(num, 0) // STRIDE + 1, 0)
+        score = tl.zeros([BJ], tl.float32)
+        for mm in tl.static_range(M):  # ascending tokens, one at a time (the reference's order)
+            i = i_first + mm
+            c0 = i * STRIDE
+            overlap = tl.minimum(c0 + BLK, s0 + SBLK) - tl.maximum(c0, s0)
+            ok = jm & (i < nvis) & (overlap > 0)
+            kt = tl.load(kbase + i[None, :] * sct + offs_d[:, None], mask=ok[None, :] & dmask[:, None],
+                         other=0.0)
+            s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+            pr = tl.exp2(tl.where(valid[:, None] & ok[None, :], s - lse[:, None], float("-inf")))
+            w = tl.where(ok, overlap.to(tl.float32) / STRIDE, 0.0)  # Eq. 9
+            score += tl.sum(pr, 0) * w  # Eq. 10: the group's heads
+        key = tl.reshape(_candidates(tl.reshape(score, [1, BJ]), offs_j, t_p, NS, SBLK, NI, NL), [BJ])
+        # blocks of another program: distinct fillers below every real key
+        key = tl.where(jm, key, col.to(tl.int64) + (NO_KEY - 2 * BJ))
+        top = _merge_top(top, key, BJ)
+    tl.store(CAND + (bg * SS + pid) * BJ + col, top)
+
+
+@triton.jit
+def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS,
+                     sqb, sqh, ssb, sst, ssh, sib, sig, sob, soh,
+                     G, HPG, S, NS, qk_scale, SBLK, NSEL, SS, SSEL, SP, SLOT0,
+                     R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, LS: tl.constexpr,
+                     NR: tl.constexpr, FINAL: tl.constexpr, PREC: tl.constexpr):
+    """The chosen blocks from the SS candidate lists, then program ``pid``'s share of them:
+    attention over their keys ``<= pos``; the output itself when FINAL (one program),
+    else a partial in slot ``SLOT0 + pid``. Program 0 writes the choice to ``IDX``."""
+    pid = tl.program_id(0)
+    bg, b, g, p = _group_of_program(POS, G)
+    col = tl.arange(0, NR)
+    top = tl.load(CAND + bg * SS * NR + col)
+    for c in range(1, SS):
+        top = _merge_top(top, tl.load(CAND + (bg * SS + c) * NR + col), NR)
+    # the top NSEL keys that beat -inf are the choice: slots [NR - n_chosen, NR) of ``top``
+    chosen = ((top >> 32) > ORD_NEG_INF) & (col >= NR - NSEL)
+    j = (NS - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
+    n_chosen = tl.sum(chosen.to(tl.int32), 0)
+    if pid == 0:  # ascending block order, -1 after: each block's rank among the chosen
+        rank = tl.sum((chosen[None, :] & (j[None, :] < j[:, None])).to(tl.int32), 1)
+        row = IDX + b * sib + g * sig
+        tl.store(row + rank, j.to(tl.int64), mask=chosen)
+        tl.store(row + col, tl.full([NR], -1, tl.int64), mask=(col >= n_chosen) & (col < NSEL))
+    r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)  # after the merge: fewer live registers
+    valid = r < HPG
+    per = tl.cdiv(n_chosen, SSEL)
+    k0 = tl.minimum(pid * per, n_chosen)
+    k1 = tl.minimum(k0 + per, n_chosen)
+    kbase = KS + b * ssb + g * ssh
+    vbase = VS + b * ssb + g * ssh
+    offs_l = tl.arange(0, LS)
+    m_i = tl.full([R], NEG, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BD], tl.float32)
+    for k in range(k0, k1):  # the k-th best block: slot NR - 1 - k
+        blk = tl.sum(tl.where(col == NR - 1 - k, j, 0), 0)
+        offs_n = blk * SBLK + offs_l
+        nmask = (offs_l < SBLK) & (offs_n <= p) & (offs_n < S)
+        m_i, l_i, acc = _online(q, kbase, vbase, sst, offs_n, nmask, m_i, l_i, acc, qk_scale, offs_d, D, PREC)
+    if FINAL:
+        _store_out(OS, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
+    else:
+        _store_partial(PM, PL, PACC, bg * SP + SLOT0 + pid, m_i, l_i, acc, r, offs_d, R, BD)
+
+
+@triton.jit
+def _decode_combine(PM, PL, PACC, OUT, sob, soh, G, HPG, SP, C0, C1,
+                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """Slots ``[C0, C1)`` of a (sequence, group)'s partials -> its rows of ``OUT``."""
+    bg = tl.program_id(0)
+    b = bg // G
+    g = bg % G
+    r = tl.arange(0, R)
+    offs_d = tl.arange(0, BD)
+    m_i, l_i, acc = _combine(PM, PL, PACC, bg * SP, C0, C1, r, offs_d, R, BD, True)
+    _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
+
+
+def _tokens_per_block(block: int, stride: int, select_block: int) -> int:
+    """The most compressed tokens ``[i*d, i*d + l)`` that can overlap one selection block:
+    the integers in an open interval of length ``(l' + l) / d``."""
+    return -(-(select_block + block) // stride)
+
+
+def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor,
+                              k_slc: torch.Tensor, v_slc: torch.Tensor, k_win: torch.Tensor,
+                              v_win: torch.Tensor, pos: torch.Tensor, block: int, stride: int,
+                              select_block: int, num_selected: int, num_initial: int, num_local: int,
+                              scale: float | None = None, splits: DecodeSplits | None = None,
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``nsa_decode_branches`` and the chosen blocks ``idx [B, G, n]`` (int64, ascending, -1
+    after), the choice ``select_blocks_at`` makes on the cache's scores (tests, debugging)."""
+    B, one, H, D = q.shape
+    S, G = k_slc.shape[1], k_slc.shape[2]
+    NC, NW = k_cmp.shape[1], k_win.shape[1]
+    if one != 1:
+        raise ValueError(f"one query per sequence, got q of shape {tuple(q.shape)}")
+    if H % G or pos.shape != (B,):
+        raise ValueError(f"{H} heads over {G} groups, pos {tuple(pos.shape)} for a batch of {B}")
+    if q.dtype == torch.float64:
+        raise TypeError("the decode kernels compute in fp32 / fp16 / bf16, not fp64")
+    kvs = [k_cmp, v_cmp, k_slc, v_slc, k_win, v_win]
+    for x in kvs:
+        if x.shape[0] != B or x.shape[2:] != (G, D):
+            raise ValueError(f"cache tensor of shape {tuple(x.shape)} for q {tuple(q.shape)}")
+        if x.numel() >= 2**31:
+            raise ValueError(f"cache tensor of shape {tuple(x.shape)} has >= 2**31 elements: the kernels "
+                             "use 32-bit offsets; split the batch")
+    kvs = [x.contiguous() for x in kvs]  # the cache's own tensors are: no copy
+    k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = kvs
+    pos = pos.contiguous()
+    out_dtype = q.dtype  # the step's o_slc / o_win dtype
+    q = q.to(k_slc.dtype).contiguous()  # one tl.dot dtype; a [B, 1, H, D] copy at most
+    hpg = H // G
+    n_blocks = triton.cdiv(S, select_block)
+    sp = splits if splits is not None else plan_splits(B, G, NC, NW, n_blocks, num_selected, q.device)
+    qk_scale = (D**-0.5 if scale is None else float(scale)) * LOG2E
+    R = max(16, triton.next_power_of_2(hpg))
+    BD = max(16, triton.next_power_of_2(D))
+    NR = max(16, triton.next_power_of_2(max(num_selected, 1)))
+    slots = sp.cmp + sp.win + sp.selected
+    dev = q.device
+    pm = poison.empty(B * G, slots, R, device=dev, dtype=torch.float32)
+    pl = poison.empty_like(pm)
+    pacc = poison.empty(B * G, slots, R, BD, device=dev, dtype=torch.float32)
+    cand = poison.empty(B * G, sp.scores, NR, device=dev, dtype=torch.int64)
+    o_cmp = poison.empty(B, 1, H, D, device=dev, dtype=v_cmp.dtype)
+    o_slc = poison.empty(B, 1, H, D, device=dev, dtype=out_dtype)
+    o_win = poison.empty(B, 1, H, D, device=dev, dtype=out_dtype)
+    idx = poison.empty(B, G, num_selected, device=dev, dtype=torch.int64)
+    if B == 0:
+        return o_cmp, o_slc, o_win, idx
+    prec = _prec(q)
+    sq = (q.stride(0), q.stride(2))
+    sc = (k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2))
+    so = (o_slc.stride(0), o_slc.stride(2))
+    warps = 4 if R * BD <= 64 * 64 else 8
+    _decode_partials[(sp.cmp + sp.win, B * G)](
+        q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
+        G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
+        R=R, D=D, BD=BD, BN=64, PREC=prec, num_warps=warps)
+    _decode_scores[(sp.scores, B * G)](
+        q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, *sq, *sc, *so,
+        G, hpg, NC, n_blocks, qk_scale, stride, block, select_block, num_initial, num_local,
+        sp.cmp, sp.win, slots, sp.scores,
+        R=R, D=D, BD=BD, BJ=NR, M=_tokens_per_block(block, stride, select_block),
+        # its group's queries stay in registers through the block loop: 8 warps from 32 x 128
+        # (on 4, Triton 3.6 spilled 8 B at D 128 with 32 heads per group on sm_80)
+        PREC=prec, num_warps=4 if R * BD < 64 * 64 else 8)
+    final = sp.selected == 1
+    _decode_selected[(sp.selected, B * G)](
+        q, k_slc, v_slc, pos, cand, idx, pm, pl, pacc, o_slc, *sq, *k_slc.stride()[:3],
+        idx.stride(0), idx.stride(1), *so,
+        G, hpg, S, n_blocks, qk_scale, select_block, num_selected, sp.scores, sp.selected, slots,
+        sp.cmp + sp.win,
+        R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR, FINAL=final, PREC=prec,
+        num_warps=warps)
+    if not final:
+        _decode_combine[(B * G,)](pm, pl, pacc, o_slc, *so, G, hpg, slots, sp.cmp + sp.win, slots,
+                                  R=R, D=D, BD=BD, num_warps=4)
+    return o_cmp, o_slc, o_win, idx
+
+
+def nsa_decode_branches(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: torch.Tensor,
+                        v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, pos: torch.Tensor,
+                        block: int, stride: int, select_block: int, num_selected: int, num_initial: int,
+                        num_local: int, scale: float | None = None, splits: DecodeSplits | None = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three branch outputs ``(o_cmp, o_slc, o_win)``, each ``[B, 1, H, D]``, that
+    ``NSACache.step`` hands to ``NSAAttention.mix`` for ``q [B, 1, H, D]`` (rotated) at
+    positions ``pos [B]``, over the cache's tensors once this step's keys are written:
+    ``k_cmp, v_cmp [B, Nc, G, D]`` (rotated compressed tokens), ``k_slc, v_slc [B, S, G, D]``
+    (S: the capacity, whole selection blocks), ``k_win, v_win [B, min(w, S), G, D]`` (the
+    ring, position p in slot ``p % size``). ``o_cmp`` in ``v_cmp``'s dtype, the others in
+    the caches'; fp32 accumulation. ``splits``: programs per phase (default
+    ``plan_splits``)."""
+    o_cmp, o_slc, o_win, _ = nsa_decode_with_selection(
+        q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, block, stride, select_block, num_selected,
+        num_initial, num_local, scale, splits)
+    return o_cmp, o_slc, o_win
