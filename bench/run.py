@@ -254,6 +254,23 @@ def profile_case(layout: str, T: int, B: int, device: str = "cuda",
     return rows
 
 
+def train_step_fn(model: Any, opt: Any, tokens: torch.Tensor, vocab: int, grad_clip: float
+                  ) -> Callable[[Any], None]:
+    """The bare train step on one batch ``tokens [B, T + 1]``: bf16 autocast forward on CUDA,
+    cross-entropy, backward, clip, optimizer step (bench.trainer_overhead times nsa-train's
+    step against this one)."""
+    def step(_: Any) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=tokens.device.type == "cuda"):
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: str = "cuda") -> dict[str, Any]:
     """One train_step row: bf16 autocast forward, cross-entropy, backward, clip, AdamW.
 
@@ -270,18 +287,8 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: st
     torch.manual_seed(0)
     model = build_model(cfg.model).to(dev)
     opt = build_optimizer(model, cfg, dev)
-    V = cfg.model.vocab_size
     tokens = torch.randint(0, 256, (B, T + 1), device=dev)
-
-    def step(_):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            logits = model(tokens[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, V), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = train_step_fn(model, opt, tokens, cfg.model.vocab_size, cfg.train.grad_clip)
     ms, mem = time_cuda(step, None, warmup, iters)
     impl = "nsa_triton" if cfg.model.attention.kind == "nsa" else "dense_sdpa"
     return dict(op="train_step", impl=impl, layout=cfg.name, seq_len=T, batch=B, ms=ms,

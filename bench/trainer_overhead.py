@@ -61,8 +61,8 @@ def bare_step(cfg: Any, device: Any, model: Any = None, opt: Any = None) -> Call
     """bench.run's train_step (``bench_train``): a fresh model of ``cfg`` and its AdamW (or
     ``model`` and ``opt``: the trainer's, wrapped), one random batch on the device."""
     import torch
-    import torch.nn.functional as F
 
+    from bench.run import train_step_fn
     from nsa.model import build_model
     from nsa.train.trainer import build_optimizer
 
@@ -70,19 +70,8 @@ def bare_step(cfg: Any, device: Any, model: Any = None, opt: Any = None) -> Call
     if model is None:
         model = build_model(cfg.model).to(device)
         opt = build_optimizer(model, cfg, device)
-    B, T, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size
-    tokens = torch.randint(0, 256, (B, T + 1), device=device)
-
-    def step(_: Any) -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = model(tokens[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, V), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    tokens = torch.randint(0, 256, (cfg.train.batch_size, cfg.train.seq_len + 1), device=device)
+    return train_step_fn(model, opt, tokens, cfg.model.vocab_size, cfg.train.grad_clip)
 
 
 def back_to_back_ms(step: Callable[[Any], None], iters: int) -> float:
