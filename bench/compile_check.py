@@ -337,6 +337,7 @@ def compile_isolated(launch: Launch, capability: int) -> Result:
     """``compile_launch`` in a forked child: a compiler that aborts (Triton 3.1 fails a C++
     assertion on some sm_90 layouts, which kills the process) becomes a failed result
     naming the signal and the compiler's last words, instead of taking the gate down."""
+    import faulthandler
     import pickle
     import signal
 
@@ -350,6 +351,7 @@ def compile_isolated(launch: Launch, capability: int) -> Result:
                 os.close(read)
                 sys.stderr.flush()
                 os.dup2(err.fileno(), 2)
+                faulthandler.disable()  # an abort's words are the compiler's, not our Python stack
                 data = pickle.dumps(compile_launch(launch, capability))
                 with os.fdopen(write, "wb") as out:
                     out.write(data)
