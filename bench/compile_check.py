@@ -58,7 +58,7 @@ from bench.compile_launches import (
     package_modules,
     uncovered,
 )
-from bench.compile_records import Recorder, run_under
+from bench.compile_records import Recorder, record_path, reusable_record, run_under, work_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -424,7 +424,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the gate under this Triton release, in its own virtual environment")
     ap.add_argument("--record", action="store_true",
                     help="write bench/results/compile-triton-<this Triton>.json (verdict, lines, "
-                         "kernels' hash)")
+                         "kernels' hash, the compiles' fingerprint)")
+    ap.add_argument("--reuse-record", action="store_true",
+                    help="pass without compiling when this Triton's record passed these exact compiles "
+                         "(the same kernels' source and the same signatures, constexprs and options)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     if args.triton:
@@ -469,17 +472,31 @@ def main(argv: list[str] | None = None) -> int:
 
     n_cases = 0
     work: list[tuple[int, Launch, list[str]]] = []  # one per distinct compile
+    keys: list[str] = []
     for cap in args.arch:
         groups: dict[str, list[Launch]] = {}
         for x in launches[cap]:
             groups.setdefault(spec_key(x, cap), []).append(x)
         n_cases += len(launches[cap])
-        for members in groups.values():
+        for key, members in groups.items():
             work.append((cap, members[0], [m.case for m in members]))
+            keys.append(key + repr([m.case for m in members]))
     # the configs launches use by default first, then the ones only autotuning may pick:
     # a run stopped early has checked what a host runs unless it autotunes
     work.sort(key=lambda w: w[1].config.startswith("alt"))
-    recorder = None if args.list or not args.record else Recorder(args.arch, args.jobs, len(work), n_cases)
+    fingerprint = work_hash(keys)
+    if args.reuse_record and not args.list and not args.extra_module and not failed:
+        reused = reusable_record(fingerprint)
+        if reused is not None:
+            print(f"compile_check: passed: {n_cases} launch cases, {reused['compiles']} distinct compiles, "
+                  f"archs {', '.join(f'sm_{c}' for c in args.arch)}: the same compiles (kernels, "
+                  f"signatures, options, this Triton {reused['triton']}) passed in bench/results/"
+                  f"{record_path(reused['triton']).name} ({reused['started']}); nothing compiled, "
+                  f"{time.perf_counter() - t0:.0f} s")
+            return 0
+        print("compile_check: no record of these exact compiles under this Triton: compiling", flush=True)
+    recorder = None if args.list or not args.record else Recorder(args.arch, args.jobs, len(work), n_cases,
+                                                                  fingerprint)
     if recorder is not None:
         recorder.data["uncovered"] = missing
         print(f"compile_check: recording to {recorder.path}", flush=True)

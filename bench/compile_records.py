@@ -47,6 +47,33 @@ def record_path(version: str, results_dir: Path = RESULTS_DIR) -> Path:
     return results_dir / f"compile-triton-{version}.json"
 
 
+def work_hash(keys: list[str]) -> str:
+    """sha256 of what the gate would compile (each distinct compile's key: kernel, signature,
+    constexprs, attributes, options, and its launch cases) and of the gate's own code (how a
+    compile is judged): equal hashes under one Triton mean the same compiles, the same verdicts."""
+    h = hashlib.sha256((ROOT / "bench" / "compile_check.py").read_bytes())
+    for key in sorted(keys):
+        h.update(b"\0" + key.encode())
+    return h.hexdigest()
+
+
+def reusable_record(fingerprint: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:
+    """The installed Triton's record when it is complete, passed and made of exactly these
+    compiles (``work_hash``) of exactly these kernels (``kernels_hash``); else None. Compiling
+    is deterministic: the same inputs under the same Triton give the same code and the same
+    registers and spills, so such a record is the gate's result without its 5-25 minutes."""
+    import triton
+
+    path = record_path(triton.__version__, results_dir)
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = (rec.get("triton") == triton.__version__ and rec.get("work_sha256") == fingerprint
+            and rec.get("kernels_sha256") == kernels_hash())
+    return rec if same and rec.get("complete") and rec.get("passed") else None
+
+
 def venv_dir(version: str) -> Path:
     base = os.environ.get("NSA_TRITON_VENVS") or Path.home() / ".cache" / "nsa-tui" / "triton-venvs"
     return Path(base) / version
@@ -82,7 +109,8 @@ class Recorder:
     """Builds ``bench/results/compile-triton-VERSION.json`` as the gate runs (rewritten after
     every compile, so a run that is stopped leaves a record that says it is partial)."""
 
-    def __init__(self, archs: list[int], jobs: int, total: int, launch_cases: int) -> None:
+    def __init__(self, archs: list[int], jobs: int, total: int, launch_cases: int,
+                 work_sha256: str = "") -> None:
         import platform
 
         import torch
@@ -92,7 +120,7 @@ class Recorder:
         self.start = time.time()
         self.data: dict[str, Any] = {
             "triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version(),
-            "kernels_sha256": kernels_hash(), "archs": archs, "command":
+            "kernels_sha256": kernels_hash(), "work_sha256": work_sha256, "archs": archs, "command":
                 f"python -m bench.compile_check --triton {triton.__version__} --record",
             "machine": f"compiled on {platform.machine()} CPUs, never run on a GPU; {os.cpu_count()} cores, "
                        f"{jobs} compile jobs, load average {os.getloadavg()[0]:.1f} at start",

@@ -60,3 +60,26 @@ def test_each_older_triton_has_a_complete_record_of_these_kernels(version: str) 
     else:
         lower = "no spill: lower MIN_TRITON in nsa/ops/self_check.py (and docs/install.md)"
         assert not record["passed"] and bad, f"Triton {version} now compiles every kernel with {lower}"
+
+
+def test_a_record_is_reused_only_for_the_same_compiles_of_the_same_kernels_passed(tmp_path: Path) -> None:
+    """``--reuse-record``: the installed Triton's record stands for the gate only when it holds
+    exactly the compiles the gate would run now, of these kernels, complete and passed."""
+    triton = pytest.importorskip("triton")
+    from bench.compile_records import reusable_record, work_hash
+
+    keys = ["('nsa.ops.triton.band', '_band_fwd', 90, ...)['nsa-125m fwd']", "('...', '_sel_fwd', 80, ...)[]"]
+    fingerprint = work_hash(keys)
+    assert work_hash(list(reversed(keys))) == fingerprint  # the gate's order of work is not the point
+    assert work_hash(keys[:1]) != fingerprint and work_hash([*keys, "another compile"]) != fingerprint
+    good = {"triton": triton.__version__, "kernels_sha256": kernels_hash(), "work_sha256": fingerprint,
+            "complete": True, "passed": True, "compiles": 2, "started": "2026-11-27T00:00:00Z"}
+    path = record_path(triton.__version__, tmp_path)
+    assert reusable_record(fingerprint, tmp_path) is None  # no record
+    for change, reused in [({}, True), ({"passed": False}, False), ({"complete": False}, False),
+                           ({"kernels_sha256": "0" * 64}, False), ({"work_sha256": work_hash(keys[:1])}, False),
+                           ({"triton": "3.1.0"}, False)]:
+        path.write_text(json.dumps({**good, **change}))
+        assert (reusable_record(fingerprint, tmp_path) is not None) == reused, change
+    path.write_text("{not json")
+    assert reusable_record(fingerprint, tmp_path) is None
