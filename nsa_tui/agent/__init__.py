@@ -11,7 +11,7 @@
   (launch, kill, dump) and ``relaunch`` (fallback, resume), ``slurm_backend`` (batch jobs
   through nsa_tui/slurm); ``runlock``, ``describe`` and ``preflight`` (checks before a launch), ``diskroom``,
   ``housekeeping`` (archive, delete), ``ckptfiles`` (checkpoint files between hosts);
-- beside a run: ``supervise`` (the parent of torchrun), ``watchdog``, ``policy``,
-  ``evidence``, ``dump``;
+- beside a run: ``supervise`` (the parent of torchrun), ``slurmwatch`` (beside a Slurm job),
+  ``watchdog``, ``policy``, ``evidence``, ``dump``;
 - judging what was trained: ``sample``, ``evaluate``.
 """

@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 @dataclass
 class JobView:
     """What a backend says of a run's liveness when something other than this host's process
-    table knows it (a queue); ``slurm`` is what the run's view shows as its batch job."""
+    table knows it (a queue); ``slurm`` is what the run's view shows as its batch job;
+    ``watchdog``: a watchdog beside the job records the run's alerts now (RunView.watchdog)."""
 
     status: RunStatus
     alive: bool
     slurm: SlurmState | None = None
+    watchdog: bool = False
 
 
 class RunBackend(ABC):

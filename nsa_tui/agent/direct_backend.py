@@ -2,8 +2,9 @@
 
 It takes every launch request no other backend takes and owns every run no other backend
 owns; its runs' liveness is judged from this host's process table (runs.py), so it has no
-``job_view``. The watchdog's own relaunches (``on_failure`` restart and fallback, policy.py)
-exist for these runs alone and go to ``Launcher.relaunch`` directly.
+``job_view``. The watchdog's own relaunches of these runs (``on_failure`` restart and fallback,
+policy.py) go to ``Launcher.relaunch`` directly (a Slurm job's watchdog relaunches through
+slurm_backend.py).
 """
 
 from __future__ import annotations

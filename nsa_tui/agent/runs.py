@@ -234,7 +234,8 @@ class RunStore:
                        parent_run=info.parent_run or (launch.parent_run if launch else None),
                        created=launch.created if launch else (info.started_at or 0.0), archived=archived,
                        log_tail=tail, launcher_alive=launcher_alive,
-                       watchdog=launcher_alive or (exited is not None and exited.watchdog),
+                       watchdog=(launcher_alive or (job is not None and job.watchdog)
+                                 or (exited is not None and exited.watchdog)),
                        owners=owners, shared=bool(parts), slurm=job.slurm if job else None)
 
     def _own_processes(self, run_id: str, d: Path, part: Path, launch: LaunchInfo, info: RunInfo | None,

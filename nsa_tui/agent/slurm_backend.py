@@ -1,8 +1,10 @@
 """Slurm as a launch backend: the agent's side, on the login node.
 
 Submits a run as a batch job, reads its queue state into the run's view, cancels it, and
-relaunches it (fallback, resume) as a new job. The pure parts (the batch script, parsing the
-queue, the statuses) are in nsa_tui/slurm, which imports nothing of the agent.
+relaunches it (fallback, resume; restart and fallback by the watchdog beside the job,
+nsa_tui/agent/slurmwatch.py, through :func:`relaunch_from_job`) as a new job. The pure parts (the
+batch script, parsing the queue, the statuses) are in nsa_tui/slurm, which imports nothing of the
+agent.
 
 The run directory is the same contract as a run on one host (nsa/contract/rundir.py): the
 agent writes config.yaml, launch.json, the batch script and slurm.json; the ranks, on the
@@ -14,6 +16,7 @@ not /proc, says whether the run is alive (``nsa_tui.slurm.runstate.run_status``)
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import time
@@ -24,14 +27,16 @@ import msgspec
 
 import nsa
 import nsa_tui
-from nsa.contract import LaunchInfo, Relaunch, RunStatus, StopInfo, write_json_atomic
+from nsa.contract import LaunchInfo, Lease, Relaunch, RunStatus, StopInfo, read_json, write_json_atomic
 from nsa.contract.replies import KillResult, LaunchResult
 from nsa.contract.requests import FallbackArgs, LaunchArgs, ResumeArgs
 from nsa.contract.rundir import (
     CONFIG_YAML,
     LAUNCH_JSON,
+    LEASE_JSON,
     RELAUNCH_JSON,
     RUN_ID_RE,
+    SHARED_ENV,
     SLURM_JSON,
     SLURM_SCRIPT,
     STOP_JSON,
@@ -45,7 +50,7 @@ from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.runlock import run_lock_async
 from nsa_tui.install.pkgpath import env_with_package_path
 from nsa_tui.slurm import script as S
-from nsa_tui.slurm.queue import run_command
+from nsa_tui.slurm.queue import parse_steps, run_command
 from nsa_tui.slurm.version import SlurmVersionError, check_supported, parse_version
 from nsa_tui.slurm.view import QUEUE, read_job, view_state
 
@@ -73,7 +78,7 @@ class SlurmBackend(RunBackend):
         if job is None:
             return None
         status, alive, state = view_state(run_dir, job, trainer, stop_requested)
-        return JobView(status=status, alive=alive, slurm=state)
+        return JobView(status=status, alive=alive, slurm=state, watchdog=alive and watch_alive(run_dir))
 
     def _job(self, run_id: str) -> tuple[Path, SlurmJob]:
         run_dir = self.launcher.store.run_dir(run_id)
@@ -145,13 +150,6 @@ def submit(
     store.ensure()
     with launcher._config_file(config_path, config_text) as (path, shown):
         cfg = validate_config(path, overrides, shown_as=shown)
-        action = cfg.on_failure.action
-        if action in ("restart", "fallback"):
-            raise OpError(
-                "bad_config",
-                f"on_failure.action={action} relaunches on the node it runs on: a "
-                "Slurm run supports none or stop (fall back or resume it with nsa-tui: a new job)",
-            )
         run_id = new_run_id(name or cfg.name)
         if not RUN_ID_RE.match(run_id):
             raise OpError("bad_request", f"bad run id {run_id!r}")
@@ -205,6 +203,7 @@ def _write_and_submit(
     if parent_run:
         train_args += ["--parent-run", parent_run]
     env: dict[str, str] = {"NSA_RUN_ID": run_id, "NSA_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"}
+    env[SHARED_ENV] = "1"  # every node writes this one directory: rank 0 alone commits checkpoints
     paths = env_with_package_path(env_with_package_path({}, nsa.__file__), nsa_tui.__file__)
     if paths.get("PYTHONPATH"):
         parts = [paths["PYTHONPATH"]] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
@@ -302,16 +301,26 @@ async def cancel(run_id: str, run_dir: Path, job: SlurmJob, grace_s: float) -> K
 
 
 async def relaunch(
-    launcher: Launcher, run_id: str, job: SlurmJob, op: str, grace_s: float = 60.0
+    launcher: Launcher, run_id: str, job: SlurmJob, op: str, grace_s: float = 60.0,
+    from_job: bool = False, begin_s: float = 0.0,
 ) -> LaunchResult:
-    """``fallback`` (one node, one process) or ``resume`` (the same allocation) of a Slurm run: a
-    new job, a new run linked to this one, from its newest complete checkpoint with the
-    gradient accumulation that keeps the global batch. Idempotent, under the run's lock."""
+    """``fallback`` (one node, one process), ``resume`` or ``restart`` (the same allocation) of a
+    Slurm run: a new job, a new run linked to this one, from its newest complete checkpoint with
+    the gradient accumulation that keeps the global batch. Idempotent, under the run's lock.
+
+    ``from_job``: asked by the run's own watchdog inside the job, once srun has ended (its
+    ``on_failure`` policy): the job still runs (its watchdog's last moments), so it is neither
+    refused as running nor cancelled, and a relaunch of another kind done before (a person's)
+    is not doubled. ``begin_s``: the new job may start that long after its submission (the
+    policy's backoff, waited by the queue rather than by a held allocation)."""
     run_dir = launcher.store.run_dir(run_id)
     async with run_lock_async(run_dir):
         done = launcher._done_before(run_dir, op)
         if done is not None:
             return done
+        before = read_json(run_dir / RELAUNCH_JSON, Relaunch) if from_job else None
+        if before is not None:
+            raise OpError("bad_request", f"{run_id} was relaunched already ({before.op}: {before.child_run})")
         nproc = 1 if op == "fallback" else job.nproc_per_node
         nodes = 1 if op == "fallback" else job.request.nodes
         plan, overrides = launcher._relaunch_args(run_id, nproc * nodes, op)
@@ -320,7 +329,7 @@ async def relaunch(
         if plan.problem:
             raise OpError("bad_request", plan.problem)
         QUEUE.invalidate()
-        state = QUEUE.state(job.job_id)
+        state = None if from_job else QUEUE.state(job.job_id)
         killed = None
         if state is not None and state.state not in FINAL_STATES:
             if op == "resume":
@@ -328,8 +337,12 @@ async def relaunch(
             killed = await cancel(run_id, run_dir, job, grace_s)
             # the ranks saved as they stopped: start from that checkpoint, not the one before
             plan, overrides = launcher._relaunch_args(run_id, nproc * nodes, op)
-        # the new job starts when it can: a hold the first submission asked for is not repeated
-        args = [a for a in job.request.sbatch_args if a not in ("--hold", "-H")]
+        # the new job starts when it can: a hold or start time the first submission asked for is
+        # not repeated (a backoff is the relaunch's own)
+        args = [a for a in job.request.sbatch_args
+                if a not in ("--hold", "-H") and not a.startswith(("--begin", "-b"))]
+        if begin_s >= 1:
+            args.append(f"--begin=now+{math.ceil(begin_s)}")
         req = msgspec_replace(job.request, nodes=nodes, sbatch_args=args)
         ckpt = plan.checkpoint
         if ckpt is None:  # had one a moment ago: removed while the job was cancelled
@@ -345,3 +358,43 @@ async def relaunch(
 
 def msgspec_replace(req: SlurmRequest, **changes: Any) -> SlurmRequest:
     return msgspec.structs.replace(req, **changes)
+
+
+def watch_alive(run_dir: Path, now: float | None = None) -> bool:
+    """Whether the watchdog beside the run's job (nsa_tui/agent/slurmwatch.py) is alive: its lease,
+    renewed every few seconds on the job's first node, is fresh. A file on the shared filesystem,
+    not a pid: the login node cannot see the node's processes."""
+    lease = read_json(run_dir / LEASE_JSON, Lease)
+    if lease is None or lease.ttl_s <= 0:
+        return False
+    return (time.time() if now is None else now) - lease.ts < lease.ttl_s
+
+
+def signal_steps(job_id: str, sig: str) -> str:
+    """``sig`` (TERM, KILL) to the job's srun steps on every node, never to its batch step (the
+    script and the watchdog); "" when sent, else what went wrong. Without the step list, TERM goes
+    to the job's steps at large (``scancel --signal`` spares the batch step except for KILL)."""
+    rc, out, err = run_command(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
+    steps = parse_steps(out, job_id) if rc == 0 else []
+    if not steps:
+        if sig == "KILL":
+            return f"no step of job {job_id} to KILL ({(err or out).strip()[:200] or 'none in the queue'})"
+        steps = [job_id]
+    rc, out, err = run_command(["scancel", f"--signal={sig}", *steps])
+    return "" if rc == 0 else f"scancel --signal={sig} {' '.join(steps)}: {(err or out).strip()[:300]}"
+
+
+def relaunch_from_job(launcher: Launcher, run_dir: Path, op: str, begin_s: float = 0.0) -> LaunchResult:
+    """The relaunch the run's watchdog asks for from inside its job (``on_failure`` restart or
+    fallback): :func:`relaunch` with ``from_job``, submitted with sbatch from this node."""
+    job = read_job(run_dir)
+    if job is None:
+        raise OpError("bad_request", f"{run_dir.name}: its Slurm job record ({SLURM_JSON}) cannot be read")
+    # the job's own variables (its id, nodes, tasks; the run it is) would be the new job's: its
+    # srun would take them as options, its batch shell would count as this run's process. Dropped
+    # from this process (the job's last act), the cluster's config kept: the new job gets the
+    # environment the first submission had
+    for key in [k for k in os.environ if (k.startswith("SLURM_") and k != "SLURM_CONF")
+                or k in ("NSA_RUN_ID", "NSA_RUN_DIR")]:
+        del os.environ[key]
+    return asyncio.run(relaunch(launcher, run_dir.name, job, op, from_job=True, begin_s=begin_s))

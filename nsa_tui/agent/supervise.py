@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,10 @@ def _policy(run_dir: Path) -> Any:
         return None
 
 
-def _start_watchdog(run_dir: Path, proc: subprocess.Popen[bytes]) -> Any:
-    from nsa_tui.agent.policy import PolicyRunner
+def start_watchdog(run_dir: Path, runner: Callable[[Any, Callable[[str], None]], Any], **kw: Any) -> Any:
+    """The run's watchdog thread, started. ``runner(policy, announce)`` builds what carries out
+    the run's ``on_failure`` (the supervisor's :class:`PolicyRunner`, or a Slurm job's:
+    nsa_tui/agent/slurmwatch.py); ``kw`` goes to the :class:`Watchdog`."""
     from nsa_tui.agent.watchdog import Watchdog
     from nsa_tui.user.settings import Settings, SettingsError, load_settings
 
@@ -69,11 +72,30 @@ def _start_watchdog(run_dir: Path, proc: subprocess.Popen[bytes]) -> Any:
             wd.poll(final=True)
 
     policy = _policy(run_dir)
-    runner = PolicyRunner(run_dir, policy, proc, announce) if policy is not None else None
-    wd = Watchdog(run_dir, settings, log=log,
-                  settings_problem=problem, policy=runner)
+    wd = Watchdog(run_dir, settings, log=log, settings_problem=problem,
+                  policy=runner(policy, announce) if policy is not None else None, **kw)
     wd.start()
     return wd
+
+
+def _start_watchdog(run_dir: Path, proc: subprocess.Popen[bytes]) -> Any:
+    from nsa_tui.agent.policy import PolicyRunner
+
+    return start_watchdog(run_dir, lambda policy, announce: PolicyRunner(run_dir, policy, proc, announce))
+
+
+def finish_watchdog(run_dir: Path, wd: Any, record: ExitInfo) -> list[Any]:
+    """The run's end, given to its watchdog before exit.json: its last alerts, run.json's reason led
+    by the root cause; ``record.watchdog`` set once they are written. The alerts still open."""
+    final: list[Any] = []
+    try:
+        wd.finish(record)
+        final = [rec.alert for rec in wd.ledger.open.values()]
+        record.watchdog = True
+        _lead_with_root_cause(run_dir, wd)
+    except Exception as exc:  # noqa: BLE001
+        log(f"nsa-tui watchdog: final check failed: {type(exc).__name__}: {exc}")
+    return final
 
 
 def main(argv: list[str]) -> int:
@@ -102,20 +124,12 @@ def main(argv: list[str]) -> int:
         code = proc.wait()
     record = ExitInfo(exit_code=code if code >= 0 else None, signal=-code if code < 0 else None,
                       started_at=started, ended_at=time.time())
-    final: list[Any] = []
-    if wd is not None:
-        try:
-            wd.finish(record)
-            final = [rec.alert for rec in wd.ledger.open.values()]
-            record.watchdog = True
-            _lead_with_root_cause(run_dir, wd)
-        except Exception as exc:  # noqa: BLE001
-            log(f"nsa-tui watchdog: final check failed: {type(exc).__name__}: {exc}")
+    final = finish_watchdog(run_dir, wd, record) if wd is not None else []
     write_json_atomic(part / EXIT_JSON, record)
     print(f"nsa-tui supervise: command exited with {code}", flush=True)
     try:
         if wd is not None:
-            _after(wd, final)  # ranks that outlived torchrun keep the lease renewed
+            after_run(wd, final)  # ranks that outlived torchrun keep the lease renewed
     finally:
         lease.stop()
     return 0
@@ -141,8 +155,9 @@ def _lead_with_root_cause(run_dir: Path, wd: Any) -> None:
         write_json_atomic(run_dir / RUN_JSON, msgspec.structs.replace(info, exit_reason=reason))
 
 
-def _after(wd: Any, final: list[Any]) -> None:
-    """After exit.json: ranks that outlived torchrun, the policy's relaunch, pending deliveries."""
+def after_run(wd: Any, final: list[Any], drain_s: float = 60.0) -> None:
+    """After exit.json: ranks that outlived torchrun, the policy's relaunch, pending deliveries
+    (at most ``drain_s``)."""
     try:
         while wd.live_rank_pids():  # orphans hold their GPUs: keep watching until they are gone
             wd.poll()
@@ -153,7 +168,7 @@ def _after(wd: Any, final: list[Any]) -> None:
     except Exception as exc:  # noqa: BLE001
         log(f"nsa-tui watchdog: after the run: {type(exc).__name__}: {exc}")
     finally:
-        wd.close()
+        wd.close(drain_s)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ already outlives every agent and panel, as a thread that wakes every
   their rotation to ``rank-R.jsonl.1``; metric lines; train.log; run.json when it changes):
   a malformed line is skipped and counted, never fatal; a file far ahead is skipped to its
   tail, so its cost follows the run's output rate, never its age;
-- checks that each rank's process (the pid of its beats, carrying the run id) still exists;
+- checks that each rank's process on this host (the pid of its beats, carrying the run id) still exists;
 - samples the GPUs (NVML) and the runs root's free space every ``watchdog.host_every_s``;
 - runs the same rules as the panel (nsa_tui/health/alerts.py) with the user's thresholds
   (settings.yaml) and writes every transition to alerts.jsonl (nsa_tui/health/ledger.py);
@@ -106,13 +106,16 @@ class Watchdog:
 
     def __init__(self, run_dir: Path, settings: Settings, *, host: str | None = None, gpu: Any = None,
                  log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
-                 settings_problem: str = "", policy: Any = None) -> None:
+                 settings_problem: str = "", policy: Any = None, by_host: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.run_id = self.run_dir.name
         # this host's per-node files (its launch, log, alerts); a shared run's other hosts have
         # their own watchdogs: only this host's ranks are watched here
         self.part = own_part(self.run_dir)
         self.shared = self.part != self.run_dir
+        # a job over several nodes watched from one (Slurm): every rank's beats are judged, but
+        # only this host's ranks by its process table (elsewhere "no such pid" says nothing)
+        self.by_host = by_host
         self.s = settings
         self.clock = clock
         self.log = log or (lambda msg: print(msg, flush=True))
@@ -242,7 +245,7 @@ class Watchdog:
 
     def _here(self, b: Beat) -> bool:
         """A beat of a rank on this host (only those are judged by this host's process table)."""
-        return not self.shared or b.host == self.host
+        return not (self.shared or self.by_host) or b.host == self.host
 
     def _host_sample(self, now: float) -> HostSample:
         if not self._gpu_tried:

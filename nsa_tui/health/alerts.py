@@ -340,9 +340,11 @@ class AlertDetector:
         return out
 
     def _orphan_alerts(self, run_id: str, run: RunFacts) -> list[Alert]:
-        """Ranks alive after their launcher (torchrun and its supervisor) ended: they hold their GPUs."""
+        """Ranks alive after their launcher (torchrun and its supervisor) ended: they hold their GPUs.
+        Not for a Slurm job seen from its login node: its ranks are no processes there (the
+        watchdog beside the job judges them on their node)."""
         view = run.view
-        if view is None or not view.alive or view.launch is None:
+        if view is None or not view.alive or view.launch is None or view.slurm is not None:
             return []
         launcher_gone = view.exit is not None or (
             view.launch.launcher_pid is not None and not view.launcher_alive)

@@ -115,6 +115,17 @@ def parse_sacct(text: str, job_id: str) -> SlurmState | None:
     return None
 
 
+def parse_steps(text: str, job_id: str) -> list[str]:
+    """``squeue -h -s -j ID -o %i`` -> the job's srun steps (``ID.0``, ...), never its batch or
+    extern step: what a signal to the training, and not to the batch script, is sent to."""
+    out = []
+    for line in text.split():
+        jid, dot, step = line.strip().partition(".")
+        if jid == job_id and dot and step.isdigit():
+            out.append(line.strip())
+    return out
+
+
 def run_command(argv: Sequence[str]) -> tuple[int, str, str]:
     """(returncode, stdout, stderr); a missing command is rc 127."""
     try:

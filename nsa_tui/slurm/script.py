@@ -8,7 +8,8 @@ first node (on a port chosen there as the job starts: rdzvport.py), and starts f
 run's newest checkpoint when there is one (a requeued job continues where it stopped). With
 requeue, Slurm sends the batch shell USR1 ``signal_s`` seconds before the time limit; the
 script asks Slurm to requeue the job, Slurm sends every rank TERM, and the ranks save a
-checkpoint and exit before it requeues.
+checkpoint and exit before it requeues. Beside srun the script runs the run's watchdog
+(nsa_tui/agent/slurmwatch.py) and hands it srun's end (exit.json).
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from nsa.contract.rundir import EXIT_JSON
 from nsa.contract.slurm import SlurmRequest
 
 _TIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$|^\d+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.,+-]*$")  # partitions and accounts
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# after srun, the script waits this long at most for the watchdog's last word (its final alerts,
+# the on_failure policy's relaunch, notifications still being delivered)
+WATCH_WAIT_S = 120
 # options whose meaning nsa-tui owns: given through --sbatch-arg they would contradict the script
 _OWNED = (
     "--nodes",
@@ -150,7 +155,9 @@ def build_script(req: SlurmRequest, spec: JobSpec, submitted_with: list[str]) ->
     train += (
         " -m nsa.train " + " ".join(q(a) for a in spec.train_args) + ' ${resume_args[@]+"${resume_args[@]}"}'
     )
+    lines += watch_start(spec)
     lines += [
+        "srun_started=$(date +%s)",
         f"srun --nodes={req.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {train} &",
         "srun_pid=$!",
         "# wait returns early when a trapped signal arrives: wait again until srun has ended",
@@ -159,6 +166,38 @@ def build_script(req: SlurmRequest, spec: JobSpec, submitted_with: list[str]) ->
         '  if ! kill -0 "$srun_pid" 2>/dev/null; then break; fi',
         "done",
         'echo "nsa-tui: srun exited with $code"',
-        'exit "$code"',
     ]
+    lines += watch_handover(spec)
+    lines.append('exit "$code"')
     return "\n".join(lines) + "\n"
+
+
+def watch_start(spec: JobSpec) -> list[str]:
+    """The run's watchdog, started in the background on this node before srun (docs/slurm.md,
+    "The watchdog"): it lives and dies with the job. Nothing it does can stop the script: a
+    background command's failure is its own, and what it says goes to train.log."""
+    q = shlex.quote
+    return [
+        "# this attempt's end is handed to the watchdog below; an earlier attempt's (a requeue) goes",
+        f"rm -f {q(spec.run_dir + '/' + EXIT_JSON)}",
+        "# Slurm ends a job (scancel, time limit, requeue) with TERM to every process of it: this shell",
+        "# outlives it, waits for srun (the ranks save a checkpoint) and hands srun's end over",
+        "trap 'echo \"nsa-tui: TERM: waiting for srun to end\"' TERM",
+        "# the run's watchdog beside the job: alerts, evidence, notifications and on_failure",
+        f'{q(spec.python)} -m nsa_tui.agent.slurmwatch {q(spec.run_dir)} "$SLURM_JOB_ID" </dev/null &',
+        "watch_pid=$!",
+    ]
+
+
+def watch_handover(spec: JobSpec) -> list[str]:
+    """srun's end to the watchdog (exit.json), then its final alerts and policy, waited for at most
+    WATCH_WAIT_S before the script ends the job (and the watchdog with it)."""
+    q = shlex.quote
+    return [
+        f'{q(spec.python)} -m nsa_tui.slurm.jobside exit {q(spec.run_dir)} "$code" "$srun_started" || true',
+        f"for ((i = 0; i < {WATCH_WAIT_S}; i++)); do",
+        '  if ! kill -0 "$watch_pid" 2>/dev/null; then break; fi',
+        "  sleep 1",
+        "done",
+        'kill -KILL "$watch_pid" 2>/dev/null || true',
+    ]

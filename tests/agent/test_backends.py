@@ -189,3 +189,24 @@ def test_a_new_backend_is_one_entry_in_backends(tmp_path: Path, monkeypatch: pyt
                                  ("launch", "on_failure.action=stop")]
     other = make_run(store, "20260101-000000-direct-0000")
     assert backends.backend_class(other) is DirectBackend
+
+
+def test_a_slurm_runs_watchdog_is_its_lease_while_the_job_runs_then_its_exit_record(tmp_path: Path) -> None:
+    """The watchdog beside a job renews lease.json on the job's node: fresh, it is alive; released
+    or stale, it is not. Once the job has ended, exit.json says whether it wrote the final alerts."""
+    from nsa.contract import ExitInfo, Lease
+    from nsa.contract.rundir import EXIT_JSON, LEASE_JSON
+    from nsa_tui.agent.slurm_backend import watch_alive
+
+    d = make_run(RunStore(tmp_path), "20260101-000000-batch-0000")
+    assert not watch_alive(d)
+    now = time.time()
+    write_json_atomic(d / LEASE_JSON, Lease(node="n1-0", hostname="n1", ts=now - 5, ttl_s=20, pid=7))
+    assert watch_alive(d, now) and not watch_alive(d, now + 16)
+    write_json_atomic(d / LEASE_JSON, Lease(node="n1-0", hostname="n1", ts=now, ttl_s=0, pid=7))
+    assert not watch_alive(d, now)
+    write_json_atomic(d / SLURM_JSON, slurm_job(final=SlurmState(job_id="7", state="FAILED")))
+    store = RunStore(tmp_path)
+    assert not store.view(d.name).watchdog  # ended, and no watchdog had the last word
+    write_json_atomic(d / EXIT_JSON, ExitInfo(exit_code=1, watchdog=True))
+    assert store.view(d.name).watchdog

@@ -342,3 +342,36 @@ def test_a_frozen_rank_is_the_first_alert_and_notification_not_the_rank_waiting_
     first = decode_lines(out.read_text().splitlines(), AlertEvent)[0]
     assert (first.id, first.alert.kind, first.alert.rank) == (raised[0].id, "no_heartbeat", 1)
     wd.close(5)
+
+
+def test_a_job_over_nodes_judges_only_this_hosts_ranks_by_their_processes(run_dir: Path, ranks) -> None:
+    """A Slurm job watched from its first node (``by_host``): rank 1 on another node, its pid no
+    process here, is never called gone (its beats say whether it lives: when they stop, that is
+    ``no_heartbeat``), while rank 0 on this node is a crash the moment its process vanishes."""
+    clock = Clock()
+    wd = Watchdog(run_dir, settings(), gpu=NoGpu(), clock=clock, log=lambda m: None, host="node1",
+                  by_host=True)
+    hb = [run_dir / "heartbeats" / f"rank-{r}.jsonl" for r in range(2)]
+    ranks[1].kill()  # its pid means nothing on this node
+    ranks[1].wait()
+
+    def beat_on(host: str, rank: int, step: int) -> str:
+        return encode(Beat(ts=clock.t, run_id=RID, rank=rank, step=step, pid=ranks[rank].pid, host=host,
+                           phase=Phase.TRAIN, phase_since=T0, source="step")).decode()
+
+    for step in range(1, 4):
+        clock.t = T0 + step
+        append(hb[0], beat_on("node1", 0, step))
+        append(hb[1], beat_on("node2", 1, step))
+        assert wd.poll() == []
+    for _ in range(12):  # rank 1's beats stop; rank 0 beats on (the same step: it waits)
+        clock.t += 1
+        append(hb[0], beat_on("node1", 0, 3))
+        wd.poll()
+    raised = [(e.alert.kind, e.alert.rank) for e in events(run_dir) if e.action == "raised"]
+    assert ("no_heartbeat", 1) in raised and ("crash", 1) not in raised, raised
+    ranks[0].kill()
+    ranks[0].wait()
+    clock.t += 1
+    wd.poll()
+    assert ("crash", 0) in [(e.alert.kind, e.alert.rank) for e in events(run_dir) if e.action == "raised"]

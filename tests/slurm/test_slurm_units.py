@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import time
 
 import pytest
 
-from nsa.contract import Beat, LaunchInfo, Phase, RunInfo, RunStatus, RunView
+from nsa.contract import Beat, ExitInfo, LaunchInfo, Phase, RunInfo, RunStatus, RunView, read_json
 from nsa.contract.slurm import SlurmRequest, SlurmState
 from nsa_tui.health.alerts import AlertDetector
+from nsa_tui.slurm import jobside
 from nsa_tui.slurm import script as S
 from nsa_tui.slurm.cli import SlurmUsageError, slurm_request
-from nsa_tui.slurm.queue import SlurmQueue, parse_exit, parse_sacct, parse_scontrol, parse_squeue
+from nsa_tui.slurm.queue import (
+    SlurmQueue,
+    parse_exit,
+    parse_sacct,
+    parse_scontrol,
+    parse_squeue,
+    parse_steps,
+)
 from nsa_tui.slurm.runstate import run_status
 from nsa_tui.slurm.version import SlurmVersionError, check_supported, parse_version
 
@@ -134,7 +143,7 @@ def test_script_quotes_every_user_value_and_is_valid_bash(tmp_path) -> None:  # 
     path.write_text(body)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     plain = S.build_script(SlurmRequest(), spec, ["sbatch"])
-    assert "trap " not in plain and "--no-requeue" in S.sbatch_argv(SlurmRequest(), spec, "j")
+    assert "USR1" not in plain and "--no-requeue" in S.sbatch_argv(SlurmRequest(), spec, "j")
 
 
 @pytest.mark.parametrize(
@@ -244,3 +253,38 @@ def test_settings_mark_slurm_login_nodes_and_refuse_bad_entries(tmp_path) -> Non
         path.write_text("slurm:\n  mycluster:\n" + bad)
         with pytest.raises(SettingsError, match=said):
             load_settings(path)
+
+
+def test_script_starts_the_watchdog_before_srun_and_hands_it_srun_s_end(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The watchdog beside the job: an earlier attempt's exit.json removed, the watchdog started in
+    the background before srun, the shell outliving Slurm's TERM; after srun, exit.json written
+    (a failure of that is no failure of the script), the watchdog waited for at most
+    WATCH_WAIT_S, then ended, and the script exits with srun's code."""
+    spec = S.JobSpec(run_id="r", run_dir=str(tmp_path / "a b"), name="x", python="/py", nproc_per_node=1,
+                     train_args=[], resume_from=None, env={}, log=str(tmp_path / "log"))
+    body = S.build_script(SlurmRequest(), spec, ["sbatch"])
+    run_dir = shlex.quote(spec.run_dir)
+    order = [f"rm -f {shlex.quote(spec.run_dir + '/exit.json')}\n",
+             "' TERM\n",
+             f'/py -m nsa_tui.agent.slurmwatch {run_dir} "$SLURM_JOB_ID" </dev/null &\n',
+             "srun --nodes=1 ",
+             'echo "nsa-tui: srun exited with $code"\n',
+             f'/py -m nsa_tui.slurm.jobside exit {run_dir} "$code" "$srun_started" || true\n',
+             f"for ((i = 0; i < {S.WATCH_WAIT_S}; i++)); do\n",
+             'kill -KILL "$watch_pid" 2>/dev/null || true\n',
+             'exit "$code"\n']
+    at = [body.find(part) for part in order]
+    assert -1 not in at and at == sorted(at), list(zip(order, at))
+
+
+def test_the_steps_a_stop_signals_are_the_job_s_srun_steps() -> None:
+    out = "41.0\n41.batch\n41.extern\n41.12\n410.0\n"
+    assert parse_steps(out, "41") == ["41.0", "41.12"]
+    assert parse_steps("", "41") == []
+
+
+def test_srun_s_end_is_handed_over_as_exit_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert jobside.main(["exit", str(tmp_path), "137", "1700000000"]) == 0
+    rec = read_json(tmp_path / "exit.json", ExitInfo)
+    assert rec is not None and (rec.exit_code, rec.started_at, rec.watchdog) == (137, 1700000000.0, False)
+    assert jobside.main(["exit", str(tmp_path), "x", "1"]) == 2
