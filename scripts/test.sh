@@ -5,13 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 # System packages the suite runs for real: an OpenSSH server (the transport tests run sshd on
-# 127.0.0.1) and a one-node Slurm (munge, slurmctld, slurmd and the client commands).
+# 127.0.0.1), Slurm (munge, slurmctld, slurmd and the client commands: a one-node cluster, and a
+# two-node one whose nodes are network namespaces joined by veth pairs, hence iproute2).
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
 [ -x /usr/sbin/slurmd ] || need+=(slurmd)
 [ -x /usr/bin/sbatch ] || need+=(slurm-client)
 [ -x /usr/sbin/munged ] || need+=(munge)
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
