@@ -23,5 +23,10 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 export TRITON_INTERPRET=1 PYTHONUNBUFFERED=1
-# pytest's default output: one line per test file with its progress, so a long run is never silent
-exec "${PYTHON:-python3}" -m pytest -ra "$@"
+# Two workers (pytest-xdist), a test file each at a time: much of the suite waits on real
+# daemons and processes (sshd, Slurm, torchrun ranks starting), so the second worker uses the
+# core the first leaves idle. NSA_TEST_WORKERS=1 runs everything in this one process.
+workers="${NSA_TEST_WORKERS:-2}"
+args=(-ra)  # one process: a line per test file with its progress, so a long run is never silent
+if [ "$workers" != "1" ]; then args+=(-n "$workers" --dist loadfile -v); fi  # a line per test, as it ends
+exec "${PYTHON:-python3}" -m pytest "${args[@]}" "$@"

@@ -1,4 +1,4 @@
-"""The README's test command shows its progress per test file (a 20-minute run must not look hung)."""
+"""The README's test command shows its progress as it goes (a 20-minute run must not look hung)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import functools
 import http.server
 import os
 import re
-import shlex
 import socket
 import subprocess
 import sys
@@ -18,16 +17,30 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_test_script_prints_a_line_per_test_file() -> None:
+def pytest_args(workers: str) -> list[str]:
+    """The arguments scripts/test.sh gives pytest with NSA_TEST_WORKERS=``workers``."""
     script = (REPO / "scripts" / "test.sh").read_text().splitlines()
-    words = shlex.split(next(ln for ln in script if ln.startswith("exec ")))
-    args = [a for a in words[words.index("pytest") + 1:] if a != "$@"]
+    start = next(i for i, ln in enumerate(script) if ln.startswith("workers="))
+    end = next(i for i, ln in enumerate(script) if ln.startswith("exec "))
+    snippet = "\n".join(script[start:end] + ['printf "%s\\n" "${args[@]}"'])
+    out = subprocess.run(["bash", "-c", snippet], env={**os.environ, "NSA_TEST_WORKERS": workers},
+                         capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_test_script_shows_each_test_file_as_it_goes(workers: str) -> None:
+    """One process: a line per test file with its progress; two workers: a line per test."""
+    args = pytest_args(workers)
+    assert ("-n" in args) == (workers != "1"), args
     out = subprocess.run([sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
                           "tests/test_contract_docs.py", "tests/test_cli_runs.py", "-k", "drift or prefix"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:]
     for name in ("tests/test_contract_docs.py", "tests/test_cli_runs.py"):
-        assert re.search(rf"^{re.escape(name)} \.+\s+\[\s*\d+%\]$", out.stdout, re.M), out.stdout
+        line = (rf"^{re.escape(name)} \.+\s+\[\s*\d+%\]$" if workers == "1"
+                else rf"^\[gw\d\] \[\s*\d+%\] PASSED {re.escape(name)}::")
+        assert re.search(line, out.stdout, re.M), out.stdout
 
 
 def test_ci_lints_and_type_checks_before_the_tests() -> None:

@@ -77,8 +77,8 @@ def test_a_record_is_reused_only_for_the_same_compiles_of_the_same_kernels_passe
     path = record_path(triton.__version__, tmp_path)
     assert reusable_record(fingerprint, tmp_path) is None  # no record
     for change, reused in [({}, True), ({"passed": False}, False), ({"complete": False}, False),
-                           ({"kernels_sha256": "0" * 64}, False), ({"work_sha256": work_hash(keys[:1])}, False),
-                           ({"triton": "3.1.0"}, False)]:
+                           ({"kernels_sha256": "0" * 64}, False), ({"triton": "3.1.0"}, False),
+                           ({"work_sha256": work_hash(keys[:1])}, False)]:
         path.write_text(json.dumps({**good, **change}))
         assert (reusable_record(fingerprint, tmp_path) is not None) == reused, change
     path.write_text("{not json")
