@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +16,10 @@ from typing import Any
 import pytest
 
 from nsa.contract import RunStatus
-from nsa.contract.rundir import METRICS_JSONL, TRAIN_LOG
+from nsa.contract.rundir import TRAIN_LOG
 from nsa_tui.agent.procs import environ_of
 from tests.agent.e2e import SMOKE
+from tests.slurm.test_slurm_e2e import cli, status, train_steps
 from tests.slurmtwonode import Node, TwoNodeCluster, slurm2  # noqa: F401
 from tests.sshd import ALIAS, SSHD, SshServer, make_server
 
@@ -41,31 +40,6 @@ def login2(slurm2: TwoNodeCluster, tmp_path: Path) -> Iterator[SshServer]:  # no
         yield server
     finally:
         server.stop()
-
-
-def cli(login: SshServer, *args: str, timeout: float = 180) -> tuple[int, Any, str]:
-    """(exit code, --json output, stderr) of ``nsa-tui ARGS --json`` against the login node."""
-    res = subprocess.run([sys.executable, "-m", "nsa_tui.cli", *args, "--json"], env=login.env(),
-                         capture_output=True, text=True, timeout=timeout)
-    try:
-        out = json.loads(res.stdout) if res.stdout.strip() else None
-    except json.JSONDecodeError:
-        out = res.stdout
-    return res.returncode, out, res.stderr
-
-
-def status(login: SshServer, rid: str) -> dict[str, Any]:
-    code, out, err = cli(login, "status", ALIAS, rid)
-    assert isinstance(out, dict), (code, out, err)
-    return out
-
-
-def train_steps(run_dir: Path) -> list[int]:
-    try:
-        lines = (run_dir / METRICS_JSONL).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return [json.loads(x)["step"] for x in lines if x.strip() and json.loads(x).get("kind") == "train"]
 
 
 def run_procs(cluster: TwoNodeCluster, rid: str) -> dict[str, list[str]]:
