@@ -55,9 +55,12 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def _as_text(obj: Any) -> Any:
-    """Text-like objects msgspec does not know (torch's TorchVersion, paths) as their text."""
+    """Text-like objects msgspec does not know (torch's TorchVersion, paths) as their text;
+    raw JSON (a line passed on as it was read) as the plain Python it holds."""
     if isinstance(obj, (str, os.PathLike)):
         return os.fspath(obj) if isinstance(obj, os.PathLike) else str.__str__(obj)
+    if isinstance(obj, msgspec.Raw):
+        return msgspec.json.decode(obj)
     raise TypeError(f"cannot encode {type(obj).__name__} in a record")
 
 
@@ -67,7 +70,7 @@ def to_builtins(obj: Any) -> Any:
 
 
 _DIRECT = msgspec.json.Encoder(enc_hook=_as_text)
-_PLAIN = frozenset({str, int, bool, type(None)})
+_PLAIN = frozenset({str, int, bool, type(None), msgspec.Raw})  # raw JSON: msgspec parsed it, no NaN
 
 
 def _finite(x: Any) -> bool:
@@ -95,9 +98,11 @@ def encode(obj: Any) -> bytes:
     """Compact JSON of a record (one JSONL line without its newline). A record without a
     non-finite float (nearly all) is encoded as it is; one with NaN or infinity is first
     rebuilt as plain Python with those as strings (``to_builtins``), which costs 2-3x more:
-    the agent encodes every line a panel watches."""
-    if _finite(obj):
-        return _DIRECT.encode(obj)
+    the agent encodes every line a panel watches. msgspec writes a non-finite float as
+    ``null``, so output without ``null`` needs no look into the record at all."""
+    out = _DIRECT.encode(obj)
+    if b"null" not in out or _finite(obj):
+        return out
     return _ENCODER.encode(to_builtins(obj))
 
 
@@ -184,6 +189,31 @@ def decode_lines(lines: Iterable[str | bytes], typ: Any, stats: LineStats | None
             rec = _legacy(line, typ) if isinstance(exc, msgspec.DecodeError) else None
             if rec is not None:
                 out.append(rec)
+            elif stats is not None:
+                stats.bad += 1
+                stats.last_error = f"{where}: {exc}" if where else str(exc)
+            continue
+        if stats is not None:
+            stats.good += 1
+    return out
+
+
+def decode_lines_raw(lines: Iterable[str], typ: Any, stats: LineStats | None = None,
+                     where: str = "") -> list[tuple[Any, msgspec.Raw | None]]:
+    """``decode_lines``, each record beside its line as raw JSON to pass on unchanged: a
+    reader of the same contract decodes it to the same record (NaN written as text too), and
+    passing it on costs nothing where encoding the record again costs a walk through it. None
+    for an older writer's line with bare NaN literals, which is not JSON: send the record."""
+    out: list[tuple[Any, msgspec.Raw | None]] = []
+    dec = _decoder(typ)
+    for line in lines:
+        data = line.encode()
+        try:
+            out.append((dec.decode(data), msgspec.Raw(data)))
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            rec = _legacy(line, typ) if isinstance(exc, msgspec.DecodeError) else None
+            if rec is not None:
+                out.append((rec, None))
             elif stats is not None:
                 stats.bad += 1
                 stats.last_error = f"{where}: {exc}" if where else str(exc)

@@ -2,7 +2,7 @@
 reads and what of it is sent.
 
 A panel is left open for days beside the runs it watches, and its agent polls every watched
-run's files four times a second. What keeps that cheap:
+run's files twice a second. What keeps that cheap:
 
 - a rank's heartbeats are coalesced per poll (:func:`coalesce_beats`): its newest beat, and
   before it the first beat of that beat's step when the step advanced within the poll. A

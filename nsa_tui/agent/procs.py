@@ -11,6 +11,7 @@ its own part. Processes started before NSA_RUN_DIR existed carry none and still 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ class RunProcess:
     rank: int | None  # None: the supervisor or torchrun
 
 
+@functools.cache
 def boot_id() -> str:
-    """This boot's id; it changes on every reboot, so a stale run is recognisable."""
+    """This boot's id; it changes on every reboot, so a stale run is recognisable. Read once:
+    no process outlives its boot, and the status check asks for it on every look."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -43,16 +46,32 @@ def pgrp(pid: int) -> int | None:
         return None
 
 
-def environ_of(pid: int) -> dict[str, str]:
+RUN_KEYS = ("NSA_RUN_ID", "NSA_RUN_DIR", "RANK")  # what says whose a process is
+
+
+def environ_of(pid: int, keys: tuple[str, ...] | None = None) -> dict[str, str]:
+    """The environment ``pid`` started with ({} if it is gone or not ours to read); only
+    ``keys`` when given: the liveness check looks at a few variables of a few processes
+    every second, and a process's whole environment is hundreds of them."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return {}
     env = {}
+    if keys is not None:
+        raw = b"\0" + raw
+        for key in keys:
+            mark = b"\0" + key.encode() + b"="
+            at = raw.rfind(mark)  # the last of a repeated variable, as the full parse keeps
+            if at >= 0:
+                start = at + len(mark)
+                end = raw.find(b"\0", start)
+                env[key] = raw[start:end if end >= 0 else len(raw)].decode("utf-8", "replace")
+        return env
     for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
+        name, sep, value = item.partition(b"=")
         if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
     return env
 
 
@@ -101,7 +120,7 @@ def run_processes(run_id: str, pgid: int | None = None, fresh: bool = False,
     found = []
     for grp, pids in ([(pgid, groups.get(pgid, []))] if pgid is not None else groups.items()):
         for pid in pids:
-            env = environ_of(pid)
+            env = environ_of(pid, RUN_KEYS)
             if belongs(env, run_id, run_dir):
                 found.append(RunProcess(pid, grp, rank_of(env)))
     return found
@@ -112,7 +131,7 @@ def run_process(pid: int | None, run_id: str, run_dir: str | None = None) -> Run
     cannot fake it)."""
     if not pid:
         return None
-    env = environ_of(pid)
+    env = environ_of(pid, RUN_KEYS)
     if not belongs(env, run_id, run_dir):
         return None
     return RunProcess(pid, pgrp(pid), rank_of(env))

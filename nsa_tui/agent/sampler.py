@@ -20,7 +20,7 @@ except ImportError:  # the panel-only install: readings are N/A, hello names the
 
 from nsa.contract import GpuReading, HostSample
 from nsa.contract.records import GpuRank, Usage
-from nsa_tui.agent.procs import environ_of, rank_of
+from nsa_tui.agent.procs import RUN_KEYS, environ_of, rank_of
 
 
 class GpuSource(Protocol):
@@ -118,7 +118,7 @@ class HostSampler:
         for g in gpus or []:
             g.ranks = []
             for pid in g.pids:
-                env = environ_of(pid)
+                env = environ_of(pid, RUN_KEYS)
                 if env.get("NSA_RUN_ID"):
                     g.ranks.append(GpuRank(pid=pid, run=env["NSA_RUN_ID"], rank=rank_of(env)))
         ram = Usage()

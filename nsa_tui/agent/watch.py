@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from nsa.contract import (
     Beat,
     Metric,
@@ -32,7 +34,7 @@ from nsa.contract import (
     read_json,
 )
 from nsa.contract.appended import AppendedReader, StreamPos, position_at_end, rotated_path, tail
-from nsa.contract.io import LineStats, read_lines, tail_with_offset
+from nsa.contract.io import LineStats, decode_lines_raw, read_lines, tail_with_offset
 from nsa.contract.protocol import EventMsg, Gap, LogLines, Synced
 from nsa.contract.requests import WATCH_STREAMS, WatchArgs
 from nsa.contract.rundir import (
@@ -45,7 +47,12 @@ from nsa_tui.agent.follow import BeatFiles, coalesce_beats
 from nsa_tui.agent.owners import shown_part
 from nsa_tui.agent.runs import RunStore, beat_files
 
-POLL_S = 0.25
+# How often a watch looks at its run's files. A panel draws new data at most once a second,
+# so a poll every half second adds at most half a second to what a person sees; a watch
+# without the log (alert rules, a marked run's charts) waits a second: the alert rules'
+# floor is seconds. Each poll costs a stat or a read per file: 8 ranks make 10 files a run.
+POLL_S = 0.5
+QUIET_POLL_S = 1.0
 STATUS_EVERY_S = 1.0
 BEATS_RESUME_BYTES = 64 << 10  # a rank's missed beats sent exactly when fewer; else its newest
 METRICS_RESUME_BYTES = 1 << 20
@@ -53,6 +60,12 @@ METRIC_LINE_BYTES = 1024  # budget per line when reading the last N metric lines
 CATCH_UP_BYTES = 32 << 20  # lines after a summary folded in place; more means a stale summary
 
 Send = Callable[[EventMsg], None]
+
+
+def _as_read(rec: Any, raw: msgspec.Raw | None) -> Any:
+    """What to send of a live line: the line as it was read (valid, and the client decodes
+    it to the same record), or the record where the line is not JSON as it stands."""
+    return raw if raw is not None else rec
 
 
 def _file_size(path: Path) -> int:
@@ -133,14 +146,14 @@ class RunWatch:
     """One ``watch`` subscription (see the module docstring)."""
 
     def __init__(self, store: RunStore, args: WatchArgs, sub_id: Any, send: Send, cache: SummaryCache,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float | None = None) -> None:
         self.store, self.args, self.sub_id, self.send, self.cache = store, args, sub_id, send, cache
         self.run_id = args.run
         self.dir = store.run_dir(args.run)
         self.streams = set(args.streams or WATCH_STREAMS)
         self.resume: dict[str, StreamPos] = {str(k): v for k, v in args.offsets.items()}
         self.readers: dict[str, AppendedReader] = {}  # stream -> where it is read
-        self.poll_s = poll_s
+        self.poll_s = poll_s if poll_s is not None else POLL_S if "log" in self.streams else QUIET_POLL_S
         self.stats: dict[str, LineStats] = {}
         self.beat_files = BeatFiles(self.dir)
         self.beat_steps: dict[int, int] = {}  # rank -> the step of the last beat sent
@@ -236,11 +249,12 @@ class RunWatch:
                 if not lines:
                     continue
                 found = True
-                beats = decode_lines([ln.text for ln in lines], Beat, self._stats(stream), stream)
-                sent = coalesce_beats(beats, self.beat_steps.get(rank))
+                pairs = decode_lines_raw([ln.text for ln in lines], Beat, self._stats(stream), stream)
+                sent = coalesce_beats([b for b, _ in pairs], self.beat_steps.get(rank))
                 if sent:
                     self.beat_steps[rank] = sent[-1].step
-                    events.append(("beats", sent, stream, reader.pos))
+                    raw = {id(b): r for b, r in pairs}
+                    events.append(("beats", [_as_read(b, raw[id(b)]) for b in sent], stream, reader.pos))
         # a shared run's log is this host's part's (nodes/<node>/train.log); metrics are the run's
         log = shown_part(self.dir) / TRAIN_LOG if "log" in self.streams else self.dir / TRAIN_LOG
         for stream, path in (("metrics", self.dir / METRICS_JSONL), ("log", log)):
@@ -255,7 +269,8 @@ class RunWatch:
             if stream == "log":
                 events.append(("log", LogLines(lines=[ln.text for ln in lines]), "log", reader.pos))
             else:
-                recs = decode_lines([ln.text for ln in lines], Metric, self._stats(stream), stream)
+                recs = [_as_read(m, r) for m, r in
+                        decode_lines_raw([ln.text for ln in lines], Metric, self._stats(stream), stream)]
                 if recs:
                     events.append(("metrics", recs, stream, reader.pos))
         self.polls += 1

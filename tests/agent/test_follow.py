@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
+
 from nsa.contract import Beat, Phase, RunStatus, StreamPos
 from nsa.contract.protocol import EventMsg
 from nsa.contract.requests import WatchArgs
@@ -219,3 +221,46 @@ def test_a_line_sent_with_no_loop_running_goes_out_at_once(tmp_path: Path) -> No
     agent = Agent(str(tmp_path), out=out)
     agent.send({"status": RunStatus.RUNNING})
     assert out.getvalue() == b'{"status":"running"}\n'
+
+
+async def test_live_lines_go_out_as_read_and_decode_to_the_same_records(tmp_path: Path) -> None:
+    """A live line is passed on as it was read (not decoded and encoded again): what the
+    client decodes equals what the file's lines decode to, NaN written as text included; an
+    older writer's line with a bare NaN literal (not JSON) goes as its record, NaN as text."""
+    from nsa.contract import Metric, decode, decode_lines, encode
+    from nsa.contract.protocol import EVENT_DATA
+
+    d = _running_run(tmp_path)
+    sent: list[EventMsg] = []
+    watch = RunWatch(RunStore(tmp_path), WatchArgs(run=RID, streams=["heartbeats", "metrics"]), 1,
+                     sent.append, SummaryCache(), poll_s=0.05)
+    task = asyncio.create_task(watch.run())
+    try:
+        deadline = time.monotonic() + 30
+        while not any(m.event == "synced" for m in sent):
+            assert time.monotonic() < deadline, [m.event for m in sent]
+            await asyncio.sleep(0.02)
+        metrics = [_metric_line(7), json.dumps({"kind": "train", "ts": 8.0, "step": 8, "loss": "NaN",
+                                                "grad_norm": "Infinity"}),
+                   '{"kind": "train", "ts": 9.0, "step": 9, "loss": NaN}',  # Python's json of old
+                   '{"kind": "train", "step": "not a step"}']  # bad: skipped and counted
+        _append(d / "metrics.jsonl", metrics)
+        _append(d / "heartbeats" / "rank-0.jsonl", [_beat_line(0, 3, 1.0), _beat_line(0, 4, 2.0)])
+        got: dict[str, list] = {}
+        while len(got.get("metrics", [])) < 3 or not got.get("beats"):
+            assert time.monotonic() < deadline, got
+            await asyncio.sleep(0.02)
+            got = {}
+            for m in sent:
+                if m.event in ("metrics", "beats"):
+                    wire = json.loads(encode(m))  # what goes down the pipe, as the client reads it
+                    got.setdefault(m.event, []).extend(decode(json.dumps(wire["data"]), EVENT_DATA[m.event]))
+    finally:
+        task.cancel()
+    want = decode_lines(metrics, Metric)
+    assert len(want) == 3
+    for a, b in zip(got["metrics"], want, strict=True):
+        assert encode(a) == encode(b)  # NaN and infinity compare by their encoding
+    assert [(b.step, b.ts) for b in got["beats"]] == [(4, 2.0)]
+    assert any(isinstance(x, msgspec.Raw) for m in sent if m.event == "metrics" for x in m.data)
+    assert watch.stats["metrics"].bad == 1

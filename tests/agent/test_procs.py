@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from nsa_tui.agent.procs import pgrp, process_groups, run_processes
+from nsa_tui.agent.procs import environ_of, pgrp, process_groups, run_processes
 
 
 def test_a_run_is_found_by_its_group_and_its_id_and_a_gone_process_has_no_group() -> None:
@@ -35,3 +35,19 @@ def test_a_run_is_found_by_its_group_and_its_id_and_a_gone_process_has_no_group(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert pgrp(leader.pid) is None
+
+
+def test_a_few_variables_of_an_environment_read_as_the_whole_parse_reads_them() -> None:
+    env = {"PATH": os.environ.get("PATH", ""), "XRANK": "9", "RANK_X": "8", "NSA_RUN_ID": "a=b",
+           "NSA_RUN_DIR": "", "RANK": "3", "Z": "é"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        whole = environ_of(proc.pid)
+        assert whole["XRANK"] == "9" and whole["RANK"] == "3"
+        some = environ_of(proc.pid, ("NSA_RUN_ID", "NSA_RUN_DIR", "RANK", "Z", "MISSING"))
+        assert some == {k: whole[k] for k in ("NSA_RUN_ID", "NSA_RUN_DIR", "RANK", "Z")}
+        assert environ_of(proc.pid, ("PATH",)) == {"PATH": whole["PATH"]}  # the first variable
+    finally:
+        proc.kill()
+        proc.wait()
+    assert environ_of(proc.pid, ("RANK",)) == {} and environ_of(proc.pid) == {}  # gone

@@ -36,6 +36,11 @@ METRICS = [TrainMetric(ts=1.0, step=1, loss=2.5, lr=1e-3,
     EventMsg(event="x", data={"a": {"b": [float("nan")]}}),
     EventMsg(event="x", data={"p": Path("/x")}),
     {"version": torch.__version__, 1: 2, "phase": Phase.TRAIN},  # a str subclass, an int key, an enum
+    # a null of its own, beside a NaN or not, and "null" as text: the fast path must look further
+    EventMsg(event="metrics", data=[TrainMetric(ts=1.0, step=1, loss=float("nan"), lr=None)]),
+    EventMsg(event="metrics", data=[EvalMetric(ts=1.0, step=2, val_loss=3.0)], stream=""),
+    EventMsg(event="log", data=LogLines(lines=["null", "loss nan", "NaN"])),
+    {"shares": GateShares(compressed=float("inf"), selected=0.0, window=0.0), "none": None},
 ])
 def test_the_direct_encoding_equals_the_plain_python_one(msg: Any) -> None:
     assert encode(msg) == _ENCODER.encode(to_builtins(msg))
