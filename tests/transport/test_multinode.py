@@ -58,14 +58,17 @@ async def cleanup(clients: dict[str, HostClient], *run_ids: str) -> None:
     for rid in run_ids:
         if run_processes(rid):
             await co.kill(clients, rid, 5)
-    for rid in run_ids:
-        pids = [p.pid for p in run_processes(rid, fresh=True)]
-        for pid in pids:  # a host we could not reach: its processes are on this machine too
+    # a host we could not reach: its processes are on this machine too. A killed process
+    # is listed until it has died (on a loaded machine, a moment after the signal): wait
+    deadline = time.monotonic() + 30
+    while left := [p for r in run_ids for p in run_processes(r, fresh=True)]:
+        assert time.monotonic() < deadline, left
+        for p in left:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert not any(run_processes(r, fresh=True) for r in run_ids)
+        await asyncio.sleep(0.1)
 
 
 def roots(nodes: SshNodes) -> list[Path]:
