@@ -15,6 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+import msgspec
+
 from nsa.contract import (
     FAILED_STATUSES,
     Beat,
@@ -139,6 +141,7 @@ class RunStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(os.path.expanduser(str(root))).resolve()
+        self._recent: dict[str, tuple[float, RunView]] = {}  # run id -> (when, a view of then)
 
     def ensure(self) -> None:
         """Create the root (0700) if needed."""
@@ -175,12 +178,32 @@ class RunStore:
     def launch_info(self, run_id: str) -> LaunchInfo | None:
         return read_json(self.run_dir(run_id) / LAUNCH_JSON, LaunchInfo)
 
-    def view(self, run_id: str, with_tail: bool = True) -> RunView:
+    def view(self, run_id: str, with_tail: bool = True, max_age_s: float = 0.0) -> RunView:
         """The run as a user sees it; ``with_tail``: the end of train.log when it crashed or failed.
+        ``max_age_s``: the newest view, if begun at most that long ago, will do. The periodic
+        looks (each watch's status, the run list's) pass it and share one view of a live run
+        between them; a look that acts on the answer (kill, delete, a relaunch) never does.
 
         The part of the run this host owns is judged from its process table; parts owned by other
         hosts sharing the runs root from their lease and heartbeats (nsa_tui.agent.owners), never
         from this host's processes: their absence here says nothing."""
+        now = time.monotonic()
+        recent = self._recent.get(run_id)
+        if max_age_s > 0 and recent is not None and now - recent[0] <= max_age_s:
+            view = recent[1]
+        else:
+            view = self._view(run_id)
+            if len(self._recent) > 64:  # runs no longer looked at
+                self._recent = {k: v for k, v in self._recent.items() if now - v[0] <= 10.0}
+            newest = self._recent.get(run_id)
+            if newest is None or newest[0] <= now:  # (looks run in worker threads, side by side)
+                self._recent[run_id] = (now, view)
+        if with_tail and view.status in FAILED_STATUSES:
+            part = shown_part(Path(view.dir))
+            view = msgspec.structs.replace(view, log_tail=tail_lines(part / TRAIN_LOG, LOG_TAIL_LINES, 65536))
+        return view
+
+    def _view(self, run_id: str) -> RunView:
         d = self.run_dir(run_id)
         me = this_node()
         parts = node_parts(d)
@@ -225,15 +248,12 @@ class RunStore:
                            world_size=(launch.nproc * (nodes.nnodes if nodes else 1)) if launch else 1,
                            nnodes=nodes.nnodes if nodes else 1,
                            parent_run=launch.parent_run if launch else None)
-        tail = []
-        if with_tail and status in FAILED_STATUSES:
-            tail = tail_lines(part / TRAIN_LOG, LOG_TAIL_LINES, 65536)
         return RunView(run_id=run_id, dir=str(d), name=(launch.name if launch else "") or info.name or run_id,
                        status=status, info=info, launch=launch, exit=exited, alive=alive,
                        pids=[p.pid for p in procs], stop_requested=stop_requested,
                        parent_run=info.parent_run or (launch.parent_run if launch else None),
                        created=launch.created if launch else (info.started_at or 0.0), archived=archived,
-                       log_tail=tail, launcher_alive=launcher_alive,
+                       launcher_alive=launcher_alive,
                        watchdog=(launcher_alive or (job is not None and job.watchdog)
                                  or (exited is not None and exited.watchdog)),
                        owners=owners, shared=bool(parts), slurm=job.slurm if job else None)

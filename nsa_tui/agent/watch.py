@@ -54,6 +54,7 @@ from nsa_tui.agent.runs import RunStore, beat_files
 POLL_S = 0.5
 QUIET_POLL_S = 1.0
 STATUS_EVERY_S = 1.0
+SHARED_VIEW_S = 0.5  # a view of the run this recent (another watch's, the run list's) will do
 BEATS_RESUME_BYTES = 64 << 10  # a rank's missed beats sent exactly when fewer; else its newest
 METRICS_RESUME_BYTES = 1 << 20
 METRIC_LINE_BYTES = 1024  # budget per line when reading the last N metric lines
@@ -293,7 +294,7 @@ class RunWatch:
                 # observed is sent before that status
                 next_status = now + STATUS_EVERY_S
                 try:
-                    fresh = await asyncio.to_thread(self.store.view, self.run_id)
+                    fresh = await asyncio.to_thread(self.store.view, self.run_id, True, SHARED_VIEW_S)
                 except (KeyError, OSError):
                     fresh = None
             events, busy = await asyncio.to_thread(self._poll)

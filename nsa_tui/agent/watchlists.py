@@ -27,6 +27,7 @@ from nsa.contract.rundir import (
 )
 from nsa_tui.agent.owners import shown_part
 from nsa_tui.agent.runs import RunStore
+from nsa_tui.agent.watch import SHARED_VIEW_S
 
 RUNS_EVERY_S = 1.0
 ALERTS_EVERY_S = 0.5
@@ -83,7 +84,7 @@ def _changed_views(store: RunStore, known: dict[str, tuple[bytes, bool]],
         if rid in known and stamps.get(rid) == stamp and known[rid][1]:
             continue  # an ended run changes only through its files
         try:
-            view = store.view(rid, with_tail=False)
+            view = store.view(rid, with_tail=False, max_age_s=SHARED_VIEW_S)
         except (KeyError, OSError):
             continue
         data = encode(_without_ages(view))  # an owner's lease age changes every look: no change

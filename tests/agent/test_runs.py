@@ -151,6 +151,30 @@ def test_crashed_record_has_exit_code_and_tail(tmp_path: Path) -> None:
     assert store.view("20260101-000000-x-0004").status == RunStatus.FINISHED
 
 
+def test_periodic_looks_share_a_recent_view_and_an_acting_look_never_does(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    rid = "20260101-000000-x-0005"
+    d, p = fake_run(store, rid, env_id=rid)
+    try:
+        wait_children(3, rid, p.pid)
+        first = store.view(rid, with_tail=False, max_age_s=60.0)
+        assert first.status == RunStatus.RUNNING and first.alive
+        reap(p)
+        (d / "exit.json").write_text(json.dumps({"exit_code": 1}))
+        (d / "train.log").write_text("RuntimeError: boom\n")
+        assert store.view(rid, max_age_s=60.0) is first  # the periodic look: as it was a moment ago
+        deadline = time.monotonic() + 30  # the host's process scan is shared for half a second
+        while (now := store.view(rid)).status != RunStatus.CRASHED:  # kill, delete: what is true now
+            assert time.monotonic() < deadline, now.status
+            time.sleep(0.05)
+        assert now.log_tail == ["RuntimeError: boom"]
+        shared = store.view(rid, max_age_s=60.0)  # the newest view, the crash's tail added
+        assert shared.status == RunStatus.CRASHED and shared.log_tail == ["RuntimeError: boom"]
+        assert store.view(rid, with_tail=False, max_age_s=60.0).log_tail == []
+    finally:
+        reap(p)
+
+
 async def test_kill_takes_the_whole_group_even_when_term_is_ignored(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     rid = "20260101-000000-k-0005"
