@@ -8,7 +8,8 @@ run id and merge them here: every rank with its host, one status, the host that 
 Status of the merged run (docs/multi-node.md):
 - a part that crashed or failed (or whose torchrun was killed by a signal nobody asked for)
   makes the run crashed/failed, naming that host and its ranks;
-- otherwise, while a reachable part is alive, the run is alive (rank 0's host's status); an
+- otherwise, while a reachable part is alive, the run is alive (rank 0's host's status;
+  with that host unreachable, running once a reachable rank has trained a step); an
   unreachable host is shown as lost, not the run as crashed: its ranks may well go on, and
   if they are gone the other ranks fail at their next collective, which then says so;
 - when every reachable part has ended: rank 0's host's end status.
@@ -139,6 +140,11 @@ def merge(run_id: str, parts: list[Part]) -> MergedRun:
         main = primary if primary in alive else alive[0]
         assert main.view is not None
         out.status = main.view.status
+        if out.status == RunStatus.STARTING and any(b.step > 0 for p in alive for b in p.beats):
+            # rank 0's host cannot be reached (its run.json says how the run is): a host
+            # without rank 0 writes none, so its part reads as starting; ranks that have
+            # trained a step say it runs
+            out.status = RunStatus.RUNNING
         return out
     if pview is not None:
         out.status = pview.status if pview.status.is_terminal() or not lost else RunStatus.UNKNOWN
