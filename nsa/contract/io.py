@@ -180,25 +180,10 @@ def decode_lines(lines: Iterable[str | bytes], typ: Any, stats: LineStats | None
 def decode_lines(lines: Iterable[str | bytes], typ: Any, stats: LineStats | None = None,
                  where: str = "") -> list[Any]:
     """The valid records among ``lines``; a bad line is skipped and counted in ``stats``."""
-    out: list[Any] = []
-    dec = _decoder(typ)
-    for line in lines:
-        try:
-            out.append(dec.decode(line))
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            rec = _legacy(line, typ) if isinstance(exc, msgspec.DecodeError) else None
-            if rec is not None:
-                out.append(rec)
-            elif stats is not None:
-                stats.bad += 1
-                stats.last_error = f"{where}: {exc}" if where else str(exc)
-            continue
-        if stats is not None:
-            stats.good += 1
-    return out
+    return [rec for rec, _ in decode_lines_raw(lines, typ, stats, where)]
 
 
-def decode_lines_raw(lines: Iterable[str], typ: Any, stats: LineStats | None = None,
+def decode_lines_raw(lines: Iterable[str | bytes], typ: Any, stats: LineStats | None = None,
                      where: str = "") -> list[tuple[Any, msgspec.Raw | None]]:
     """``decode_lines``, each record beside its line as raw JSON to pass on unchanged: a
     reader of the same contract decodes it to the same record (NaN written as text too), and
@@ -207,7 +192,7 @@ def decode_lines_raw(lines: Iterable[str], typ: Any, stats: LineStats | None = N
     out: list[tuple[Any, msgspec.Raw | None]] = []
     dec = _decoder(typ)
     for line in lines:
-        data = line.encode()
+        data = line.encode() if isinstance(line, str) else line
         try:
             out.append((dec.decode(data), msgspec.Raw(data)))
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
