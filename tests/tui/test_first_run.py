@@ -37,8 +37,10 @@ SIZE = (100, 30)
 CONFIGS = ["configs/dense-125m.yaml", "configs/smoke-cpu.yaml", "configs/tiny-cpu.yaml"]
 
 
-def on(app: NsaApp, cls: type):
-    return lambda: isinstance(app.screen, cls) and app.screen
+def on(app: NsaApp, cls: type, ready: str = ""):
+    """The app shows a screen of ``cls`` (with ``ready`` in it: a screen is pushed before its
+    widgets are composed, which on a loaded machine is a moment later)."""
+    return lambda: isinstance(app.screen, cls) and (not ready or bool(app.screen.query(ready))) and app.screen
 
 
 # -- the launch dialog -------------------------------------------------------------------------------
@@ -263,14 +265,14 @@ async def test_k_f_r_ask_first_with_the_hosts_facts(runs_root: Path, make_config
         latest = runs_root / run_id / "checkpoints" / "latest"
         await wait_for(pilot, lambda: latest.exists() and run.alive, 120, "a checkpoint")
         await pilot.press("k")
-        ask = await wait_for(pilot, on(app, ConfirmScreen), 30, "the stop confirmation")
+        ask = await wait_for(pilot, on(app, ConfirmScreen, "#confirm-body"), 30, "the stop confirmation")
         body = plain(ask.query_one("#confirm-body"))
         pids = run_processes(run_id)  # supervisor, torchrun, 2 ranks: every one is named
         assert f"SIGTERM to the {len(pids)} processes of {run_id} on local: first its 2 ranks" in body
         assert len(pids) >= 4 and all(str(p.pid) in body for p in pids)
         await pilot.press("n")
         await pilot.press("f")
-        ask = await wait_for(pilot, on(app, ConfirmScreen), 30, "the fallback confirmation")
+        ask = await wait_for(pilot, on(app, ConfirmScreen, "#confirm-body"), 30, "the fallback confirmation")
         body = plain(ask.query_one("#confirm-body"))
         assert "1. Stop: SIGTERM" in body and "2. Start asked-fallback: 1 process on CPU" in body
         assert "newest now: step-" in body and "grad_accum 2" in body
