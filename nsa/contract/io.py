@@ -98,11 +98,10 @@ def encode(obj: Any) -> bytes:
     """Compact JSON of a record (one JSONL line without its newline). A record without a
     non-finite float (nearly all) is encoded as it is; one with NaN or infinity is first
     rebuilt as plain Python with those as strings (``to_builtins``), which costs 2-3x more:
-    the agent encodes every line a panel watches. msgspec writes a non-finite float as
-    ``null``, so output without ``null`` needs no look into the record at all."""
-    out = _DIRECT.encode(obj)
-    if b"null" not in out or _finite(obj):
-        return out
+    the agent encodes every line a panel watches (the lines it passes on as read are raw
+    JSON, nothing to look into)."""
+    if _finite(obj):
+        return _DIRECT.encode(obj)
     return _ENCODER.encode(to_builtins(obj))
 
 
