@@ -18,12 +18,14 @@ from types import ModuleType
 import torch
 
 from nsa.contract import AttentionOps, SelfCheck
-from nsa.ops import reference
+from nsa.ops import interpret, reference
 from nsa.ops.self_check import AttentionShape, CheckReport, self_check
 
 __all__ = ["AttentionShape", "CheckReport", "OpsChoice", "apply_rope", "choose_ops",
            "compressed_attention_and_selection", "gated_combine", "get_ops", "reference", "self_check",
            "triton_available"]
+
+interpret.install()  # under TRITON_INTERPRET=1 only: the CPU interpreter, minus a needless cost
 
 
 def _import_triton() -> ModuleType:
