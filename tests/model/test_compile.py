@@ -60,13 +60,16 @@ def test_whole_model_compiles_fullgraph_with_checkpointing(make_model, checkpoin
 @pytest.mark.parametrize("gather", [True, False])
 def test_chunked_reference_compiles_fullgraph_inside_block_checkpoints(make_model, monkeypatch,
                                                                         gather: bool) -> None:
-    """The reference ops process queries in chunks, each under its own checkpoint: a few
-    chunks per branch (small chunk budget) still trace without a graph break, nested in
+    """The reference ops process queries in chunks, each under its own checkpoint: three
+    chunks per branch (the last one shorter) still trace without a graph break, nested in
     the model's per-block checkpoints, with the eager outputs and gradients; for both
-    ways of the selected branch (per-query gather, masked scan of the prefix)."""
+    ways of the selected branch (per-query gather, masked scan of the prefix). Three, not
+    the dozens a small budget gives at this size: tracing time grows with the chunks."""
     from nsa.ops import reference
 
-    monkeypatch.setattr(reference, "CHUNK_ELEMS", 20000)
-    monkeypatch.setattr(reference, "WHOLE_CALL_CHUNKS", 0)
+    def three_chunks(T: int, per_query: int, device: torch.device, whole: int | None = None) -> int:
+        return -(-T // 3)
+
+    monkeypatch.setattr(reference, "_chunk_len", three_chunks)
     monkeypatch.setattr(reference, "SELECTED_PATH", "gather" if gather else "prefix")
     test_whole_model_compiles_fullgraph_with_checkpointing(make_model, checkpointing=True)
