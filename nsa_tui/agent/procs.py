@@ -75,6 +75,27 @@ def environ_of(pid: int, keys: tuple[str, ...] | None = None) -> dict[str, str]:
     return env
 
 
+def settle(pid: int, timeout_s: float = 0.5) -> bool:
+    """Wait (at most ``timeout_s``) until ``pid`` shows its environment; False if it never did.
+
+    Why: a parent learns that exec succeeded before the kernel has set up the new image's
+    environment, and until then /proc/PID/environ reads empty (here, 9 reads in 10 just
+    after ``Popen`` returned): a run launched a moment ago would look as if none of its
+    processes were up, i.e. crashed. Only a look at a just-launched run waits here.
+    """
+    deadline = time.monotonic() + timeout_s
+    path = Path(f"/proc/{pid}/environ")
+    while True:
+        try:
+            if path.read_bytes():
+                return True
+        except OSError:
+            return False  # gone (or not ours to read)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
+
+
 def rank_of(env: dict[str, str]) -> int | None:
     rank = env.get("RANK", "")
     return int(rank) if rank.isdigit() else None

@@ -49,7 +49,7 @@ from nsa.contract.rundir import (
 )
 from nsa_tui.agent.backends import job_view
 from nsa_tui.agent.owners import judge_remote, node_parts, remote_parts, shown_part, this_node
-from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes
+from nsa_tui.agent.procs import GROUPS_MAX_AGE_S, RunProcess, boot_id, run_process, run_processes, settle
 
 LOG_TAIL_LINES = 150
 
@@ -266,8 +266,11 @@ class RunStore:
         mark = str(part)  # NSA_RUN_DIR: the directory of this host's part
         procs = run_processes(run_id, pgid, run_dir=mark)  # no pgid yet (launching): every group
         if not procs and pgid and _younger_than(part / LAUNCH_JSON, 2 * GROUPS_MAX_AGE_S + 1.0):
-            # the shared /proc scan may predate this launch: a run started a moment ago
-            # would read as crashed (a false crash alert, `logs -f` ending at once)
+            # the shared /proc scan may predate this launch, and a supervisor exec'd a moment
+            # ago shows no environment yet: a run started a moment ago would read as crashed
+            # (a false crash alert, `logs -f` ending at once)
+            if launcher is not None:
+                settle(launcher)
             procs = run_processes(run_id, pgid, fresh=True, run_dir=mark)
         launcher_alive = any(p.pid == launcher for p in procs) or (
             launcher is not None and not procs and run_process(launcher, run_id, mark) is not None)

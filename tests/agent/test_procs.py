@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from nsa_tui.agent.procs import environ_of, pgrp, process_groups, run_processes
+from nsa_tui.agent.procs import environ_of, pgrp, process_groups, run_processes, settle
 
 
 def test_a_run_is_found_by_its_group_and_its_id_and_a_gone_process_has_no_group() -> None:
@@ -54,3 +54,21 @@ def test_a_few_variables_of_an_environment_read_as_the_whole_parse_reads_them() 
         proc.kill()
         proc.wait()
     assert environ_of(proc.pid, ("RANK",)) == {} and environ_of(proc.pid) == {}  # gone
+
+
+def test_settle_waits_for_an_environment_and_gives_up_on_one_that_is_empty() -> None:
+    proc = subprocess.Popen(["sleep", "60"], env={**os.environ, "NSA_RUN_ID": "x"})
+    try:
+        assert settle(proc.pid) and environ_of(proc.pid, ("NSA_RUN_ID",)) == {"NSA_RUN_ID": "x"}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not settle(proc.pid)  # gone: at once
+    empty = subprocess.Popen(["/bin/sleep", "60"], env={})  # an empty environment for good
+    try:
+        t0 = time.monotonic()
+        assert not settle(empty.pid, timeout_s=0.2)
+        assert time.monotonic() - t0 >= 0.2
+    finally:
+        empty.kill()
+        empty.wait()
