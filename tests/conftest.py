@@ -14,6 +14,20 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 SMOKE_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "smoke-cpu.yaml")
+OPS_TESTS = Path(__file__).resolve().parent / "ops"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The kernels' ``gpu`` tests (tests/ops) check the compiled kernels: under the
+    interpreter (this conftest's default) they would run the Python ones on copies of the
+    tensors and prove nothing about the GPU, so they skip and say how to run them."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    skip = pytest.mark.skipif(True, reason="a gpu test checks the compiled kernels: "
+                              "run it with TRITON_INTERPRET=0")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None and OPS_TESTS in item.path.parents:
+            item.add_marker(skip, append=False)  # before the test's own skipif: this reason shows
 
 
 @pytest.fixture(scope="session")

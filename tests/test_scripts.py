@@ -43,6 +43,16 @@ def test_the_test_script_shows_each_test_file_as_it_goes(workers: str) -> None:
         assert re.search(line, out.stdout, re.M), out.stdout
 
 
+def test_gpu_tests_refuse_the_interpreter_and_say_how_to_run_them() -> None:
+    """Under TRITON_INTERPRET=1 a ``gpu`` test would pass on the interpreted kernels even on
+    a GPU host: it skips, naming the setting, and runs only with the interpreter off."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu",
+                          "tests/ops/test_triton_band.py"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0 and "run it with TRITON_INTERPRET=0" in out.stdout, out.stdout[-2000:]
+    assert re.search(r"\b2 skipped\b", out.stdout), out.stdout[-2000:]
+
+
 def test_ci_lints_and_type_checks_before_the_tests() -> None:
     """CI fails on a ruff or mypy error before the long suite runs, and setup installs both."""
     ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
