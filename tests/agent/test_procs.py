@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from nsa_tui.agent.procs import environ_of, pgrp, process_groups, run_processes, settle
 
@@ -64,6 +65,14 @@ def test_settle_waits_for_an_environment_and_gives_up_on_one_that_is_empty() -> 
         proc.kill()
         proc.wait()
     assert not settle(proc.pid)  # gone: at once
+    dead = subprocess.Popen(["true"])  # exited, not reaped: reading a zombie's environment fails
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{dead.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert not settle(dead.pid, timeout_s=10) and time.monotonic() - t0 < 5  # at once, not at 10 s
+    dead.wait()
     empty = subprocess.Popen(["/bin/sleep", "60"], env={})  # an empty environment for good
     try:
         t0 = time.monotonic()
