@@ -12,7 +12,8 @@ modules; a launch still patches and restores exactly as before.
 
 Only the interpreter is touched, and only where its private ``_patch_lang`` exists (with
 any other Triton this does nothing): compiled kernels on a GPU never see it. ``nsa.ops``
-installs it on import when ``TRITON_INTERPRET=1``. It lives outside ``nsa/ops/triton/``
+installs it on import when ``TRITON_INTERPRET=1`` (importing Triton then, about 0.1 s, even
+in a process that never runs a kernel: a test setting only). It lives outside ``nsa/ops/triton/``
 because it changes no kernel (the compile records hash that directory).
 """
 
