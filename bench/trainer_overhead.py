@@ -7,13 +7,14 @@ The bare step is bench.run's ``train_step`` row (forward, fp32 cross-entropy, ba
 AdamW on a model without a wrapper, one random batch already on the device), timed the same
 way (median of per-step times, each step synchronised). The trainer's step is what nsa-train
 reports: ``step_time_s`` of its metrics lines, from a real ``Trainer`` in this process (a
-one-rank group, DDP, the prefetching loader, heartbeats, a metrics line every step), median
-over ``--steps`` steady steps. It prints both and their ratio (the goal: <= 1.05), and what
-tells a gap apart: the bare step back to back (the device's throughput with its queue kept
-full) and through the trainer's DDP wrapper; host CPU per step; the trainer's telemetry time;
-the loader thread's CPU per micro-batch (Python that holds the GIL while the training thread
-launches kernels: compare ``--set data.source=stdlib`` with the default); and per steady step
-the host syncs and uploads (``nsa.syncs.HostSyncs``) and aten ops of each side.
+one-rank group, its wrapper if any: DDP has none on one rank, the prefetching loader,
+heartbeats, a metrics line every step), median over ``--steps`` steady steps. It prints both
+and their ratio (the goal: <= 1.05), and what tells a gap apart: the bare step back to back
+(the device's throughput with its queue kept full) and through the trainer's wrapper; host CPU
+per step; the trainer's telemetry time; the loader thread's CPU per micro-batch (Python that
+holds the GIL while the training thread launches kernels: compare ``--set data.source=stdlib``
+with the default); and per steady step the host syncs and uploads (``nsa.syncs.HostSyncs``)
+and aten ops of each side.
 
 Defaults: on CUDA dense-125m at batch 8 x 2048, grad_accum 1 (bench.run's train row); on CPU
 tiny-cpu-dense at its own shapes; ``data.source=synthetic`` (no network needed), no
@@ -209,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             first, telemetry_s = trainer.step + 1, trainer.telemetry_s
             timed = trainer_iterations(trainer, args.steps + 1, count=False)
             telemetry_ms = (trainer.telemetry_s - telemetry_s) * 1e3 / (args.steps + 1)
-            # bench.run's step through the trainer's wrapper (DDP on one rank) and optimizer
+            # bench.run's step through the trainer's wrapper (none for DDP on one rank) and optimizer
+            wrapper = "no" if trainer.model is trainer.raw else f"the {t.strategy.upper()}"
             wrapped = bare_step(cfg, device, trainer.model, trainer.optimizer)
             wrapped(None)
             wrapped_ms, _ = time_cuda(wrapped, None, 1, args.steps)
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nsa-train step (median step_time_s of {len(times)} steps):     {trainer_ms:9.2f} ms "
           f"(min {min(times):.2f}, max {max(times):.2f})")
     print(f"ratio nsa-train / bare: {trainer_ms / bare_mid:.3f} (goal <= 1.05)")
-    print(f"bare train_step through nsa-train's {t.strategy.upper()} wrapper (one rank): "
+    print(f"bare train_step through nsa-train's model ({wrapper} wrapper, one rank): "
           f"{wrapped_ms:.2f} ms (ratio to bare {wrapped_ms / bare_mid:.3f})")
     print(f"host CPU per step, all threads: bare {bare_cpu:.2f} ms, nsa-train loop iteration "
           f"{trainer_cpu:.2f} ms (ratio {trainer_cpu / bare_cpu:.3f})")

@@ -158,7 +158,11 @@ class Timeouts:
 def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) -> nn.Module:
     """DDP (replicated) or FSDP2 (each block sharded, then the root). Parameters, gradients
     and optimizer state stay fp32 either way; bf16 compute comes from autocast, and under
-    FSDP2 also from its mixed-precision policy (bf16 all-gathers, fp32 gradient reduction)."""
+    FSDP2 also from its mixed-precision policy (bf16 all-gathers, fp32 gradient reduction).
+
+    DDP on one process is the model itself: its reducer would copy every gradient into
+    buckets and all-reduce them over a group of one, which changes nothing and cost 4-9 % of
+    a 125M model's step on an H200. Checkpoints name parameters the same either way."""
     if strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -169,6 +173,8 @@ def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) ->
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         return model
+    if not replicates(strategy, info.world_size):
+        return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # The model's only buffers are per-rank gate statistics: broadcasting them from rank 0
@@ -176,6 +182,11 @@ def wrap(model: nn.Module, strategy: str, info: DistInfo, bf16: bool = False) ->
     kwargs = {"device_ids": [info.device.index]} if info.device.type == "cuda" else {}
     kwargs.update(no_buffer_sync_kwargs())
     return DDP(model, **kwargs)
+
+
+def replicates(strategy: str, world_size: int) -> bool:
+    """Whether ``wrap`` puts a DDP wrapper around the model (not on one process)."""
+    return strategy == "ddp" and world_size > 1
 
 
 def no_buffer_sync_kwargs() -> dict[str, bool]:

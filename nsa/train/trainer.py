@@ -189,7 +189,9 @@ class Trainer:
         if self.cfg.train.strategy == "fsdp":
             cast("FSDPModule", self.model).set_requires_gradient_sync(last)
             return contextlib.nullcontext()
-        return contextlib.nullcontext() if last else cast("DDP", self.model).no_sync()
+        if last or not D.replicates(self.cfg.train.strategy, self.info.world_size):
+            return contextlib.nullcontext()
+        return cast("DDP", self.model).no_sync()
 
     def _next_batch(self):
         if not self.loader.ready():

@@ -58,8 +58,9 @@ def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path:
     done = run_train(tmp_path / "run", sets, nproc=None, env={"NSA_RUN_ID": "run-under-test"})
     assert done.rc == 0, done.output[-3000:]
     out = done.output
-    for needle in ("config " + str(SMOKE), "resolved config", "parameters", "world size 1",
-                   "global batch 2 sequences", "device cpu", "dtype fp32", "data files (1:"):
+    for needle in ("config " + str(SMOKE), "resolved config", "parameters",
+                   "world size 1 (ddp: one process, no DDP wrapper)", "global batch 2 sequences",
+                   "device cpu", "dtype fp32", "data files (1:"):
         assert needle in out, needle
     rd = done.run_dir
     assert stat.S_IMODE(rd.stat().st_mode) == 0o700

@@ -34,6 +34,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # threads are not left for interpreter shutdown, where they can abort a finished rank
     assert "process group was not freed" not in done.output, done.output[-3000:]
     assert done.output.count("finished 6 steps") >= 1, done.output[-3000:]
+    assert "world size 2 (ddp)" in done.output, done.output[-3000:]
     return done.run_dir
 
 
