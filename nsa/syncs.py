@@ -104,6 +104,14 @@ class HostSyncs(TorchDispatchMode):
         return "\n".join(f"{n}x {kind} {op} at {where}" for (kind, op, where), n in c.most_common())
 
 
+# aten ops that only make a new view of a tensor or a host scalar: no device work
+VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "_reshape_alias", "reshape", "expand", "select", "slice", "unsqueeze",
+    "squeeze", "as_strided", "t", "transpose", "permute", "detach", "alias", "split", "split_with_sizes",
+    "unfold", "unbind", "chunk", "narrow", "scalar_tensor", "view_as_real", "view_as_complex",
+})
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched inside the ``with`` block (views and metadata ops
     included): a device-independent proxy for kernel launches per step."""
@@ -119,6 +127,12 @@ class OpCounter(TorchDispatchMode):
     @property
     def total(self) -> int:
         return sum(self.ops.values())
+
+    @property
+    def launching(self) -> int:
+        """The ops that run device work: all but views and metadata (``VIEW_OPS``). On a GPU
+        each is about one kernel launch, which is what a step replayed as a CUDA graph pays."""
+        return sum(n for op, n in self.ops.items() if op.split(".")[1] not in VIEW_OPS)
 
 
 def _caller() -> str:

@@ -37,3 +37,13 @@ def test_code_without_syncs_records_none_and_ops_are_counted() -> None:
         torch.where(y > 0.5, y, 0.0).sum()
     assert not s.events, s.report()
     assert ops.ops["aten.mm.default"] == 1 and ops.total >= 5
+
+
+def test_views_are_counted_but_do_not_launch() -> None:
+    x = torch.randn(4, 8)
+    with OpCounter() as ops:
+        y = x.view(8, 4).t().unsqueeze(0)[:, 1]  # views and metadata only
+    assert ops.total >= 4 and ops.launching == 0
+    with OpCounter() as ops:
+        (y * 2).sum()  # two ops with device work
+    assert ops.launching == 2

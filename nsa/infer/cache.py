@@ -49,6 +49,10 @@ from nsa.ops.reference import (
     select_blocks_at,
 )
 
+# One decode step's index tensors that depend only on the positions and a cache's sizes,
+# keyed by those sizes: computed by the first layer that needs them, reused by the others.
+StepShared = dict[tuple[object, ...], dict[str, torch.Tensor]]
+
 
 def overlap_band(T: int, block: int, stride: int, select_block: int, device: torch.device
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,42 +163,62 @@ class NSACache:
             _ring_fill(t["v_" + name], v, lengths)
         return out
 
-    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
+             shared: StepShared | None = None) -> torch.Tensor:
         """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]`` (``angles``:
-        RoPE's cos and sin of ``pos``, computed once per step for every layer): write its keys
-        (and the compressed token whose block it completes), then the three branches for its
-        query (``_branches``), gated and projected -> ``[B, 1, dim]``. Device work only: no
-        host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
+        RoPE's cos and sin of ``pos``, computed once per step for every layer; ``shared``: the
+        step's index tensors, computed by its first layer for the others, see ``_slots``):
+        write its keys (and the compressed token whose block it completes), then the three
+        branches for its query (``_branches``), gated and projected -> ``[B, 1, dim]``. Device
+        work only: no host sync, no host data, no branch on a device value (a CUDA graph
+        captures it)."""
         a = self.attn
         q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
         new = (t[:, 0] for t in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
-        self._append(pos, angles, *new)
+        self._append(pos, angles, self._slots(pos, shared), *new)
         o_cmp, o_slc, o_win = self._branches(q, pos)
-        return a.mix(x, o_cmp, o_slc, o_win)
+        return a.mix(x, o_cmp, o_slc, o_win, track=False)
 
-    def _append(self, pos: torch.Tensor, angles: Angles | None, k_raw: torch.Tensor, v_raw: torch.Tensor,
-                k_slc: torch.Tensor, v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor) -> None:
+    def _slots(self, pos: torch.Tensor, shared: StepShared | None) -> dict[str, torch.Tensor]:
+        """Where this step writes, from ``pos [B]`` and the cache's sizes alone: the rings'
+        slots, the ring slots of the block that ends at ``pos`` (oldest first), the compressed
+        token it would complete and whether it does. Every layer of a model has the same
+        sizes, so the first layer of a step computes them (11 small ops) and the others reuse
+        them from ``shared``."""
+        c, t = self.attn.cfg, self.tensors
+        bl, d, n_cmp = c.compress_block, c.compress_stride, t["k_cmp"].shape[1]
+        key = ("nsa", t["k_win"].shape[1], bl, d, n_cmp)
+        if shared is not None and key in shared:
+            return shared[key]
+        slots = {"win": pos % t["k_win"].shape[1], "raw": pos % bl}
+        if n_cmp:
+            slots["order"] = torch.remainder(pos[:, None] + self.consts["raw_back"], bl)  # [B, l]
+            # compressed token i = (pos - l + 1) / d completes now when that is a whole number >= 0
+            start = pos - (bl - 1)
+            slots["done"] = ((start >= 0) & (start % d == 0))[:, None, None]
+            slots["i"] = (start // d).clamp(0, n_cmp - 1)
+        if shared is not None:
+            shared[key] = slots
+        return slots
+
+    def _append(self, pos: torch.Tensor, angles: Angles | None, slots: dict[str, torch.Tensor],
+                k_raw: torch.Tensor, v_raw: torch.Tensor, k_slc: torch.Tensor, v_slc: torch.Tensor,
+                k_win: torch.Tensor, v_win: torch.Tensor) -> None:
         """Write the new token's keys and values (each ``[B, G, D]``) at ``pos [B]``: the selected
-        branch's cache, both rings, and compressed token ``i`` when this token completes its block."""
-        a, c, t, k = self.attn, self.attn.cfg, self.tensors, self.consts
-        bl, d = c.compress_block, c.compress_stride
+        branch's cache, both rings, and compressed token ``i`` when this token completes its block
+        (``slots``: from ``_slots``)."""
+        a, t, k = self.attn, self.tensors, self.consts
         rows = k["rows"]
         t["k_slc"][rows, pos], t["v_slc"][rows, pos] = k_slc, v_slc
         for name, kn, vn in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
-            slot = pos % t["k_" + name].shape[1]
-            t["k_" + name][rows, slot], t["v_" + name][rows, slot] = kn, vn
-        # Compressed token i = (pos - l + 1) / d (bl = l) completes now when that is a whole
-        # number >= 0. phi runs for every sequence every step and the write keeps the old token
-        # where none completes: no branch on a device value.
-        n_cmp = t["k_cmp"].shape[1]
-        if not n_cmp:  # the cache's shape (host): a capacity below l holds no compressed token
+            t["k_" + name][rows, slots[name]], t["v_" + name][rows, slots[name]] = kn, vn
+        # phi runs for every sequence every step and the write keeps the old token where none
+        # completes: no branch on a device value.
+        if not t["k_cmp"].shape[1]:  # the cache's shape (host): a capacity below l holds none
             return
-        order = torch.remainder(pos[:, None] + k["raw_back"], bl)  # [B, l]: the block's ring slots
+        order, done, i = slots["order"], slots["done"], slots["i"]
         blk_k, blk_v = t["k_raw"][k["rows_col"], order], t["v_raw"][k["rows_col"], order]  # [B, l, G, D]
         new_k, new_v = a.compress(blk_k, blk_v, pos[:, None], angles)  # [B, 1, G, D]: one block each
-        start = pos - (bl - 1)
-        done = ((start >= 0) & (start % d == 0))[:, None, None]
-        i = (start // d).clamp(0, n_cmp - 1)
         t["k_cmp"][rows, i] = torch.where(done, new_k[:, 0], t["k_cmp"][rows, i])
         t["v_cmp"][rows, i] = torch.where(done, new_v[:, 0], t["v_cmp"][rows, i])
 
@@ -290,15 +314,23 @@ class DenseCache:
             raise RuntimeError("the cache is empty: prefill first")
         return self.k, self.v
 
-    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
+             shared: StepShared | None = None) -> torch.Tensor:
         """One new token per sequence at positions ``pos [B]`` (``angles``: RoPE's of ``pos``):
-        attention over keys ``<= pos``. Device work only, as ``NSACache.step``."""
+        attention over keys ``<= pos``. Device work only, as ``NSACache.step``; the mask is
+        computed by the step's first layer of this capacity and reused from ``shared``."""
         kc, vc = self._kv()
         rows = self.consts["rows"]
         q, k, v = self.attn.project(x, pos[:, None], angles)
         kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
-        mask = self.consts["key_pos"] <= pos[:, None]
-        return self.attn.attend(q, kc, vc, mask[:, None, None, :])
+        key = ("dense", self.capacity)
+        if shared is not None and key in shared:
+            mask = shared[key]["mask"]
+        else:
+            mask = (self.consts["key_pos"] <= pos[:, None])[:, None, None, :]
+            if shared is not None:
+                shared[key] = {"mask": mask}
+        return self.attn.attend(q, kc, vc, mask)
 
 
 LayerCache = NSACache | DenseCache

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from nsa.infer.cache import LayerCache, make_cache
-from nsa.model.layers import upcast
+from nsa.infer.cache import LayerCache, StepShared, make_cache
+from nsa.model.layers import upcast_dtype
 from nsa.model.transformer import Transformer
 from nsa.ops.rope import rope_angles
 
@@ -87,9 +87,10 @@ def advance(model: Transformer, caches: Sequence[LayerCache], lengths: torch.Ten
     pos = lengths
     x = model.tok_emb(tokens[:, None])
     # RoPE's angles of the new positions, once for every layer (same head dim and theta)
-    angles = rope_angles(pos, model.cfg.head_dim, model.cfg.rope_theta, upcast(x).dtype)
+    angles = rope_angles(pos, model.cfg.head_dim, model.cfg.rope_theta, upcast_dtype(x.dtype))
+    shared: StepShared = {}  # the step's ring slots and masks, once for every layer
     for block, cache in zip(model.blocks, caches):
-        x = block(x, lambda h, cache=cache: cache.step(h, pos, angles))
+        x = block(x, lambda h, cache=cache: cache.step(h, pos, angles, shared))
     lengths.add_(1)
     return model.lm_head(model.norm(x))[:, 0]
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
-from nsa.model.layers import upcast
+from nsa.model.layers import upcast, upcast_dtype
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops
 from nsa.ops.rope import apply_rope, rope_angles
@@ -93,8 +93,8 @@ class NSAAttention(nn.Module):
         already has them (a decode step computes them once for all its layers)."""
         if pos.dim() == 2:
             return _per_sequence(self.rotate, x, pos, angles)[0]
-        cos, sin = rope_angles(pos, self.head_dim, self.rope_theta, upcast(x).dtype) if angles is None \
-            else angles
+        cos, sin = angles if angles is not None else \
+            rope_angles(pos, self.head_dim, self.rope_theta, upcast_dtype(x.dtype))
         return ops_rope(get_ops(self.cfg.backend, x.device.type), x, cos, sin)
 
     def project(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None
@@ -110,7 +110,7 @@ class NSAAttention(nn.Module):
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 6, G, D)
-        adt = upcast(x).dtype  # fp32, or fp64 in tests
+        adt = upcast_dtype(x.dtype)  # fp32, or fp64 in tests
         cos, sin = rope_angles(pos, D, self.rope_theta, adt) if angles is None else angles
         ops = get_ops(self.cfg.backend, x.device.type)
         # q is rotated once and shared by the three branches
@@ -153,19 +153,21 @@ class NSAAttention(nn.Module):
         o_win = ops.window_attention(q, k_win, v_win, c.window)
         return self.mix(x, o_cmp, o_slc, o_win)
 
-    def mix(self, x: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor
-            ) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor,
+            track: bool = True) -> torch.Tensor:
         """Eq. 5: per-head sigmoid gates from ``x`` weigh the branch outputs ``[B,T,H,D]``,
-        then the output projection."""
+        then the output projection. ``track``: keep the gates' mean for the training metrics
+        (``gate_shares``); a decode step does not (two kernels per layer and token for nothing)."""
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        adt = upcast(x).dtype
+        adt = upcast_dtype(x.dtype)
         if self.gate_override is None:
             g = torch.sigmoid(upcast(self.gate(x))).view(B, T, H, 3)
         else:  # fills, not torch.tensor(..., device=): no host-to-device copy per call
             g = torch.cat([x.new_full((B, T, H, 1), v, dtype=adt) for v in self.gate_override], -1)
-        with torch.no_grad():
-            self.gate_mean.copy_(g.detach().mean(dim=(0, 1, 2)))
+        if track:
+            with torch.no_grad():
+                self.gate_mean.copy_(g.detach().mean(dim=(0, 1, 2)))
         # the gated sum in the branches' dtype (the kernels: one fused pass, fp32 inside)
         o = gated_combine(get_ops(self.cfg.backend, x.device.type), g, o_cmp, o_slc, o_win)
         return self.o_proj(o.reshape(B, T, H * D))
@@ -220,5 +222,5 @@ class DenseAttention(nn.Module):
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 2, G, D)
-        cos, sin = rope_angles(pos, D, self.rope_theta, upcast(x).dtype) if angles is None else angles
+        cos, sin = rope_angles(pos, D, self.rope_theta, upcast_dtype(x.dtype)) if angles is None else angles
         return apply_rope(q, cos, sin), apply_rope(kv[:, :, 0], cos, sin), kv[:, :, 1]

@@ -7,6 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def upcast_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``upcast`` gives, without making the copy (a decode step asks it per layer)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """fp16/bf16 -> fp32 for reductions and nonlinearities; fp32 and fp64 unchanged."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

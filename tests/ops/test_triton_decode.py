@@ -181,9 +181,9 @@ def _decode_and_compare(model: torch.nn.Module, lay: Layout, lens: list[int], st
         seen["q"] = out[0]
         return out
 
-    def record_mix(x: torch.Tensor, *branches: torch.Tensor) -> torch.Tensor:
+    def record_mix(x: torch.Tensor, *branches: torch.Tensor, track: bool = True) -> torch.Tensor:
         seen["branches"] = branches
-        return mix(x, *branches)
+        return mix(x, *branches, track=track)
 
     def record_rule(scores: torch.Tensor, *args: object) -> torch.Tensor:
         seen["scores"] = scores
