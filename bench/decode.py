@@ -2,7 +2,7 @@
 measured decode speed and memory with the KV-cache decoder (nsa/infer/).
 
     python -m bench.decode --analytic                  # the loaded-token table alone
-    python -m bench.decode [--contexts 4096 ... 65536] [--steps 8] [--batch 1]
+    python -m bench.decode [--contexts 4096 ... 65536] [--steps 32] [--batch 1]
                            [--device cpu|cuda] [--dtype fp32|bf16] [--threads N] [--eager]
                            [--json OUT]
 
@@ -26,7 +26,10 @@ context s (a prefill of 64k tokens would dominate the run and is not what is mea
 then ``--steps`` timed decode steps (each also choosing the next token, greedily) through
 ``nsa.infer.graph.DecodeRunner``: on CUDA the step is captured as a CUDA graph after its
 warm-up steps and replayed (``--eager``: no graph), on CPU it runs eagerly; every row and
-the JSON say which (``decode_path``). The warm-up steps and the capture are not timed.
+the JSON say which (``decode_path``). NSA's steps come in two kinds, each its own graph: 1
+in d (16) completes a compressed block and runs the compression, the others skip it; the
+warm-up goes on until both are captured, and the default 32 timed steps hold them in that
+proportion. The warm-up steps and the captures are not timed.
 tokens/s = batch * steps / time: wall time on CUDA; on CPU the process's CPU time (steadier
 on a shared machine; with one thread, ``--threads 1``, it is the work done). Memory: the
 caches' bytes, and on CUDA the peak allocated during the steps over what was allocated
@@ -50,7 +53,7 @@ if str(ROOT) not in sys.path:
 
 from nsa.config import AttentionConfig, ModelConfig, load_config  # noqa: E402
 from nsa.infer import DecodeState, make_cache  # noqa: E402
-from nsa.infer.graph import WARMUP, DecodeRunner  # noqa: E402
+from nsa.infer.graph import CUDA_GRAPH, WARMUP, DecodeRunner  # noqa: E402
 from nsa.model import build_model  # noqa: E402
 from nsa.ops.reference import num_compressed, num_select_blocks  # noqa: E402
 
@@ -100,7 +103,7 @@ def filled_state(model: torch.nn.Module, batch: int, context: int, extra: int, d
         for t in c.cache_tensors():
             t.copy_(torch.randn(t.shape, generator=gen, device=device, dtype=torch.float32).to(dtype))
     lengths = torch.full((batch,), context, dtype=torch.long, device=device)
-    return DecodeState(caches, lengths, context, caches[0].capacity)
+    return DecodeState(caches, lengths, context, caches[0].capacity, [context] * batch)
 
 
 def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch.dtype,
@@ -109,12 +112,17 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
     ``graph``: as ``DecodeRunner``'s (None: a CUDA graph on CUDA)."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device=device, dtype=dtype).eval()
-    warm = WARMUP + 1  # eager warm-up steps, then (CUDA graph) the one that captures
-    state = filled_state(model, batch, context, steps + warm, dtype, device)
+    # eager warm-up steps, then (CUDA graph) the one that captures; an NSA step comes in two
+    # kinds (one completes a compressed block, d - 1 of every d do not), each with its graph
+    kinds = 2 if cfg.attention.kind == "nsa" else 1
+    most = (WARMUP + 1) * (cfg.attention.compress_stride if kinds == 2 else 1) + 1
+    state = filled_state(model, batch, context, steps + most, dtype, device)
     cache_bytes = sum(t.numel() * t.element_size() for c in state.caches for t in c.cache_tensors())
     runner = DecodeRunner(model, state, graph=graph)
     tok = torch.zeros(batch, dtype=torch.long, device=device)
-    for _ in range(warm):
+    for i in range(most):
+        if i >= WARMUP + 1 and (runner.path != CUDA_GRAPH or len(runner.graphs) == kinds):
+            break
         tok = runner.step(tok)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -162,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--analytic", action="store_true", help="print the loaded-token table alone")
     ap.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=32,
+                    help="timed steps; a multiple of d (16) holds the steps that compress in their share")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None,

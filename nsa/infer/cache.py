@@ -164,34 +164,35 @@ class NSACache:
         return out
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
-             shared: StepShared | None = None) -> torch.Tensor:
+             shared: StepShared | None = None, compress: bool = True) -> torch.Tensor:
         """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]`` (``angles``:
         RoPE's cos and sin of ``pos``, computed once per step for every layer; ``shared``: the
         step's index tensors, computed by its first layer for the others, see ``_slots``):
-        write its keys (and the compressed token whose block it completes), then the three
-        branches for its query (``_branches``), gated and projected -> ``[B, 1, dim]``. Device
-        work only: no host sync, no host data, no branch on a device value (a CUDA graph
-        captures it)."""
+        write its keys (and, with ``compress``, the compressed token whose block it completes:
+        the host passes False when no sequence completes one), then the three branches for
+        its query (``_branches``), gated and projected -> ``[B, 1, dim]``. Device work only:
+        no host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
         a = self.attn
         q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
         new = (t[:, 0] for t in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
-        self._append(pos, angles, self._slots(pos, shared), *new)
+        self._append(pos, angles, self._slots(pos, shared, compress), *new)
         o_cmp, o_slc, o_win = self._branches(q, pos)
         return a.mix(x, o_cmp, o_slc, o_win, track=False)
 
-    def _slots(self, pos: torch.Tensor, shared: StepShared | None) -> dict[str, torch.Tensor]:
+    def _slots(self, pos: torch.Tensor, shared: StepShared | None, compress: bool = True
+               ) -> dict[str, torch.Tensor]:
         """Where this step writes, from ``pos [B]`` and the cache's sizes alone: the rings'
-        slots, the ring slots of the block that ends at ``pos`` (oldest first), the compressed
-        token it would complete and whether it does. Every layer of a model has the same
-        sizes, so the first layer of a step computes them (11 small ops) and the others reuse
-        them from ``shared``."""
+        slots and, with ``compress``, the ring slots of the block that ends at ``pos`` (oldest
+        first), the compressed token it would complete and whether it does. Every layer of a
+        model has the same sizes, so the first layer of a step computes them (11 small ops)
+        and the others reuse them from ``shared``."""
         c, t = self.attn.cfg, self.tensors
         bl, d, n_cmp = c.compress_block, c.compress_stride, t["k_cmp"].shape[1]
-        key = ("nsa", t["k_win"].shape[1], bl, d, n_cmp)
+        key = ("nsa", t["k_win"].shape[1], bl, d, n_cmp, compress)
         if shared is not None and key in shared:
             return shared[key]
         slots = {"win": pos % t["k_win"].shape[1], "raw": pos % bl}
-        if n_cmp:
+        if n_cmp and compress:
             slots["order"] = torch.remainder(pos[:, None] + self.consts["raw_back"], bl)  # [B, l]
             # compressed token i = (pos - l + 1) / d completes now when that is a whole number >= 0
             start = pos - (bl - 1)
@@ -212,9 +213,11 @@ class NSACache:
         t["k_slc"][rows, pos], t["v_slc"][rows, pos] = k_slc, v_slc
         for name, kn, vn in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
             t["k_" + name][rows, slots[name]], t["v_" + name][rows, slots[name]] = kn, vn
-        # phi runs for every sequence every step and the write keeps the old token where none
-        # completes: no branch on a device value.
-        if not t["k_cmp"].shape[1]:  # the cache's shape (host): a capacity below l holds none
+        # phi runs for every sequence of a step that completes a block in any, and the write
+        # keeps the old token where none completes: no branch on a device value. Without
+        # "order" (no compression asked, or a capacity below l holds no compressed token:
+        # both known on the host) nothing more is written.
+        if "order" not in slots:
             return
         order, done, i = slots["order"], slots["done"], slots["i"]
         blk_k, blk_v = t["k_raw"][k["rows_col"], order], t["v_raw"][k["rows_col"], order]  # [B, l, G, D]
@@ -315,10 +318,11 @@ class DenseCache:
         return self.k, self.v
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
-             shared: StepShared | None = None) -> torch.Tensor:
+             shared: StepShared | None = None, compress: bool = True) -> torch.Tensor:
         """One new token per sequence at positions ``pos [B]`` (``angles``: RoPE's of ``pos``):
         attention over keys ``<= pos``. Device work only, as ``NSACache.step``; the mask is
-        computed by the step's first layer of this capacity and reused from ``shared``."""
+        computed by the step's first layer of this capacity and reused from ``shared``.
+        ``compress``: NSA's, nothing here."""
         kc, vc = self._kv()
         rows = self.consts["rows"]
         q, k, v = self.attn.project(x, pos[:, None], angles)

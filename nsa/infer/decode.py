@@ -38,6 +38,15 @@ class DecodeState:
     lengths: torch.Tensor
     longest: int  # max(lengths), on the host: capacity checks without a device sync
     capacity: int  # positions the caches hold per sequence
+    # lengths on the host (kept by every step): which steps complete a compressed block is
+    # then known without a device read (``compresses``); None: not known, every step compresses
+    positions: list[int] | None = None
+
+    def moved_on(self) -> None:
+        """The host's side of a step: every sequence one token longer."""
+        self.longest += 1
+        if self.positions is not None:
+            self.positions = [p + 1 for p in self.positions]
 
 
 def _lengths(tokens: torch.Tensor, lengths: Sequence[int] | torch.Tensor | None) -> list[int]:
@@ -67,7 +76,20 @@ def prefill(model: Transformer, tokens: torch.Tensor, lengths: Sequence[int] | t
         x = block(x, lambda h, cache=cache: cache.prefill(h, lt))
     if last_only:  # the norm is per position: taking the positions first changes nothing
         x = x[torch.arange(B, device=x.device), lt - 1]
-    return model.lm_head(model.norm(x)), DecodeState(caches, lt, max(lens), capacity)
+    return model.lm_head(model.norm(x)), DecodeState(caches, lt, max(lens), capacity, list(lens))
+
+
+def compresses(model: Transformer, state: DecodeState) -> bool:
+    """Whether the next step must run NSA's compression: its token at position p completes
+    compressed token (p - l + 1) / d in some sequence when that is a whole number >= 0. Known
+    on the host from ``state.positions``; a step that completes none skips phi and the
+    compressed write in every layer (on a GPU about 30 of an nsa-125m layer's 80 kernels, on
+    15 steps of 16 at batch 1). Dense models, or positions not known: True (the full step)."""
+    a = model.cfg.attention
+    if a.kind != "nsa" or state.positions is None:
+        return True
+    first, d = a.compress_block - 1, a.compress_stride
+    return any(p >= first and (p - first) % d == 0 for p in state.positions)
 
 
 def check_room(state: DecodeState) -> None:
@@ -78,19 +100,21 @@ def check_room(state: DecodeState) -> None:
 
 
 @torch.no_grad()
-def advance(model: Transformer, caches: Sequence[LayerCache], lengths: torch.Tensor, tokens: torch.Tensor
-            ) -> torch.Tensor:
+def advance(model: Transformer, caches: Sequence[LayerCache], lengths: torch.Tensor, tokens: torch.Tensor,
+            compress: bool = True) -> torch.Tensor:
     """The device work of one decode step: append ``tokens [B]`` at positions ``lengths [B]``
     in every layer's cache, add 1 to ``lengths`` in place, and return the logits ``[B, vocab]``
     that predict the next token. No capacity check (``check_room``, on the host). Fixed shapes,
-    no host sync or host data: the function a CUDA graph captures and replays."""
+    no host sync or host data: the function a CUDA graph captures and replays. ``compress``
+    False: no sequence completes a compressed block at this step (``compresses``, decided on
+    the host), so NSA layers skip the compression; the logits are the same."""
     pos = lengths
     x = model.tok_emb(tokens[:, None])
     # RoPE's angles of the new positions, once for every layer (same head dim and theta)
     angles = rope_angles(pos, model.cfg.head_dim, model.cfg.rope_theta, upcast_dtype(x.dtype))
     shared: StepShared = {}  # the step's ring slots and masks, once for every layer
     for block, cache in zip(model.blocks, caches):
-        x = block(x, lambda h, cache=cache: cache.step(h, pos, angles, shared))
+        x = block(x, lambda h, cache=cache: cache.step(h, pos, angles, shared, compress))
     lengths.add_(1)
     return model.lm_head(model.norm(x))[:, 0]
 
@@ -99,6 +123,6 @@ def decode_step(model: Transformer, state: DecodeState, next_tokens: torch.Tenso
     """Append ``next_tokens [B]`` (one per sequence, at position ``lengths[b]``) and return
     the logits ``[B, vocab]`` that predict the token after it (eager; see ``advance``)."""
     check_room(state)
-    logits = advance(model, state.caches, state.lengths, next_tokens)
-    state.longest += 1
+    logits = advance(model, state.caches, state.lengths, next_tokens, compresses(model, state))
+    state.moved_on()
     return logits

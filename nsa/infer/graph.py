@@ -9,12 +9,15 @@ generator), is captured once into a ``torch.cuda.CUDAGraph`` and replayed for ev
 
 ``DecodeRunner`` does that on CUDA, and runs the same functions eagerly on the CPU (or when
 the graph is turned off: ``graph=False``, or ``NSA_DECODE_GRAPH=0`` in the environment),
-which is the reference the graph must agree with. On CUDA its first ``warmup`` steps run
-eagerly on the stream that then captures (lazy initialisation, kernel compilation and the
-per-stream cuBLAS state happen there, not during capture); the next step is captured (which
-runs nothing) and replayed, and every later step is one copy of the input tokens and one
-replay. The host checks the caches' capacity from its own count of steps. When capture
-fails, a warning says why and the runner goes on eagerly.
+which is the reference the graph must agree with. An NSA step comes in two kinds, decided
+on the host from the positions it keeps (``compresses``): one that completes a compressed
+block in some sequence, and one that completes none and skips the compression. Each kind has
+its own graph. On CUDA the first ``warmup`` steps of a kind run eagerly on the stream that
+then captures (lazy initialisation, kernel compilation and the per-stream cuBLAS state
+happen there, not during capture); the next step of that kind is captured (which runs
+nothing) and replayed, and every later one is one copy of the input tokens and one replay.
+The host checks the caches' capacity from its own count of steps. When a capture fails, a
+warning says why and the runner goes on eagerly.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from nsa.infer.decode import DecodeState, advance, check_room
+from nsa.infer.decode import DecodeState, advance, check_room, compresses
 from nsa.model.transformer import Transformer
 
 __all__ = ["CUDA_GRAPH", "EAGER", "GRAPH_ENV", "WARMUP", "DecodeRunner", "argmax", "decode_path"]
@@ -40,6 +43,15 @@ GRAPH_ENV = "NSA_DECODE_GRAPH"  # "0": never capture (debugging, comparing again
 WARMUP = 2  # eager steps before the capture
 
 Choose = Callable[[torch.Tensor], torch.Tensor]
+
+
+class _Captured:
+    """One kind of step's graph and its static buffers: the input tokens it reads, the
+    logits and next tokens it writes."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, tokens: torch.Tensor, logits: torch.Tensor,
+                 nxt: torch.Tensor) -> None:
+        self.graph, self.tokens, self.logits, self.next = graph, tokens, logits, nxt
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -77,12 +89,17 @@ class DecodeRunner:
         self.warmup = max(0, warmup)
         self.steps = 0  # steps run, eager or replayed
         self.replays = 0
-        self.capture_s: float | None = None
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self.capture_s: float | None = None  # all captures together
+        # by kind of step (compresses or not): its graph, and its eager steps so far
+        self.graphs: dict[bool, _Captured] = {}
+        self._eager: dict[bool, int] = {True: 0, False: 0}
         self._stream: torch.cuda.Stream | None = None
-        self._tokens: torch.Tensor | None = None  # the graph's static input
         self._logits: torch.Tensor | None = None  # the last step's logits
-        self._next: torch.Tensor | None = None
+
+    @property
+    def warm_steps(self) -> int:
+        """Eager steps run on the graph path before each kind's capture."""
+        return sum(self._eager.values())
 
     @property
     def logits(self) -> torch.Tensor:
@@ -94,31 +111,34 @@ class DecodeRunner:
 
     def describe(self) -> str:
         """One line for a log: the path and why."""
-        warm = f", after {self.warmup} eager warm-up steps" if self.path == CUDA_GRAPH else ""
+        warm = f", after {self.warmup} eager warm-up steps of each kind" if self.path == CUDA_GRAPH else ""
         return f"decode path: {self.path} ({self.why}{warm})"
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append ``tokens [B]`` at each sequence's next position and return the next token
         per sequence ``[B]`` (a new tensor), chosen from the step's logits (``logits``)."""
         check_room(self.state)
-        if self._graph is None and self.path == CUDA_GRAPH and self.steps >= self.warmup:
-            self._capture(tokens)
-        if self._graph is not None and self._tokens is not None and self._next is not None:
-            self._tokens.copy_(tokens)
-            self._graph.replay()
+        kind = compresses(self.model, self.state)
+        if kind not in self.graphs and self.path == CUDA_GRAPH and self._eager[kind] >= self.warmup:
+            self._capture(tokens, kind)
+        captured = self.graphs.get(kind)
+        if captured is not None:
+            captured.tokens.copy_(tokens)
+            captured.graph.replay()
             self.replays += 1
-            nxt = self._next.clone()
+            self._logits = captured.logits
+            nxt = captured.next.clone()
         elif self.path == CUDA_GRAPH:
-            nxt = self._warm_step(tokens)
+            nxt = self._warm_step(tokens, kind)
+            self._eager[kind] += 1
         else:
-            self._logits = advance(self.model, self.state.caches, self.state.lengths, tokens)
-            nxt = self.choose(self._logits)
-        self.state.longest += 1
+            self._logits, nxt = self._body(tokens, kind)
+        self.state.moved_on()
         self.steps += 1
         return nxt
 
-    def _body(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = advance(self.model, self.state.caches, self.state.lengths, tokens)
+    def _body(self, tokens: torch.Tensor, kind: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = advance(self.model, self.state.caches, self.state.lengths, tokens, compress=kind)
         return logits, self.choose(logits)
 
     def _capture_stream(self) -> torch.cuda.Stream:
@@ -126,22 +146,22 @@ class DecodeRunner:
             self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         return self._stream
 
-    def _warm_step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _warm_step(self, tokens: torch.Tensor, kind: bool) -> torch.Tensor:
         """An eager step on the stream that will capture, ordered after the caller's stream
         and before its next work."""
         side, main = self._capture_stream(), torch.cuda.current_stream(self.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            logits, nxt = self._body(tokens)
+            logits, nxt = self._body(tokens, kind)
         main.wait_stream(side)
         for t in (logits, nxt):  # made on the side stream, read on the caller's
             t.record_stream(main)
         self._logits = logits
         return nxt
 
-    def _capture(self, tokens: torch.Tensor) -> None:
-        """Record one step into a graph (nothing runs); the caller then replays it for this
-        step. On failure: a warning, and eager steps from now on."""
+    def _capture(self, tokens: torch.Tensor, kind: bool) -> None:
+        """Record one step of this kind into a graph (nothing runs); the caller then replays
+        it for this step. On failure: a warning, and eager steps from now on."""
         t0 = time.perf_counter()
         static = torch.empty_like(tokens)
         static.copy_(tokens)
@@ -153,7 +173,7 @@ class DecodeRunner:
             # the process (a trainer's checkpoint writer, a process group's watchdog) may use
             # CUDA meanwhile, as in torch.compile's own graph capture
             with torch.cuda.graph(g, stream=self._capture_stream(), capture_error_mode="thread_local"):
-                logits, nxt = self._body(static)
+                logits, nxt = self._body(static, kind)
         except Exception as exc:  # noqa: BLE001 - decoding goes on, eagerly and loudly
             # an error inside the capture reaches here as what ending the capture raised
             # then; the first one, the cause, is its context
@@ -162,7 +182,8 @@ class DecodeRunner:
             self.path, self.why = EAGER, f"CUDA graph capture failed: {type(exc).__name__}: {exc}{first}"
             warnings.warn(f"{self.why}; decoding eagerly", RuntimeWarning, stacklevel=3)
             return
-        self._graph, self._tokens, self._logits, self._next = g, static, logits, nxt
-        self.capture_s = time.perf_counter() - t0
-        log.info("captured the decode step as a CUDA graph after %d eager steps (%.0f ms)", self.steps,
-                 1000 * self.capture_s)
+        self.graphs[kind] = _Captured(g, static, logits, nxt)
+        took = time.perf_counter() - t0
+        self.capture_s = (self.capture_s or 0.0) + took
+        log.info("captured the decode step (%s) as a CUDA graph after %d eager steps (%.0f ms)",
+                 "compressing" if kind else "no block completes", self.steps, 1000 * took)

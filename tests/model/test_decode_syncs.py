@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from torch.utils._pytree import tree_flatten
 from nsa.config import load_config
 from nsa.infer import decode_step, generate, prefill, sample_next
 from nsa.infer import graph as graph_mod
-from nsa.infer.decode import DecodeState, advance
+from nsa.infer.decode import DecodeState, advance, compresses
 from nsa.infer.graph import CUDA_GRAPH, EAGER, GRAPH_ENV, DecodeRunner, argmax, decode_path
 from nsa.model import build_model
 from nsa.syncs import HostSyncs, OpCounter
@@ -38,9 +39,11 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # step's constants moved to allocate time and RoPE's angles to once per step. Before that:
 # 4,778 and 1,250. A change that adds ops per token fails here; one that removes some
 # should lower the cap.
-MAX_OPS = {"nsa-125m": 4010, "dense-125m": 1060}
-# of which run device work (OpCounter.launching: about one kernel each on a GPU)
-MAX_LAUNCHING = {"nsa-125m": 1696, "dense-125m": 486}
+# ops of one decode step at batch 2, in all and those that run device work (OpCounter.launching:
+# about one kernel each on a GPU), by the prompts' lengths: [40, 31] makes the step complete a
+# compressed block in the second sequence (NSA then runs phi), [41, 33] in neither
+MAX_OPS = {("nsa-125m", (40, 31)): (4010, 1696), ("nsa-125m", (41, 33)): (3218, 1363),
+           ("dense-125m", (40, 31)): (1060, 486)}
 # torch.multinomial checks its probabilities on the host (a sync inside the op, which a
 # dispatch mode does not see): the next token must be drawn without it.
 SYNCING_OPS = {"aten.multinomial.default"}
@@ -142,41 +145,51 @@ class _Trace(TorchDispatchMode):
 
 @pytest.mark.parametrize("kind", ["nsa", "dense"])
 def test_every_step_dispatches_the_same_ops(kind: str) -> None:
-    """Steps at other positions, completing a compression block or not, dispatch the same
-    ops on the same shapes with the same host arguments: what one captured step records is
-    right for every later step."""
+    """Steps of one kind (an NSA step that completes a compression block in some sequence,
+    or one that completes none: each kind has its own graph) at other positions dispatch the
+    same ops on the same shapes with the same host arguments: what one captured step records
+    is right for every later step of its kind. Steps that complete a block in one sequence
+    and not in the other are of the first kind."""
     model = peaked_model(kind)
     state, tok = _state(model)
     choose, gen = _sampler()
     runner = DecodeRunner(model, state, choose, generator=gen)
-    traces = []
+    traces: dict[bool, list[list[tuple[Any, ...]]]] = {True: [], False: []}
     for _ in range(STEPS):
+        step_kind = compresses(model, state)
         with _Trace() as trace:
             tok = runner.step(tok)
-        traces.append(trace.ops)
-    assert len(traces[0]) > 100
-    for i, t in enumerate(traces[1:], 1):
-        diff = next((j for j, (a, b) in enumerate(zip(traces[0], t)) if a != b), None)
-        assert len(t) == len(traces[0]) and diff is None, \
-            f"step {i} differs from step 0 at op {diff}: {traces[0][diff] if diff is not None else ''} vs " \
-            f"{t[diff] if diff is not None else len(t)}"
+        traces[step_kind].append(trace.ops)
+    # nsa: both kinds occur (a compressing step runs phi: more ops); dense: one kind
+    assert [len(traces[k]) > 0 for k in (True, False)] == ([True, True] if kind == "nsa" else [True, False])
+    if kind == "nsa":
+        assert len(traces[True][0]) > len(traces[False][0])
+    for same in traces.values():
+        for i, t in enumerate(same[1:], 1):
+            first = same[0]
+            assert len(first) > 100
+            diff = next((j for j, (a, b) in enumerate(zip(first, t)) if a != b), None)
+            assert len(t) == len(first) and diff is None, \
+                f"step {i} of its kind differs from the first at op {diff}: " \
+                f"{first[diff] if diff is not None else ''} vs {t[diff] if diff is not None else len(t)}"
 
 
-@pytest.mark.parametrize("name", list(MAX_OPS))
-def test_ops_per_token_are_capped(name: str) -> None:
+@pytest.mark.parametrize("name,lens", list(MAX_OPS))
+def test_ops_per_token_are_capped(name: str, lens: tuple[int, int]) -> None:
     """configs/nsa-125m.yaml and configs/dense-125m.yaml (random weights): the ops one decode
     step dispatches, against MAX_OPS; no host sync there either."""
     torch.manual_seed(0)
     model = build_model(load_config(CONFIGS / f"{name}.yaml").model).eval()
-    tokens = torch.randint(0, 320, (2, 40))
-    _, state = prefill(model, tokens, [40, 31], max_new_tokens=2)  # past l = 32: phi runs
+    tokens = torch.randint(0, 320, (2, max(lens)))
+    _, state = prefill(model, tokens, list(lens), max_new_tokens=2)  # past l = 32
+    assert compresses(model, state) == (lens == (40, 31) or name == "dense-125m")
     tok = torch.zeros(2, dtype=torch.long)
     with HostSyncs() as syncs, OpCounter() as ops:
         decode_step(model, state, tok)
     assert not syncs.events, syncs.report()
-    assert ops.total <= MAX_OPS[name], f"{name}: {ops.total} ops per token, cap {MAX_OPS[name]}"
-    assert ops.launching <= MAX_LAUNCHING[name], (
-        f"{name}: {ops.launching} ops with device work per token, cap {MAX_LAUNCHING[name]}")
+    total, launching = MAX_OPS[name, lens]
+    assert ops.total <= total, f"{name} {lens}: {ops.total} ops per token, cap {total}"
+    assert ops.launching <= launching, f"{name} {lens}: {ops.launching} ops with device work, cap {launching}"
 
 
 @pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile does not run here")
@@ -290,11 +303,17 @@ def test_cuda_graph_replays_the_eager_step(kind: str, backend: str) -> None:
     graphed = DecodeRunner(model, g_state)
     eager = DecodeRunner(model, e_state, graph=False)
     assert graphed.path == CUDA_GRAPH and eager.path == EAGER
+    seen: Counter[bool] = Counter()
     for i in range(steps):
+        seen[compresses(model, g_state)] += 1
         g_tok, e_tok = graphed.step(g_tok), eager.step(e_tok)
         assert torch.equal(g_tok, e_tok), f"step {i}"
         torch.testing.assert_close(graphed.logits, eager.logits, rtol=1e-5, atol=1e-5, msg=f"step {i}")
-    assert graphed.path == CUDA_GRAPH and graphed.replays == steps - graphed.warmup
+    # each kind of step: its warm-up steps eagerly, then captured and replayed
+    warm = sum(min(n, graphed.warmup) for n in seen.values())
+    assert graphed.path == CUDA_GRAPH and graphed.warm_steps == warm and graphed.replays == steps - warm
+    assert set(graphed.graphs) == {k for k, n in seen.items() if n > graphed.warmup}
+    assert len(graphed.graphs) == (2 if kind == "nsa" else 1)
     assert torch.equal(g_state.lengths, e_state.lengths)
 
 
