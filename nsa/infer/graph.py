@@ -22,6 +22,7 @@ warning says why and the runner goes on eagerly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -45,13 +46,15 @@ WARMUP = 2  # eager steps before the capture
 Choose = Callable[[torch.Tensor], torch.Tensor]
 
 
+@dataclasses.dataclass
 class _Captured:
     """One kind of step's graph and its static buffers: the input tokens it reads, the
     logits and next tokens it writes."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, tokens: torch.Tensor, logits: torch.Tensor,
-                 nxt: torch.Tensor) -> None:
-        self.graph, self.tokens, self.logits, self.next = graph, tokens, logits, nxt
+    graph: torch.cuda.CUDAGraph
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    next: torch.Tensor
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -180,6 +183,7 @@ class DecodeRunner:
             cause = exc.__context__
             first = f" (first: {type(cause).__name__}: {cause})" if cause is not None else ""
             self.path, self.why = EAGER, f"CUDA graph capture failed: {type(exc).__name__}: {exc}{first}"
+            self.graphs.clear()  # every kind eager from now on, as the path says
             warnings.warn(f"{self.why}; decoding eagerly", RuntimeWarning, stacklevel=3)
             return
         self.graphs[kind] = _Captured(g, static, logits, nxt)
