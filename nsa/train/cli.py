@@ -250,7 +250,8 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
         f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
         f"attention ops: {ops}")
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
-    how = t.strategy if world > 1 or t.strategy != "ddp" else "ddp: one process, no DDP wrapper"
+    unwrapped = t.strategy == "ddp" and trainer.model is trainer.raw  # one process (distributed.wrap)
+    how = "ddp: one process, no DDP wrapper" if unwrapped else t.strategy
     log(f"world size {world} ({how}{f', {nodes} nodes' if nodes > 1 else ''}), device {device}, "
         f"dtype {boot['dtype']}")
     log(f"process-group timeouts: {t.pg_timeout_start_s:.0f} s while starting and checkpointing, "
