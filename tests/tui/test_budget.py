@@ -69,9 +69,11 @@ def test_the_stretch_moves_at_most_once_per_half_window() -> None:
 
 
 async def test_a_panel_over_its_budget_spaces_data_redraws_but_not_the_users_keys(runs_root: Path) -> None:
-    """A real panel watching a live 10 steps/s run, given a budget it cannot meet: the header
-    (which shows the step) is drawn again every ``data_s`` seconds, no more often; a key (the
-    next run in the list) still redraws at the next tick."""
+    """A real panel watching a live 10 steps/s run, given a budget it cannot meet: the panes
+    are redrawn for new data every ``data_s`` seconds, no more often (timed when the screen
+    decides to redraw: on a loaded machine the frame that paints it can come a second late,
+    which makes the next painted gap look short); the header (which shows the step) is drawn
+    with each of them; a key (the next run in the list) still redraws at the next tick."""
     import os
     import signal
     import time
@@ -98,16 +100,21 @@ async def test_a_panel_over_its_budget_spaces_data_redraws_but_not_the_users_key
                 drawn: list[float] = []
                 counts.after_frame.append(lambda: drawn.append(time.monotonic()))
                 header_at: list[float] = []
-                last = [counts.renders["header"]]
+                decided_at: list[float] = []  # when the screen chose to redraw for new data
+                last = [counts.renders["header"], screen._drawn_at]
 
                 def note_header() -> None:
                     if counts.renders["header"] != last[0]:
                         last[0] = counts.renders["header"]
                         header_at.append(time.monotonic())
+                    if screen._drawn_at != last[1]:
+                        last[1] = screen._drawn_at
+                        decided_at.append(screen._drawn_at)
                 counts.after_frame.append(note_header)
                 start = time.monotonic()
-                await wait_for(pilot, lambda: len(header_at) >= 3, 60, "three data redraws")
-                gaps = [b - a for a, b in zip(header_at, header_at[1:])]
+                await wait_for(pilot, lambda: len(decided_at) >= 3 and len(header_at) >= 3, 60,
+                               "three data redraws")
+                gaps = [b - a for a, b in zip(decided_at, decided_at[1:])]
                 assert all(g >= 2.5 for g in gaps), gaps  # every 3 s (a tick early at most), not every 1 s
                 before = app.state.selected
                 t = time.monotonic()
