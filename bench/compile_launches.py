@@ -245,10 +245,22 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
             q1 = torch.empty(s.B, 1, s.H, s.D, device="meta", dtype=torch.bfloat16)
             ring = torch.empty(s.B, min(s.window, s.T), s.G, s.D, device="meta", dtype=torch.bfloat16)
             pos = torch.empty(s.B, device="meta", dtype=torch.int64)
-            for splits in (DecodeSplits(), DecodeSplits(2, 2, 2, 2)):  # one program per group, and split
-                step["op"] = f"decode {'split' if splits.cmp > 1 else 'whole'}"
+            # one program per group; split; split as at batch 1 and 64k on an H100 or H200
+            # (the widest merge of partials and of candidate lists, MAX_SCORE_SPLITS)
+            for name, splits in (("whole", DecodeSplits()), ("split", DecodeSplits(2, 2, 2, 2)),
+                                 ("wide", DecodeSplits(33, 4, 64, 8))):
+                step["op"] = f"decode {name}"
                 T.nsa_decode_branches(q1, kc, vc, k, v, ring, ring, pos, s.block, s.stride, s.select_block,
                                       s.n, 1, 2, splits=splits)
+            step["op"] = "decode write"
+            kv1 = torch.empty(s.B, 1, 6, s.G, s.D, device="meta", dtype=torch.bfloat16)
+            raw = torch.empty(s.B, s.block, s.G, s.D, device="meta", dtype=torch.bfloat16)
+            cos1 = torch.empty(s.B, s.D // 2, device="meta")
+            T.decode_write(q1, kv1, cos1, cos1, pos, [(raw, raw, False), (k, v, True), (ring, ring, True)])
+            T.decode_write(q1, kv1[:, :, :2], cos1, cos1, pos, [(k, v, True)])  # dense attention's
+            step["op"] = "decode combine"
+            logits = torch.empty(s.B, 1, s.H, 3, device="meta", dtype=torch.bfloat16)
+            T.gated_combine_logits(logits, q1, q1, q1)
     finally:
         T._sm_count = saved
     return launches

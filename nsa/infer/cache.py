@@ -27,18 +27,23 @@ probabilities) goes through the nonzero band of the overlap matrix (``group_scor
 O(Nc) per step instead of the dense ``[Nc, Ns]`` product, which took about a third of a
 nsa-125m step's CPU time at 64k tokens; a test compares it with the reference's.
 
-``step`` is ``project``, ``_append`` (the cache writes), ``_branches`` (the three
-branches' attention, reading the cache only: what a fused decode kernel replaces) and
-``mix``. It is device work on fixed shapes with no host sync, no tensor built from host
+``step`` is ``project`` and ``_append`` (the cache writes; on CUDA one ``decode_write``
+kernel does both, nsa/ops/triton/step_write.py), ``_append_compressed``, ``_branches`` (the
+three branches' attention, reading the cache only: what the fused decode kernels replace)
+and ``mix``. It is device work on fixed shapes with no host sync, no tensor built from host
 data and no branch on a device value, and the index tensors it needs are built once by
 ``allocate``: a CUDA graph captures it (nsa/infer/graph.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from nsa.model.attention import Angles, DenseAttention, NSAAttention
+from nsa.model.layers import upcast_dtype
 from nsa.ops import get_ops
 from nsa.ops.reference import (
     _acc_dtype,
@@ -48,6 +53,17 @@ from nsa.ops.reference import (
     num_select_blocks,
     select_blocks_at,
 )
+from nsa.ops.rope import rope_angles
+
+
+def fused_op(backend: str, x: torch.Tensor, name: str) -> Callable[..., Any] | None:
+    """The ops' fused decode op ``name`` (Triton's, on CUDA) for a step on ``x``, or None: off
+    CUDA, in fp64, or with the reference ops a step runs the torch ops those kernels replace
+    (the reference the tests compare them with)."""
+    if not x.is_cuda or x.dtype == torch.float64:
+        return None
+    return getattr(get_ops(backend, x.device.type), name, None)
+
 
 # One decode step's index tensors that depend only on the positions and a cache's sizes,
 # keyed by those sizes: computed by the first layer that needs them, reused by the others.
@@ -172,12 +188,24 @@ class NSACache:
         the host passes False when no sequence completes one), then the three branches for
         its query (``_branches``), gated and projected -> ``[B, 1, dim]``. Device work only:
         no host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
-        a = self.attn
-        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
-        new = (t[:, 0] for t in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
-        self._append(pos, angles, self._slots(pos, shared, compress), *new)
+        a, t = self.attn, self.tensors
+        slots = self._slots(pos, shared, compress)
+        write = fused_op(a.cfg.backend, x, "decode_write")
+        if write is not None:  # RoPE and the six writes in one kernel
+            B, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+            cos, sin = angles if angles is not None else \
+                rope_angles(pos, D, a.rope_theta, upcast_dtype(x.dtype))
+            q = write(a.q_proj(x).view(B, 1, H, D), a.kv_proj(x).view(B, 1, 6, G, D), cos, sin, pos,
+                      [(t["k_raw"], t["v_raw"], False), (t["k_slc"], t["v_slc"], True),
+                       (t["k_win"], t["v_win"], True)])
+        else:
+            q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
+            new = (u[:, 0] for u in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
+            self._append(pos, slots, *new)
+        self._append_compressed(pos, angles, slots)
         o_cmp, o_slc, o_win = self._branches(q, pos)
-        return a.mix(x, o_cmp, o_slc, o_win, track=False)
+        return a.mix(x, o_cmp, o_slc, o_win, track=False,
+                     from_logits=fused_op(a.cfg.backend, x, "gated_combine_logits"))
 
     def _slots(self, pos: torch.Tensor, shared: StepShared | None, compress: bool = True
                ) -> dict[str, torch.Tensor]:
@@ -202,17 +230,23 @@ class NSACache:
             shared[key] = slots
         return slots
 
-    def _append(self, pos: torch.Tensor, angles: Angles | None, slots: dict[str, torch.Tensor],
-                k_raw: torch.Tensor, v_raw: torch.Tensor, k_slc: torch.Tensor, v_slc: torch.Tensor,
-                k_win: torch.Tensor, v_win: torch.Tensor) -> None:
+    def _append(self, pos: torch.Tensor, slots: dict[str, torch.Tensor], k_raw: torch.Tensor,
+                v_raw: torch.Tensor, k_slc: torch.Tensor, v_slc: torch.Tensor, k_win: torch.Tensor,
+                v_win: torch.Tensor) -> None:
         """Write the new token's keys and values (each ``[B, G, D]``) at ``pos [B]``: the selected
-        branch's cache, both rings, and compressed token ``i`` when this token completes its block
-        (``slots``: from ``_slots``)."""
-        a, t, k = self.attn, self.tensors, self.consts
-        rows = k["rows"]
+        branch's cache and both rings (``slots``: from ``_slots``). What ``decode_write`` does
+        in one kernel on CUDA."""
+        t, rows = self.tensors, self.consts["rows"]
         t["k_slc"][rows, pos], t["v_slc"][rows, pos] = k_slc, v_slc
         for name, kn, vn in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
             t["k_" + name][rows, slots[name]], t["v_" + name][rows, slots[name]] = kn, vn
+
+    def _append_compressed(self, pos: torch.Tensor, angles: Angles | None, slots: dict[str, torch.Tensor]
+                           ) -> None:
+        """Compressed token ``i`` when the token at ``pos`` (already in the raw ring) completes
+        its block."""
+        a, t, k = self.attn, self.tensors, self.consts
+        rows = k["rows"]
         # phi runs for every sequence of a step that completes a block in any, and the write
         # keeps the old token where none completes: no branch on a device value. Without
         # "order" (no compression asked, or a capacity below l holds no compressed token:
@@ -234,8 +268,8 @@ class NSACache:
         a, c, t, k = self.attn, self.attn.cfg, self.tensors, self.consts
         # on CUDA with the Triton ops: the fused decode kernels (nsa/ops/triton/decode.py), a few
         # launches per layer instead of ~140 ops; these torch ops are their reference
-        fused = getattr(get_ops(c.backend, q.device.type), "nsa_decode_branches", None)
-        if fused is not None and q.is_cuda and q.dtype != torch.float64:
+        fused = fused_op(c.backend, q, "nsa_decode_branches")
+        if fused is not None:
             return fused(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos,
                          c.compress_block, c.compress_stride, c.select_block, c.num_selected, c.num_initial,
                          c.num_local)
@@ -324,9 +358,18 @@ class DenseCache:
         computed by the step's first layer of this capacity and reused from ``shared``.
         ``compress``: NSA's, nothing here."""
         kc, vc = self._kv()
-        rows = self.consts["rows"]
-        q, k, v = self.attn.project(x, pos[:, None], angles)
-        kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
+        a = self.attn
+        write = fused_op("auto", x, "decode_write")
+        if write is not None:  # RoPE of q and k and both writes in one kernel
+            B, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+            cos, sin = angles if angles is not None else \
+                rope_angles(pos, D, a.rope_theta, upcast_dtype(x.dtype))
+            q = write(a.q_proj(x).view(B, 1, H, D), a.kv_proj(x).view(B, 1, 2, G, D), cos, sin, pos,
+                      [(kc, vc, True)])
+        else:
+            rows = self.consts["rows"]
+            q, k, v = a.project(x, pos[:, None], angles)
+            kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
         key = ("dense", self.capacity)
         if shared is not None and key in shared:
             mask = shared[key]["mask"]

@@ -141,6 +141,26 @@ def test_triton_path_decoding_equals_forward(kind: str, ties: bool) -> None:
             torch.nn.init.zeros_(block.attn.q_proj.weight)
     _check(model, 33, [5, 13])
 
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The kernels a step runs on CUDA (``cache.fused_op``: the rotations and cache writes in
+    one ``decode_write``, the fused branch attention, the combine of gate logits), run here
+    by the interpreter on CPU tensors: decoding still equals the forward at every position,
+    across compression blocks and the window ring's wrap-around (short: the interpreter is
+    slow)."""
+    triton_ops = pytest.importorskip("nsa.ops.triton")
+    used: set[str] = set()
+
+    def on_cpu(backend: str, x: torch.Tensor, name: str) -> object:
+        used.add(name)
+        return getattr(triton_ops, name)
+
+    monkeypatch.setattr(cache_mod, "fused_op", on_cpu)
+    _check(peaked_model(kind, backend="triton"), 27, [5])
+    assert used == ({"decode_write", "nsa_decode_branches", "gated_combine_logits"} if kind == "nsa"
+                    else {"decode_write"})
+
+
 @pytest.mark.parametrize("block,d,lp", [(8, 4, 8), (8, 4, 16), (32, 16, 64), (16, 4, 8), (6, 3, 4),
                                         (5, 5, 7)])
 def test_banded_scores_equal_the_reference(block: int, d: int, lp: int) -> None:

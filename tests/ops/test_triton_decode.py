@@ -181,9 +181,9 @@ def _decode_and_compare(model: torch.nn.Module, lay: Layout, lens: list[int], st
         seen["q"] = out[0]
         return out
 
-    def record_mix(x: torch.Tensor, *branches: torch.Tensor, track: bool = True) -> torch.Tensor:
+    def record_mix(x: torch.Tensor, *branches: torch.Tensor, **kwargs: object) -> torch.Tensor:
         seen["branches"] = branches
-        return mix(x, *branches, track=track)
+        return mix(x, *branches, **kwargs)
 
     def record_rule(scores: torch.Tensor, *args: object) -> torch.Tensor:
         seen["scores"] = scores
@@ -258,10 +258,13 @@ def _random_cache(B: int, S: int, G: int, D: int, lay: Layout, dtype: torch.dtyp
 
 
 LONG = Layout(block=8, stride=4, select_block=8, num_selected=5, num_initial=1, num_local=2, window=80)
-SPLITS = [DK.DecodeSplits(), DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2)]
+# none; a few per phase; more than one chunk of partials merged at once (CA) and a deeper
+# tree of candidate lists (33 scoring programs: 64 lists, most of them empty, 6 levels)
+SPLITS = [DK.DecodeSplits(), DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2),
+          DK.DecodeSplits(cmp=9, win=3, scores=33, selected=3)]
 
 
-@pytest.mark.parametrize("splits", SPLITS, ids=["one", "split"])
+@pytest.mark.parametrize("splits", SPLITS, ids=["one", "split", "many"])
 def test_long_random_cache(splits: DK.DecodeSplits) -> None:
     """Long enough for several key tiles (79 compressed tokens, an 80-slot ring: 64-key
     tiles), several 16-block score tiles (40 blocks), a full ring; and one sequence at
@@ -385,8 +388,12 @@ def test_plan_splits() -> None:
         one = DK.plan_splits(1, 1, 4095, 512, 1024, 16, torch.device("cuda"))
         assert one == DK.DecodeSplits(cmp=31, win=4, scores=32, selected=8)
         assert DK.plan_splits(512, 1, 4095, 512, 1024, 16, torch.device("cuda")) == DK.DecodeSplits()
+        # a million-token context: the candidate lists' merge tree stays MAX_SCORE_SPLITS wide
+        assert DK.plan_splits(1, 1, 65535, 512, 16384, 16, torch.device("cuda")).scores == DK.MAX_SCORE_SPLITS
     finally:
         DK._sm_count = saved  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="at most 64 scoring programs"):
+        DK.DecodeSplits(scores=DK.MAX_SCORE_SPLITS + 1)
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -67,3 +67,18 @@ def test_rope_kernel_matches_the_model_rope_on_a_strided_slice(dtype):
     r = x.detach().float().requires_grad_()
     apply_rope(r, cos, sin).backward(dy.float())
     assert a.grad.dtype == dtype and rel_err(a.grad, r.grad) <= tol, f"seed={seed} grad"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_combine_of_gate_logits_is_the_combine_of_their_sigmoid(dtype):
+    """Decoding's combine (``gated_combine_logits``): the sigmoid of 16-bit or fp32 logits,
+    in fp32 inside the kernel, as the model's ``torch.sigmoid(upcast(logits))``."""
+    seed = fresh_seed()
+    B, T, H, D = 3, 1, 5, 40
+    logits = (4 * torch.randn(B, T, H, 3)).to(dtype)
+    os_ = [torch.randn(B, T, H, D).to(dtype) for _ in range(3)]
+    got = T_OPS.gated_combine_logits(logits, *os_)
+    g = torch.sigmoid(logits.double())
+    want = sum(g[..., c:c + 1] * os_[c].double() for c in range(3))
+    assert got.dtype == dtype and got.shape == (B, T, H, D)
+    assert rel_err(got, want) <= (TOL if dtype == torch.float32 else 1e-3), f"seed={seed}"

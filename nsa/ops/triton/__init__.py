@@ -30,7 +30,9 @@ from . import topn
 from .band import BWD_BN, LN2, band_backward, band_forward
 from .decode import nsa_decode_branches
 from .glue import GatedCombine, Rope
+from .glue import gated_combine_logits as _combine_logits
 from .selected import selected_backward, selected_forward
+from .step_write import decode_write
 from .topn import scores_from_lse, selection_from_lse
 
 __all__ = [
@@ -38,7 +40,9 @@ __all__ = [
     "compressed_attention_and_scores",
     "compressed_attention_and_selection",
     "apply_rope",
+    "decode_write",
     "gated_combine",
+    "gated_combine_logits",
     "nsa_decode_branches",
     "selection_scores",
     "select_blocks",
@@ -221,6 +225,13 @@ def gated_combine(g: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor,
     """``g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win`` in one kernel, in
     the branches' dtype (glue.py)."""
     return GatedCombine.apply(g, o_cmp, o_slc, o_win)
+
+
+def gated_combine_logits(logits: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor,
+                         o_win: torch.Tensor) -> torch.Tensor:
+    """``gated_combine(sigmoid(logits), ...)`` in one kernel, no gradient (decoding)."""
+    _check_size(o_cmp)
+    return _combine_logits(logits, o_cmp, o_slc, o_win)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,9 @@ MIN_WIN_KEYS = 128  # window slots per chunk
 MIN_SCORE_BLOCKS = 32  # selection blocks scored per program
 MIN_SEL_BLOCKS = 2  # selected blocks attended per program
 PROGRAMS_PER_SM = 2
+# Scoring programs per (sequence, KV group) at most: their candidate lists are merged by a
+# tree of constexpr depth (``_decode_selected``); past this each program scores more blocks.
+MAX_SCORE_SPLITS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,8 @@ class DecodeSplits:
     def __post_init__(self) -> None:
         if min(self.cmp, self.win, self.scores, self.selected) < 1:
             raise ValueError(f"every split must be >= 1, got {self}")
+        if self.scores > MAX_SCORE_SPLITS:
+            raise ValueError(f"at most {MAX_SCORE_SPLITS} scoring programs, got {self}")
 
 
 def _sm_count(device: torch.device) -> int:
@@ -105,7 +110,8 @@ def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int,
         return max(1, min(per, units // least))
 
     return DecodeSplits(cmp=cap(n_cmp, MIN_CMP_KEYS), win=cap(window, MIN_WIN_KEYS),
-                        scores=cap(n_blocks, MIN_SCORE_BLOCKS), selected=cap(num_selected, MIN_SEL_BLOCKS))
+                        scores=min(MAX_SCORE_SPLITS, cap(n_blocks, MIN_SCORE_BLOCKS)),
+                        selected=cap(num_selected, MIN_SEL_BLOCKS))
 
 
 @triton.jit
@@ -169,22 +175,34 @@ def _store_partial(PM, PL, PACC, slot, m_i, l_i, acc, r, offs_d, R: tl.constexpr
 
 
 @triton.jit
-def _combine(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
+def _combine(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr,
+             CM: tl.constexpr, CA: tl.constexpr):
     """Slots ``base + [c0, c1)`` of the partials merged: (max, sum, output) per row; the
-    output only with ACC (the scores programs need the log-sum-exp alone)."""
+    output only with ACC (the scores programs need the log-sum-exp alone). The slots are
+    read CM (max, sum) or CA (outputs) at a time, not one by one: a chain of dependent
+    loads, one per slot, was what made this step grow with the number of splits."""
+    cm = tl.arange(0, CM)
     m_i = tl.full([R], NEG, tl.float32)
+    for c in range(c0, c1, CM):
+        ok = (c + cm < c1)[:, None]
+        rows = (base + c + cm)[:, None] * R + r[None, :]  # [CM, R]
+        m_i = tl.maximum(m_i, tl.max(tl.load(PM + rows, mask=ok, other=NEG), 0))
     l_i = tl.zeros([R], tl.float32)
+    for c in range(c0, c1, CM):
+        ok = (c + cm < c1)[:, None]
+        rows = (base + c + cm)[:, None] * R + r[None, :]
+        beta = tl.where(ok, tl.exp2(tl.load(PM + rows, mask=ok, other=NEG) - m_i[None, :]), 0.0)
+        l_i += tl.sum(tl.load(PL + rows, mask=ok, other=0.0) * beta, 0)
     acc = tl.zeros([R, BD], tl.float32)
-    for c in range(c0, c1):
-        row = (base + c) * R + r
-        mc = tl.load(PM + row)
-        m_new = tl.maximum(m_i, mc)
-        alpha = tl.exp2(m_i - m_new)
-        beta = tl.exp2(mc - m_new)
-        l_i = l_i * alpha + tl.load(PL + row) * beta
-        if ACC:
-            acc = acc * alpha[:, None] + tl.load(PACC + row[:, None] * BD + offs_d[None, :]) * beta[:, None]
-        m_i = m_new
+    if ACC:
+        ca = tl.arange(0, CA)
+        for c in range(c0, c1, CA):
+            ok = (c + ca < c1)[:, None]
+            rows = (base + c + ca)[:, None] * R + r[None, :]  # [CA, R]
+            beta = tl.where(ok, tl.exp2(tl.load(PM + rows, mask=ok, other=NEG) - m_i[None, :]), 0.0)
+            part = tl.load(PACC + rows[:, :, None] * BD + offs_d[None, None, :], mask=ok[:, :, None],
+                           other=0.0)
+            acc += tl.sum(part * beta[:, :, None], 0)
     return m_i, l_i, acc
 
 
@@ -251,11 +269,33 @@ def _merge_top(top, cand, N: tl.constexpr):
 
 
 @triton.jit
+def _merge_cols(top, cand, N: tl.constexpr):
+    """``_merge_top`` on every column at once: column k of the result holds the N largest of
+    ``top[:, k]`` (ascending) and ``cand[:, k]`` (any order), ascending; ``[N, K]``."""
+    i = tl.arange(0, N)
+    r_top = (N - 1 - i)[:, None] + tl.sum((cand[None, :, :] > top[:, None, :]).to(tl.int32), 1)
+    r_cand = (tl.sum((top[:, None, :] > cand[None, :, :]).to(tl.int32), 0)
+              + tl.sum((cand[:, None, :] > cand[None, :, :]).to(tl.int32), 0))
+    slot = i[None, :, None]
+    from_top = tl.max(tl.where((N - 1 - r_top)[:, None, :] == slot, top[:, None, :], FLOOR), 0)
+    from_cand = tl.max(tl.where((N - 1 - r_cand)[:, None, :] == slot, cand[:, None, :], FLOOR), 0)
+    return tl.maximum(from_top, from_cand)
+
+
+@triton.jit
+def _merge_pairs(lists, N: tl.constexpr, K: tl.constexpr):
+    """K ascending lists (the columns of ``lists [N, K]``) -> K / 2: columns 2c and 2c + 1
+    merged into column c."""
+    even, odd = tl.split(tl.reshape(lists, [N, K // 2, 2]))
+    return _merge_cols(even, odd, N)
+
+
+@triton.jit
 def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND,
                    sqb, sqh, scb, sct, sch, sob, soh,
                    G, HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SW, SP, SS,
                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr,
-                   M: tl.constexpr, PREC: tl.constexpr):
+                   M: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr, PREC: tl.constexpr):
     """Program ``pid`` of SS: its share of the eligible blocks ``[0, pos // l']``, scored and
     ranked; its top BJ keys (ascending) go to ``CAND[bg, pid]``."""
     pid = tl.program_id(0)
@@ -263,13 +303,14 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND,
     r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
     valid = r < HPG
     dmask = offs_d < D
-    m_c, l_c, _ = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, False)
+    if pid == 0:  # the compressed branch's output too
+        m_c, l_c, acc_o = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, True, CM, CA)
+        _store_out(OC, acc_o, l_c, b, g, HPG, sob, soh, r, valid, offs_d, D)
+    else:
+        m_c, l_c, _ = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, False, CM, CA)
     lse = tl.where(l_c > 0, m_c + tl.log2(tl.where(l_c > 0, l_c, 1.0)), float("inf"))
-    if pid == 0:
-        m_o, l_o, acc_o = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, True)
-        _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
     if pid == SS - 1:
-        m_w, l_w, acc_w = _combine(PM, PL, PACC, bg * SP, SC, SC + SW, r, offs_d, R, BD, True)
+        m_w, l_w, acc_w = _combine(PM, PL, PACC, bg * SP, SC, SC + SW, r, offs_d, R, BD, True, CM, CA)
         _store_out(OW, acc_w, l_w, b, g, HPG, sob, soh, r, valid, offs_d, D)
     nvis = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
     n_elig = p // SBLK + 1  # blocks that start at or before pos
@@ -311,16 +352,31 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS,
                      sqb, sqh, ssb, sst, ssh, sib, sig, sob, soh,
                      G, HPG, S, NS, qk_scale, SBLK, NSEL, SS, SSEL, SP, SLOT0,
                      R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, LS: tl.constexpr,
-                     NR: tl.constexpr, FINAL: tl.constexpr, PREC: tl.constexpr):
-    """The chosen blocks from the SS candidate lists, then program ``pid``'s share of them:
+                     NR: tl.constexpr, SSP: tl.constexpr, FINAL: tl.constexpr, PREC: tl.constexpr):
+    """The chosen blocks from the SS candidate lists (SSP: SS to a power of two, at most
+    ``MAX_SCORE_SPLITS``), then program ``pid``'s share of them:
     attention over their keys ``<= pos``; the output itself when FINAL (one program),
     else a partial in slot ``SLOT0 + pid``. Program 0 writes the choice to ``IDX``."""
     pid = tl.program_id(0)
     bg, b, g, p = _group_of_program(POS, G)
     col = tl.arange(0, NR)
-    top = tl.load(CAND + bg * SS * NR + col)
-    for c in range(1, SS):
-        top = _merge_top(top, tl.load(CAND + (bg * SS + c) * NR + col), NR)
+    lists = tl.arange(0, SSP)
+    top = tl.load(CAND + (bg * SS + lists[None, :]) * NR + col[:, None], mask=lists[None, :] < SS,
+                  other=FLOOR)  # [NR, SSP]: list c in column c, ascending down it; FLOOR past SS
+    # a tree of pairwise merges: log2(SSP) steps, not a chain of SS - 1 (constexpr ifs)
+    if SSP >= 64:
+        top = _merge_pairs(top, NR, 64)
+    if SSP >= 32:
+        top = _merge_pairs(top, NR, 32)
+    if SSP >= 16:
+        top = _merge_pairs(top, NR, 16)
+    if SSP >= 8:
+        top = _merge_pairs(top, NR, 8)
+    if SSP >= 4:
+        top = _merge_pairs(top, NR, 4)
+    if SSP >= 2:
+        top = _merge_pairs(top, NR, 2)
+    top = tl.reshape(top, [NR])
     # the top NSEL keys that beat -inf are the choice: slots [NR - n_chosen, NR) of ``top``
     chosen = ((top >> 32) > ORD_NEG_INF) & (col >= NR - NSEL)
     j = (NS - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
@@ -354,14 +410,14 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS,
 
 @triton.jit
 def _decode_combine(PM, PL, PACC, OUT, sob, soh, G, HPG, SP, C0, C1,
-                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr):
     """Slots ``[C0, C1)`` of a (sequence, group)'s partials -> its rows of ``OUT``."""
     bg = tl.program_id(0)
     b = bg // G
     g = bg % G
     r = tl.arange(0, R)
     offs_d = tl.arange(0, BD)
-    m_i, l_i, acc = _combine(PM, PL, PACC, bg * SP, C0, C1, r, offs_d, R, BD, True)
+    m_i, l_i, acc = _combine(PM, PL, PACC, bg * SP, C0, C1, r, offs_d, R, BD, True, CM, CA)
     _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
 
 
@@ -424,6 +480,10 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
     sc = (k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2))
     so = (o_slc.stride(0), o_slc.stride(2))
     warps = 4 if R * BD <= 64 * 64 else 8
+    # partial slots merged at once: every (max, sum) of a branch in one [CM, R] load (at most
+    # 64 slots, 2k floats), outputs in [CA, R, BD] tiles of at most 4k floats
+    cm = min(64, max(1, 2048 // R), triton.next_power_of_2(max(sp.cmp, sp.win, sp.selected)))
+    ca = max(1, min(8, cm, 4096 // (R * BD)))
     _decode_partials[(sp.cmp + sp.win, B * G)](
         q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
         G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
@@ -432,7 +492,7 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
         q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, *sq, *sc, *so,
         G, hpg, NC, n_blocks, qk_scale, stride, block, select_block, num_initial, num_local,
         sp.cmp, sp.win, slots, sp.scores,
-        R=R, D=D, BD=BD, BJ=NR, M=_tokens_per_block(block, stride, select_block),
+        R=R, D=D, BD=BD, BJ=NR, M=_tokens_per_block(block, stride, select_block), CM=cm, CA=ca,
         # its group's queries stay in registers through the block loop: 8 warps from 32 x 128
         # (on 4, Triton 3.6 spilled 8 B at D 128 with 32 heads per group on sm_80)
         PREC=prec, num_warps=4 if R * BD < 64 * 64 else 8)
@@ -442,11 +502,12 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
         idx.stride(0), idx.stride(1), *so,
         G, hpg, S, n_blocks, qk_scale, select_block, num_selected, sp.scores, sp.selected, slots,
         sp.cmp + sp.win,
-        R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR, FINAL=final, PREC=prec,
+        R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR,
+        SSP=triton.next_power_of_2(sp.scores), FINAL=final, PREC=prec,
         num_warps=warps)
     if not final:
         _decode_combine[(B * G,)](pm, pl, pacc, o_slc, *so, G, hpg, slots, sp.cmp + sp.win, slots,
-                                  R=R, D=D, BD=BD, num_warps=4)
+                                  R=R, D=D, BD=BD, CM=cm, CA=ca, num_warps=4)
     return o_cmp, o_slc, o_win, idx
 
 

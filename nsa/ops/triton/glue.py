@@ -1,5 +1,5 @@
 """Small kernels around the attention kernels: the backward's ``delta``, the gated
-combine of the three branches, and RoPE.
+combine of the three branches (of gates, or in decoding of gate logits), and RoPE.
 
 ``delta[b, t, h] = sum_d dO * O`` (fp32) feeds every FlashAttention-style backward. In
 torch it was three passes over fp32 copies (``do.float()``, ``o.float()``, the product)
@@ -49,15 +49,25 @@ def row_delta(o: torch.Tensor, do: torch.Tensor, heads_major: bool) -> torch.Ten
 
 
 @triton.jit
-def _combine_fwd(GATE, A, B, C, OUT, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+def _gate(GATE, r, rmask, C: tl.constexpr, LOGITS: tl.constexpr):
+    """Gate C of rows r in fp32: as stored, or the sigmoid of a stored logit."""
+    g = tl.load(GATE + r * 3 + C, mask=rmask, other=0.0).to(tl.float32)
+    if LOGITS:
+        g = tl.sigmoid(g)
+    return g[:, None]
+
+
+@triton.jit
+def _combine_fwd(GATE, A, B, C, OUT, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+                 LOGITS: tl.constexpr):
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = r < n_rows
     offs_d = tl.arange(0, BD)
     m = rmask[:, None] & (offs_d < D)[None, :]
     off = r[:, None] * D + offs_d[None, :]
-    g0 = tl.load(GATE + r * 3, mask=rmask, other=0.0).to(tl.float32)[:, None]
-    g1 = tl.load(GATE + r * 3 + 1, mask=rmask, other=0.0).to(tl.float32)[:, None]
-    g2 = tl.load(GATE + r * 3 + 2, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    g0 = _gate(GATE, r, rmask, 0, LOGITS)
+    g1 = _gate(GATE, r, rmask, 1, LOGITS)
+    g2 = _gate(GATE, r, rmask, 2, LOGITS)
     out = (g0 * tl.load(A + off, mask=m, other=0.0).to(tl.float32)
            + g1 * tl.load(B + off, mask=m, other=0.0).to(tl.float32)
            + g2 * tl.load(C + off, mask=m, other=0.0).to(tl.float32))
@@ -105,7 +115,8 @@ class GatedCombine(torch.autograd.Function):
         n_rows = a.numel() // a.shape[-1] if a.numel() else 0
         if n_rows:
             bd, br = _rows_per_program(a.shape[-1])
-            _combine_fwd[(triton.cdiv(n_rows, br),)](g, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br)
+            _combine_fwd[(triton.cdiv(n_rows, br),)](g, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br,
+                                                     LOGITS=False)
         ctx.save_for_backward(g, a, b, c)
         return out
 
@@ -121,6 +132,22 @@ class GatedCombine(torch.autograd.Function):
             _combine_bwd[(triton.cdiv(n_rows, br),)](g, a, b, c, dout, da, db, dc, dg, n_rows,
                                                     D=a.shape[-1], BD=bd, BR=br, num_warps=8)
         return dg.to(g.dtype), da, db, dc
+
+
+def gated_combine_logits(logits: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
+                         ) -> torch.Tensor:
+    """``GatedCombine`` of ``sigmoid(logits)`` without a gradient (decoding): the sigmoid
+    inside the same kernel, in fp32, where the model's own ``torch.sigmoid(upcast(...))``
+    took two more launches per layer and token."""
+    logits, a = logits.contiguous(), a.contiguous()
+    b, c = b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
+    out = poison.empty_like(a)
+    n_rows = a.numel() // a.shape[-1] if a.numel() else 0
+    if n_rows:
+        bd, br = _rows_per_program(a.shape[-1])
+        _combine_fwd[(triton.cdiv(n_rows, br),)](logits, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br,
+                                                 LOGITS=True)
+    return out
 
 
 @triton.jit

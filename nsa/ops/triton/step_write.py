@@ -1,0 +1,127 @@
+"""A decode step's new query, keys and values: rotated and written into the caches in one launch.
+
+Per layer and token, a decode step rotates the query and some of the keys (RoPE) and writes
+each key/value pair at the token's position into its cache or ring. In torch that is one
+RoPE kernel per rotated tensor and one ``index_put`` per written tensor: nine launches per
+NSA layer (three rotations, six writes), and for dense attention two rotations of about
+nine kernels each plus two writes. A step replayed as a CUDA graph pays a few microseconds
+per launch whatever the size, and these tensors hold one token, so the launches are the
+whole cost. ``decode_write`` does all of it in one launch with the maths of
+``glue.py``'s ``_rope_kernel`` (fp32 inside, the result in the cache's dtype), so it writes
+what the separate ops write.
+
+The reference is the ops it replaces: ``NSACache``/``DenseCache`` (nsa/infer/cache.py)
+keep them for the CPU, and tests compare the two.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nsa.ops import poison
+
+MAX_PAIRS = 3  # NSA writes three pairs (the raw ring, the selected branch's cache, the window ring)
+
+
+@triton.jit
+def _rotated(src, cos, sin, mask, HALF: tl.constexpr, ROPE: tl.constexpr):
+    """The two halves of the rows at ``src`` (pointers to their first halves), rotated by
+    (cos, sin) when ROPE, else as loaded; fp32."""
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    if ROPE:
+        return x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    return x1, x2
+
+
+@triton.jit
+def _write_pair(KV, K, V, b, p, skb, skr, skg, sb, st, sg, n, cos, sin, i, G,
+                PAIR: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr, C: tl.constexpr):
+    """Rows ``2 * PAIR`` (keys, rotated when ROPE) and ``2 * PAIR + 1`` (values) of sequence
+    b's new ``KV`` into slot ``p % n`` of the caches K and V, C heads at a time."""
+    for g0 in range(0, G, C):
+        g = g0 + tl.arange(0, C)
+        m = (g < G)[:, None] & (i < HALF)[None, :]
+        src = KV + b * skb + 2 * PAIR * skr + g[:, None] * skg + i[None, :]
+        dst = b * sb + (p % n) * st + g[:, None] * sg + i[None, :]
+        k1, k2 = _rotated(src, cos, sin, m, HALF, ROPE)
+        tl.store(K + dst, k1.to(K.dtype.element_ty), mask=m)
+        tl.store(K + dst + HALF, k2.to(K.dtype.element_ty), mask=m)
+        v1, v2 = _rotated(src + skr, cos, sin, m, HALF, False)
+        tl.store(V + dst, v1.to(V.dtype.element_ty), mask=m)
+        tl.store(V + dst + HALF, v2.to(V.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _step_write(Q, KV, COS, SIN, POS, QOUT, K0, V0, K1, V1, K2, V2,
+                sqb, sqh, skb, skr, skg, sob, soh,
+                sb0, st0, sg0, n0, sb1, st1, sg1, n1, sb2, st2, sg2, n2, H, G,
+                NP: tl.constexpr, ROPE0: tl.constexpr, ROPE1: tl.constexpr, ROPE2: tl.constexpr,
+                HALF: tl.constexpr, BH: tl.constexpr, C: tl.constexpr):
+    """Program (b, 0): sequence b's query heads rotated into QOUT; program (b, 1 + j): its
+    key/value pair j written into (K_j, V_j); C heads at a time (a tile of <= 1k elements)."""
+    b = tl.program_id(0)
+    job = tl.program_id(1)
+    i = tl.arange(0, BH)
+    im = i < HALF
+    cos = tl.load(COS + b * HALF + i, mask=im, other=0.0)[None, :]
+    sin = tl.load(SIN + b * HALF + i, mask=im, other=0.0)[None, :]
+    p = tl.load(POS + b)
+    if job == 0:
+        for h0 in range(0, H, C):
+            h = h0 + tl.arange(0, C)
+            m = (h < H)[:, None] & im[None, :]
+            q1, q2 = _rotated(Q + b * sqb + h[:, None] * sqh + i[None, :], cos, sin, m, HALF, True)
+            dst = QOUT + b * sob + h[:, None] * soh + i[None, :]
+            tl.store(dst, q1.to(QOUT.dtype.element_ty), mask=m)
+            tl.store(dst + HALF, q2.to(QOUT.dtype.element_ty), mask=m)
+    elif job == 1:
+        _write_pair(KV, K0, V0, b, p, skb, skr, skg, sb0, st0, sg0, n0, cos, sin, i, G, 0, ROPE0, HALF, C)
+    elif job == 2:
+        if NP > 1:
+            _write_pair(KV, K1, V1, b, p, skb, skr, skg, sb1, st1, sg1, n1, cos, sin, i, G, 1, ROPE1, HALF, C)
+    else:
+        if NP > 2:
+            _write_pair(KV, K2, V2, b, p, skb, skr, skg, sb2, st2, sg2, n2, cos, sin, i, G, 2, ROPE2, HALF, C)
+
+
+def decode_write(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                 pairs: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> torch.Tensor:
+    """One decode step's new token per sequence, at positions ``pos [B]``: returns the query
+    ``q [B, 1, H, D]`` rotated by RoPE's ``cos, sin [B, D/2]`` (the angles of ``pos``), and
+    writes pair j of ``kv [B, 1, 2 * len(pairs), G, D]`` (keys in row 2j, rotated when the
+    pair says so; values in row 2j + 1) into slot ``pos % n`` of its caches ``(k, v)``, each
+    ``[B, n, G, D]``: a cache with room for every position, or a ring of n slots."""
+    B, one, H, D = q.shape
+    if one != 1 or kv.dim() != 5 or kv.shape[:2] != (B, 1) or kv.shape[-1] != D or D % 2:
+        raise ValueError(f"one token per sequence: q {tuple(q.shape)}, kv {tuple(kv.shape)} (even D)")
+    if not 1 <= len(pairs) <= MAX_PAIRS or kv.shape[2] != 2 * len(pairs):
+        raise ValueError(f"{len(pairs)} cache pairs for {kv.shape[2]} rows of kv (1 to {MAX_PAIRS} pairs)")
+    G = kv.shape[3]
+    half = D // 2
+    if cos.shape != (B, half) or sin.shape != (B, half) or pos.shape != (B,):
+        raise ValueError(f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, pos {tuple(pos.shape)} for "
+                         f"{B} sequences of head size {D}")
+    for k, v, _ in pairs:
+        if k.shape != v.shape or k.stride() != v.stride() or k.shape[0] != B or k.shape[2:] != (G, D) \
+                or k.stride(-1) != 1:
+            raise ValueError(f"cache pair {tuple(k.shape)} / {tuple(v.shape)} for {B} sequences of {G} x {D}")
+    if q.stride(-1) != 1 or kv.stride(-1) != 1:
+        raise ValueError("q and kv need a unit last stride")
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    out = poison.empty(B, 1, H, D, device=q.device, dtype=q.dtype)
+    if B == 0:
+        return out
+    padded = pairs + [pairs[0]] * (MAX_PAIRS - len(pairs))  # unused pointers: never read
+    caches = [t for k, v, _ in padded for t in (k, v)]
+    strides = [x for k, _, _ in padded for x in (k.stride(0), k.stride(1), k.stride(2), k.shape[1])]
+    rope = [bool(r) for _, _, r in padded]
+    bh = max(16, triton.next_power_of_2(half))
+    _step_write[(B, 1 + len(pairs))](
+        q, kv, cos, sin, pos, out, *caches, q.stride(0), q.stride(2), kv.stride(0), kv.stride(2),
+        kv.stride(3), out.stride(0), out.stride(2), *strides, H, G, NP=len(pairs), ROPE0=rope[0],
+        ROPE1=rope[1], ROPE2=rope[2], HALF=half, BH=bh,
+        C=min(triton.next_power_of_2(max(H, G)), max(1, 1024 // bh)), num_warps=4)
+    return out
