@@ -65,6 +65,35 @@ def fused_op(backend: str, x: torch.Tensor, name: str) -> Callable[..., Any] | N
     return getattr(get_ops(backend, x.device.type), name, None)
 
 
+class JointProjection:
+    """Several of a layer's projections of the same input as one GEMM (a decode step on CUDA:
+    one launch per layer and token instead of two or three). The joint weight is built on the
+    first call from the modules' weights, which do not change while a cache decodes (a new
+    prefill makes a new cache); linears without a bias count as a zero bias when another has
+    one."""
+
+    def __init__(self, linears: list[torch.nn.Linear]) -> None:
+        self.linears = linears
+        self._weight: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+
+    def project(self, x: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """``x [B, 1, dim]`` through every linear -> one view ``[B, 1, *shape]`` per linear
+        (slices of one output: no copy)."""
+        if self._weight is None:
+            with torch.no_grad():
+                self._weight = torch.cat([m.weight for m in self.linears])
+                if any(m.bias is not None for m in self.linears):
+                    self._bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias
+                                            for m in self.linears])
+        out = torch.nn.functional.linear(x, self._weight, self._bias)
+        views, start = [], 0
+        for m, shape in zip(self.linears, shapes, strict=True):
+            views.append(out[..., start:start + m.out_features].view(*x.shape[:-1], *shape))
+            start += m.out_features
+        return views
+
+
 # One decode step's index tensors that depend only on the positions and a cache's sizes,
 # keyed by those sizes: computed by the first layer that needs them, reused by the others.
 StepShared = dict[tuple[object, ...], dict[str, torch.Tensor]]
@@ -124,6 +153,7 @@ class NSACache:
         self.capacity = num_select_blocks(capacity, c.select_block) * c.select_block
         self.tensors: dict[str, torch.Tensor] = {}
         self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
+        self.joint = JointProjection([attn.q_proj, attn.kv_proj, attn.gate])
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
         """Zeroed cache tensors (prefill calls this with its K/V's dtype; a benchmark may
@@ -191,13 +221,15 @@ class NSACache:
         a, t = self.attn, self.tensors
         slots = self._slots(pos, shared, compress)
         write = fused_op(a.cfg.backend, x, "decode_write")
-        if write is not None:  # RoPE and the six writes in one kernel
-            B, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+        logits = None
+        if write is not None:  # one GEMM for q, K/V and gates; RoPE and the six writes in one kernel
+            H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
             cos, sin = angles if angles is not None else \
                 rope_angles(pos, D, a.rope_theta, upcast_dtype(x.dtype))
-            q = write(a.q_proj(x).view(B, 1, H, D), a.kv_proj(x).view(B, 1, 6, G, D), cos, sin, pos,
-                      [(t["k_raw"], t["v_raw"], False), (t["k_slc"], t["v_slc"], True),
-                       (t["k_win"], t["v_win"], True)])
+            q_in, kv_in, logits = self.joint.project(x, [(H, D), (6, G, D), (H, 3)])
+            q = write(q_in, kv_in, cos, sin, pos, [(t["k_raw"], t["v_raw"], False),
+                                                   (t["k_slc"], t["v_slc"], True),
+                                                   (t["k_win"], t["v_win"], True)])
         else:
             q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
             new = (u[:, 0] for u in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
@@ -205,7 +237,7 @@ class NSACache:
         self._append_compressed(pos, angles, slots)
         o_cmp, o_slc, o_win = self._branches(q, pos)
         return a.mix(x, o_cmp, o_slc, o_win, track=False,
-                     from_logits=fused_op(a.cfg.backend, x, "gated_combine_logits"))
+                     from_logits=fused_op(a.cfg.backend, x, "gated_combine_logits"), gate_logits=logits)
 
     def _slots(self, pos: torch.Tensor, shared: StepShared | None, compress: bool = True
                ) -> dict[str, torch.Tensor]:
@@ -319,6 +351,7 @@ class DenseCache:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
+        self.joint = JointProjection([attn.q_proj, attn.kv_proj])
 
     def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The layer's own forward over ``x [B, T, dim]``, keeping its K/V."""
@@ -360,12 +393,12 @@ class DenseCache:
         kc, vc = self._kv()
         a = self.attn
         write = fused_op("auto", x, "decode_write")
-        if write is not None:  # RoPE of q and k and both writes in one kernel
-            B, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+        if write is not None:  # one GEMM for q and K/V; RoPE of q and k and both writes in one kernel
+            H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
             cos, sin = angles if angles is not None else \
                 rope_angles(pos, D, a.rope_theta, upcast_dtype(x.dtype))
-            q = write(a.q_proj(x).view(B, 1, H, D), a.kv_proj(x).view(B, 1, 2, G, D), cos, sin, pos,
-                      [(kc, vc, True)])
+            q_in, kv_in = self.joint.project(x, [(H, D), (2, G, D)])
+            q = write(q_in, kv_in, cos, sin, pos, [(kc, vc, True)])
         else:
             rows = self.consts["rows"]
             q, k, v = a.project(x, pos[:, None], angles)

@@ -154,16 +154,19 @@ class NSAAttention(nn.Module):
         return self.mix(x, o_cmp, o_slc, o_win)
 
     def mix(self, x: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor,
-            track: bool = True, from_logits: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+            track: bool = True, from_logits: Callable[..., torch.Tensor] | None = None,
+            gate_logits: torch.Tensor | None = None) -> torch.Tensor:
         """Eq. 5: per-head sigmoid gates from ``x`` weigh the branch outputs ``[B,T,H,D]``,
         then the output projection. ``track``: keep the gates' mean for the training metrics
         (``gate_shares``); a decode step does not (two kernels per layer and token for nothing).
         ``from_logits``: a combine that takes the gate logits and applies the sigmoid itself
-        (a decode step on CUDA: one kernel instead of three; no gradient, no tracking)."""
+        (a decode step on CUDA: one kernel instead of three; no gradient, no tracking), of
+        ``gate_logits [B,T,H,3]`` when the caller computed them (else ``self.gate(x)``)."""
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         if from_logits is not None and self.gate_override is None:
-            o = from_logits(self.gate(x).view(B, T, H, 3), o_cmp, o_slc, o_win)
+            logits = gate_logits if gate_logits is not None else self.gate(x).view(B, T, H, 3)
+            o = from_logits(logits, o_cmp, o_slc, o_win)
             return self.o_proj(o.reshape(B, T, H * D))
         adt = upcast_dtype(x.dtype)
         if self.gate_override is None:

@@ -161,6 +161,20 @@ def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.Monke
                     else {"decode_write"})
 
 
+def test_a_joint_projection_is_its_linears_side_by_side() -> None:
+    """``JointProjection`` (the step's one GEMM for q, K/V and gates on CUDA): each view is
+    its linear's output, with and without biases, as views of one output."""
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(12, 8, bias=False), torch.nn.Linear(12, 6, bias=False), torch.nn.Linear(12, 9)]
+    x = torch.randn(3, 1, 12)
+    for mods, shapes in ((linears, [(2, 4), (3, 2), (3, 3)]), (linears[:2], [(8,), (2, 3)])):
+        views = cache_mod.JointProjection(mods).project(x, shapes)
+        for m, shape, got in zip(mods, shapes, views, strict=True):
+            assert got.shape == (3, 1, *shape)
+            torch.testing.assert_close(got.reshape(3, 1, -1), m(x), rtol=1e-6, atol=1e-6)
+        assert views[0].untyped_storage().data_ptr() == views[1].untyped_storage().data_ptr()
+
+
 @pytest.mark.parametrize("block,d,lp", [(8, 4, 8), (8, 4, 16), (32, 16, 64), (16, 4, 8), (6, 3, 4),
                                         (5, 5, 7)])
 def test_banded_scores_equal_the_reference(block: int, d: int, lp: int) -> None:
