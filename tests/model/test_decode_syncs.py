@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from nsa.config import load_config
+from nsa.infer import cache as cache_mod
 from nsa.infer import decode_step, generate, prefill, sample_next
 from nsa.infer import graph as graph_mod
 from nsa.infer.decode import DecodeState, advance, compresses
@@ -44,6 +45,12 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # compressed block in the second sequence (NSA then runs phi), [41, 33] in neither
 MAX_OPS = {("nsa-125m", (40, 31)): (4010, 1696), ("nsa-125m", (41, 33)): (3218, 1363),
            ("dense-125m", (40, 31)): (1060, 486)}
+# The same steps as the CUDA path runs them (``cache.fused_op`` pointed at the interpreter):
+# ops with device work plus Triton launches, by the prompts' lengths (batch 2, fp32). Recorded
+# when the step's writes, projections and gate combine were fused; with only the fused
+# attention (as before) the same count was 1,168, 835 and 486. On CPU RMSNorm is its formula
+# (8 ops; one kernel on CUDA) and fp32 RoPE skips two casts, so a GPU's counts differ.
+MAX_LAUNCHES = {("nsa-125m", (40, 31)): 784, ("nsa-125m", (41, 33)): 451, ("dense-125m", (40, 31)): 306}
 # torch.multinomial checks its probabilities on the host (a sync inside the op, which a
 # dispatch mode does not see): the next token must be drawn without it.
 SYNCING_OPS = {"aten.multinomial.default"}
@@ -190,6 +197,49 @@ def test_ops_per_token_are_capped(name: str, lens: tuple[int, int]) -> None:
     total, launching = MAX_OPS[name, lens]
     assert ops.total <= total, f"{name} {lens}: {ops.total} ops per token, cap {total}"
     assert ops.launching <= launching, f"{name} {lens}: {ops.launching} ops with device work, cap {launching}"
+
+
+@pytest.mark.parametrize("name,lens", list(MAX_LAUNCHES))
+def test_the_cuda_paths_launches_are_capped(monkeypatch: pytest.MonkeyPatch, name: str,
+                                            lens: tuple[int, int]) -> None:
+    """The step's fused kernels (decode_write, the decode attention, the gate-logit combine)
+    and the joint projection, as a step on CUDA runs them, with the interpreter on CPU: the
+    ops with device work plus the Triton launches per token, against MAX_LAUNCHES (the ops
+    the interpreter itself dispatches inside a launch are not counted)."""
+    triton_ops = pytest.importorskip("nsa.ops.triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    monkeypatch.setattr(cache_mod, "fused_op", lambda backend, x, op: getattr(triton_ops, op))
+    torch.manual_seed(0)
+    model = build_model(load_config(CONFIGS / f"{name}.yaml").model).eval()
+    # one token short: a first step (not counted) builds the joint projection's weights
+    _, state = prefill(model, torch.randint(0, 320, (2, max(lens) - 1)), [n - 1 for n in lens],
+                       max_new_tokens=2)
+    counter = OpCounter()
+    kernels: Counter[str] = Counter()
+    launch = InterpretedFunction.run
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = Counter(counter.ops)
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            counter.ops = before  # the interpreter's own tensor ops are not the step's
+            kernels[self.fn.__name__] += not kwargs.get("warmup")
+
+    monkeypatch.setattr(InterpretedFunction, "run", counted)
+    tok = torch.zeros(2, dtype=torch.long)
+    decode_step(model, state, tok)
+    kernels.clear()
+    assert compresses(model, state) == (lens == (40, 31) or name == "dense-125m")
+    with HostSyncs() as syncs, counter:
+        decode_step(model, state, tok)
+    assert not syncs.events, syncs.report()
+    layers = len(model.blocks)
+    assert kernels["_step_write"] == layers, kernels
+    got = counter.launching + sum(kernels.values())
+    cap = MAX_LAUNCHES[name, lens]
+    assert got <= cap, f"{name} {lens}: {counter.launching} ops + {sum(kernels.values())} launches, cap {cap}"
 
 
 @pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="torch.compile does not run here")
