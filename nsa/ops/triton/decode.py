@@ -480,10 +480,10 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
     sc = (k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2))
     so = (o_slc.stride(0), o_slc.stride(2))
     warps = 4 if R * BD <= 64 * 64 else 8
-    # partial slots merged at once: every (max, sum) of a branch in one [CM, R] load (at most
-    # 64 slots, 2k floats), outputs in [CA, R, BD] tiles of at most 4k floats
-    cm = min(64, max(1, 2048 // R), triton.next_power_of_2(max(sp.cmp, sp.win, sp.selected)))
-    ca = max(1, min(8, cm, 4096 // (R * BD)))
+    # partial slots merged at once: the (max, sum) of a branch in [CM, R] loads (32 slots, or
+    # 512 floats), outputs in [CA, R, BD] tiles of at most 2k floats
+    cm = min(32, max(1, 512 // R), triton.next_power_of_2(max(sp.cmp, sp.win, sp.selected)))
+    ca = max(1, min(8, cm, 2048 // (R * BD)))
     _decode_partials[(sp.cmp + sp.win, B * G)](
         q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
         G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
@@ -494,8 +494,10 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
         sp.cmp, sp.win, slots, sp.scores,
         R=R, D=D, BD=BD, BJ=NR, M=_tokens_per_block(block, stride, select_block), CM=cm, CA=ca,
         # its group's queries stay in registers through the block loop: 8 warps from 32 x 128
-        # (on 4, Triton 3.6 spilled 8 B at D 128 with 32 heads per group on sm_80)
-        PREC=prec, num_warps=4 if R * BD < 64 * 64 else 8)
+        # (on 4, Triton 3.6 spilled 8 B at D 128 with 32 heads per group on sm_80); maxnreg: ptxas
+        # trimmed it to 168 registers (an occupancy step) with 8 B of spill when the partials are
+        # merged 32 at a time (Triton 3.6); a decode launch has too few programs to need occupancy
+        PREC=prec, num_warps=4 if R * BD < 64 * 64 else 8, maxnreg=255)
     final = sp.selected == 1
     _decode_selected[(sp.selected, B * G)](
         q, k_slc, v_slc, pos, cand, idx, pm, pl, pacc, o_slc, *sq, *k_slc.stride()[:3],
