@@ -102,6 +102,20 @@ def _rows_per_program(d: int) -> tuple[int, int]:
     return bd, max(1, 4096 // bd)
 
 
+def _combine(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, logits: bool
+             ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The combine's forward launch (``g``: gates, or gate logits): the output, and the
+    contiguous inputs it read (what the backward needs)."""
+    g, a, b, c = g.contiguous(), a.contiguous(), b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
+    out = poison.empty_like(a)
+    n_rows = a.numel() // a.shape[-1] if a.numel() else 0
+    if n_rows:
+        bd, br = _rows_per_program(a.shape[-1])
+        _combine_fwd[(triton.cdiv(n_rows, br),)](g, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br,
+                                                 LOGITS=logits)
+    return out, (g, a, b, c)
+
+
 class GatedCombine(torch.autograd.Function):
     """``out = g[..., 0] * a + g[..., 1] * b + g[..., 2] * c`` for gates ``g [B,T,H,3]`` and
     branch outputs ``a, b, c [B,T,H,D]``: one kernel reads each input once and writes
@@ -110,14 +124,8 @@ class GatedCombine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        g, a, b, c = g.contiguous(), a.contiguous(), b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
-        out = poison.empty_like(a)
-        n_rows = a.numel() // a.shape[-1] if a.numel() else 0
-        if n_rows:
-            bd, br = _rows_per_program(a.shape[-1])
-            _combine_fwd[(triton.cdiv(n_rows, br),)](g, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br,
-                                                     LOGITS=False)
-        ctx.save_for_backward(g, a, b, c)
+        out, inputs = _combine(g, a, b, c, logits=False)
+        ctx.save_for_backward(*inputs)
         return out
 
     @staticmethod
@@ -139,15 +147,7 @@ def gated_combine_logits(logits: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     """``GatedCombine`` of ``sigmoid(logits)`` without a gradient (decoding): the sigmoid
     inside the same kernel, in fp32, where the model's own ``torch.sigmoid(upcast(...))``
     took two more launches per layer and token."""
-    logits, a = logits.contiguous(), a.contiguous()
-    b, c = b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
-    out = poison.empty_like(a)
-    n_rows = a.numel() // a.shape[-1] if a.numel() else 0
-    if n_rows:
-        bd, br = _rows_per_program(a.shape[-1])
-        _combine_fwd[(triton.cdiv(n_rows, br),)](logits, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br,
-                                                 LOGITS=True)
-    return out
+    return _combine(logits, a, b, c, logits=True)[0]
 
 
 @triton.jit
