@@ -110,7 +110,8 @@ def decode_write(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torc
             raise ValueError(f"cache pair {tuple(k.shape)} / {tuple(v.shape)} for {B} sequences of {G} x {D}")
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("q and kv need a unit last stride")
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    # no copy for a decode step's own angles and positions (fp32, contiguous)
+    cos, sin, pos = cos.float().contiguous(), sin.float().contiguous(), pos.contiguous()
     out = poison.empty(B, 1, H, D, device=q.device, dtype=q.dtype)
     if B == 0:
         return out
