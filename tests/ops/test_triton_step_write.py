@@ -61,3 +61,6 @@ def test_refuses_what_it_cannot_write() -> None:
         T_OPS.decode_write(torch.randn(B, 2, H, D), kv, cos, sin, pos, [(k, v, True)])
     with pytest.raises(ValueError, match="pos"):
         T_OPS.decode_write(q, kv, cos, sin, pos[:1], [(k, v, True)])
+    huge = torch.empty(B, 2**27, G, D, device="meta")  # 2**32 elements, nothing allocated
+    with pytest.raises(ValueError, match="2\\*\\*31 elements"):
+        T_OPS.decode_write(q, kv, cos, sin, pos, [(huge, huge, True)])

@@ -108,6 +108,9 @@ def decode_write(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torc
         if k.shape != v.shape or k.stride() != v.stride() or k.shape[0] != B or k.shape[2:] != (G, D) \
                 or k.stride(-1) != 1:
             raise ValueError(f"cache pair {tuple(k.shape)} / {tuple(v.shape)} for {B} sequences of {G} x {D}")
+        if k.numel() >= 2**31:
+            raise ValueError(f"cache of shape {tuple(k.shape)} has >= 2**31 elements: the kernel uses 32-bit "
+                             "offsets; split the batch")
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("q and kv need a unit last stride")
     # no copy for a decode step's own angles and positions (fp32, contiguous)
