@@ -28,7 +28,7 @@ O(Nc) per step instead of the dense ``[Nc, Ns]`` product, which took about a thi
 nsa-125m step's CPU time at 64k tokens; a test compares it with the reference's.
 
 ``step`` is ``project`` and ``_append`` (the cache writes; on CUDA one ``decode_write``
-kernel does both, nsa/ops/triton/step_write.py), ``_append_compressed``, ``_branches`` (the
+kernel does both, chosen by nsa/infer/fused.py), ``_append_compressed``, ``_branches`` (the
 three branches' attention, reading the cache only: what the fused decode kernels replace)
 and ``mix``. It is device work on fixed shapes with no host sync, no tensor built from host
 data and no branch on a device value, and the index tensors it needs are built once by
@@ -37,14 +37,11 @@ data and no branch on a device value, and the index tensors it needs are built o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
+from nsa.infer.fused import JointProjection, fused_op
 from nsa.model.attention import Angles, DenseAttention, NSAAttention
 from nsa.model.layers import upcast_dtype
-from nsa.ops import get_ops
 from nsa.ops.reference import (
     _acc_dtype,
     _attend,
@@ -54,45 +51,6 @@ from nsa.ops.reference import (
     select_blocks_at,
 )
 from nsa.ops.rope import rope_angles
-
-
-def fused_op(backend: str, x: torch.Tensor, name: str) -> Callable[..., Any] | None:
-    """The ops' fused decode op ``name`` (Triton's, on CUDA) for a step on ``x``, or None: off
-    CUDA, in fp64, or with the reference ops a step runs the torch ops those kernels replace
-    (the reference the tests compare them with)."""
-    if not x.is_cuda or x.dtype == torch.float64:
-        return None
-    return getattr(get_ops(backend, x.device.type), name, None)
-
-
-class JointProjection:
-    """Several of a layer's projections of the same input as one GEMM (a decode step on CUDA:
-    one launch per layer and token instead of two or three). The joint weight is built on the
-    first call from the modules' weights, which do not change while a cache decodes (a new
-    prefill makes a new cache); linears without a bias count as a zero bias when another has
-    one."""
-
-    def __init__(self, linears: list[torch.nn.Linear]) -> None:
-        self.linears = linears
-        self._weight: torch.Tensor | None = None
-        self._bias: torch.Tensor | None = None
-
-    def project(self, x: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-        """``x [B, 1, dim]`` through every linear -> one view ``[B, 1, *shape]`` per linear
-        (slices of one output: no copy)."""
-        if self._weight is None:
-            with torch.no_grad():
-                self._weight = torch.cat([m.weight for m in self.linears])
-                if any(m.bias is not None for m in self.linears):
-                    self._bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias
-                                            for m in self.linears])
-        out = torch.nn.functional.linear(x, self._weight, self._bias)
-        views, start = [], 0
-        for m, shape in zip(self.linears, shapes, strict=True):
-            views.append(out[..., start:start + m.out_features].view(*x.shape[:-1], *shape))
-            start += m.out_features
-        return views
-
 
 # One decode step's index tensors that depend only on the positions and a cache's sizes,
 # keyed by those sizes: computed by the first layer that needs them, reused by the others.
