@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nsa.ops import compressed_attention_and_selection, gated_combine
+from nsa.ops import compressed_attention_and_selection, gated_combine, window_attention
 
 NSA = dict(block=32, stride=16, select_block=64, num_selected=16, num_initial=1, num_local=2, window=512)
 
@@ -39,7 +39,7 @@ def nsa_attention(ops: Any, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates,
         if trace is not None:
             trace.update(scores=scores, idx=idx)
     o_slc = ops.selected_attention(q, k_slc, v_slc, idx, NSA["select_block"])
-    o_win = ops.window_attention(q, k_win, v_win, NSA["window"])
+    o_win = window_attention(ops, q, k_win, v_win, NSA["window"])
     return gated_combine(ops, gates, o_cmp, o_slc, o_win)
 
 

@@ -470,7 +470,9 @@ def format_markdown(cases: Sequence[Case], devices: Sequence[str], record: Path 
            f"Peaks: {peaks}. Residency: {record.name if record else 'no compile record'} (sm_90). "
            f"Selection model: {union}. Times are lower bounds: max(GFLOP / peak, MB min / bandwidth), "
            "then / balance. `useful`: share of the dot FLOPs that nsa.stats counts; `masked`: share that "
-           "neither it nor the kernel's recomputation needs; `re-read`: tile loads / minimum bytes."]
+           "neither it nor the kernel's recomputation needs; `re-read`: tile loads / minimum bytes. "
+           "The window rows are the band kernel's: a 16-bit training step on a GPU runs that branch on "
+           "FlexAttention instead (nsa/ops/flex.py), not modelled here."]
     for c in cases:
         out += case_markdown(c, devices)
     out += summary_markdown(cases, devices)

@@ -42,6 +42,7 @@ SUITE = (
     "tests/test_sample.py",  # sample and eval from a real run's checkpoint
     "tests/test_eval.py",
     "tests/ops/test_self_check.py",  # the self-check and the reference path it falls back to
+    "tests/ops/test_flex_window.py",  # FlexAttention's window branch: block mask, forward, its check
 )
 # the code that leans on torch internals: a record says which version of it was tested
 TORCH_FACING = ("nsa/train/checkpoint.py", "nsa/train/checkpoint_index.py", "nsa/train/checkpoint_probe.py",

@@ -37,6 +37,8 @@ class AttentionOps(Record, kw_only=True):
     backend: str = "reference"  # "triton" | "reference" | "sdpa" (dense)
     fallback_reason: str | None = None
     self_check: SelfCheck | None = None  # None when no check ran
+    window: str | None = None  # the window branch in training: "flexattention" | "triton" | "reference"
+    window_reason: str | None = None  # why the Triton run's window branch is not FlexAttention's
 
 
 class PgTimeouts(Record, kw_only=True):

@@ -21,7 +21,7 @@ from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
 from nsa.model.layers import upcast, upcast_dtype
 from nsa.ops import apply_rope as ops_rope
-from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops
+from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops, window_attention
 from nsa.ops.rope import apply_rope, rope_angles
 
 BRANCHES = ("compressed", "selected", "window")
@@ -150,7 +150,8 @@ class NSAAttention(nn.Module):
         # Selected branch: attention over those blocks.
         o_slc = ops.selected_attention(q, k_slc, v_slc, idx, c.select_block)
 
-        o_win = ops.window_attention(q, k_win, v_win, c.window)
+        # Sliding window: FlexAttention's kernels when training on a GPU (nsa/ops/flex.py).
+        o_win = window_attention(ops, q, k_win, v_win, c.window)
         return self.mix(x, o_cmp, o_slc, o_win)
 
     def mix(self, x: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor,

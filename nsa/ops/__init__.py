@@ -18,12 +18,12 @@ from types import ModuleType
 import torch
 
 from nsa.contract import AttentionOps, SelfCheck
-from nsa.ops import interpret, reference
+from nsa.ops import flex, interpret, reference
 from nsa.ops.self_check import AttentionShape, CheckReport, self_check
 
 __all__ = ["AttentionShape", "CheckReport", "OpsChoice", "apply_rope", "choose_ops",
            "compressed_attention_and_selection", "gated_combine", "get_ops", "reference", "self_check",
-           "triton_available"]
+           "triton_available", "window_attention"]
 
 interpret.install()  # under TRITON_INTERPRET=1 only: the CPU interpreter, minus a needless cost
 
@@ -67,6 +67,16 @@ def gated_combine(ops: ModuleType, g: torch.Tensor, o_cmp: torch.Tensor, o_slc: 
         return fused(g, o_cmp, o_slc, o_win)
     g = g.to(o_cmp.dtype)
     return g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
+
+
+def window_attention(ops: ModuleType, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     window: int) -> torch.Tensor:
+    """The sliding-window branch with ``ops``: FlexAttention's compiled kernels where they
+    beat the band kernel (``nsa.ops.flex``: CUDA, a gradient wanted, 16-bit compute, the
+    path not turned off) when ``ops`` are the kernels, else ``ops.window_attention``."""
+    if ops is not reference and flex.suits(q, k, v):
+        return flex.window_attention(q, k, v, window)
+    return ops.window_attention(q, k, v, window)
 
 
 def apply_rope(ops: ModuleType, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -138,6 +148,8 @@ class OpsChoice:
     backend: str  # what runs: triton or reference
     fallback_reason: str | None = None
     check: CheckReport | None = None
+    window: str = "reference"  # the window branch in training: flexattention, triton or reference
+    window_reason: str | None = None  # why the kernels' run keeps the band kernel for it
 
     def record(self) -> AttentionOps:
         """run.json's ``attention_ops`` (docs/run-directory.md)."""
@@ -147,7 +159,20 @@ class OpsChoice:
                               ops=list(self.check.checked), failures=list(self.check.failures),
                               seconds=round(self.check.seconds, 3))
         return AttentionOps(backend=self.backend, requested=self.requested,
-                            fallback_reason=self.fallback_reason, self_check=check)
+                            fallback_reason=self.fallback_reason, self_check=check, window=self.window,
+                            window_reason=self.window_reason)
+
+
+def _window_choice(device: torch.device, dtype: torch.dtype, head_dim: int,
+                   report: CheckReport | None) -> tuple[str, str | None]:
+    """The kernels' run: which kernel trains the window branch, and why not FlexAttention.
+    A failed FlexAttention check turns that path off for this process (the band kernel,
+    which passed, runs instead)."""
+    if report is not None and report.flex_failure is not None:
+        flex.turn_off(f"FlexAttention failed the self-check on {report.device} ({report.dtype}): "
+                      f"{report.flex_failure}")
+    why_not = flex.unsuited(device, dtype, head_dim)
+    return ("triton", why_not) if why_not is not None else ("flexattention", None)
 
 
 def choose_ops(backend: str, device: torch.device | str, dtype: torch.dtype, shape: AttentionShape,
@@ -171,7 +196,8 @@ def choose_ops(backend: str, device: torch.device | str, dtype: torch.dtype, sha
     report = check(dev, dtype, shape)
     if report.ok:
         _RESOLVED[(backend, dev.type)] = _import_triton()
-        return OpsChoice(backend, "triton", check=report)
+        window, why_not = _window_choice(dev, dtype, shape.head_dim, report)
+        return OpsChoice(backend, "triton", check=report, window=window, window_reason=why_not)
     if backend == "triton":
         raise RuntimeError(f"attention backend 'triton': the kernels failed their self-check on {dev} "
                            f"({report.dtype}): {report.reason()}. Set model.attention.backend=auto to fall "

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from nsa.ops import poison, reference
+from nsa.ops import flex, poison, reference
 
 # Relative error (Frobenius) allowed against the fp32 reference on the same inputs.
 # 16-bit kernels round their inputs of every dot and P/dS to 8 (bf16) or 11 (fp16) bits;
@@ -39,6 +39,9 @@ TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 3e-2, tor
 # that aborts takes the process down with it, before any fallback): the reference ops
 # run instead.
 MIN_TRITON = (3, 6)
+
+# The check of FlexAttention's window branch, by name.
+FLEX_WINDOW = "window_attention (FlexAttention)"
 
 
 def triton_too_old(version: str) -> str | None:
@@ -86,6 +89,9 @@ class CheckReport:
     checked: list[str] = dataclasses.field(default_factory=list)
     failures: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    # FlexAttention's window branch (nsa/ops/flex.py) is checked too where a run would
+    # train on it; its failure turns that path off, not the kernels, so it is kept apart
+    flex_failure: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -279,6 +285,12 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     run("selected_attention", lambda m, x: m.selected_attention(x[0], x[1], x[2], idx, s.select_block),
         [q, k, v])
     run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])
+    if ops is not reference and flex.unsuited(device, dtype, D) is None:
+        failed = len(report.failures)
+        run(FLEX_WINDOW, lambda m, x: (m.window_attention if m is reference else flex.window_attention)(
+            x[0], x[1], x[2], s.window), [q, k, v])
+        if len(report.failures) > failed:
+            report.flex_failure = report.failures.pop().removeprefix(f"{FLEX_WINDOW}: ")
     # the glue the model runs through ``ops`` where it has a kernel for it (the reference: torch)
     import nsa.ops as dispatch
     from nsa.ops.rope import rope_angles

@@ -3,7 +3,8 @@ rank.
 
 Kept apart from the loop (trainer.py) because it is an agreement between ranks, not a step: on
 CUDA the Triton kernels must pass a self-check first (``nsa.ops.choose_ops``), a rank whose
-check fails makes every rank fall back to the reference ops (ranks must run the same ops), an
+check fails makes every rank fall back to the reference ops (ranks must run the same ops; the
+same for FlexAttention's window branch, which one failing rank turns off everywhere), an
 error on one rank is raised on every rank (never a hang), and a fallback is said loudly, because
 the reference ops are far slower.
 """
@@ -25,7 +26,7 @@ def agree(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heart
     """The ops every rank trains with; returns run.json's ``attention_ops``."""
     if m.attention.kind != "nsa":
         return AttentionOps(backend="sdpa", requested="sdpa")
-    from nsa.ops import AttentionShape, choose_ops, fall_back
+    from nsa.ops import AttentionShape, choose_ops, fall_back, flex
 
     requested = m.attention.backend
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -51,6 +52,14 @@ def agree(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heart
                 reason = f"rank {r}: {rec.fallback_reason}"
                 choice = fall_back(requested, device, reason, choice.check)
                 break
+    if choice.window == "flexattention":
+        for r, (_, rec) in enumerate(ranks):
+            if rec.window != "flexattention":  # the same kernels on every rank, the window's too
+                choice.window, choice.window_reason = "triton", f"rank {r}: {rec.window_reason}"
+                flex.turn_off(choice.window_reason)
+                break
+    if choice.window_reason and choice.backend == "triton" and device.type == "cuda":
+        log(f"window branch on the Triton band kernel, not FlexAttention, because: {choice.window_reason}")
     if choice.fallback_reason:
         log(f"WARNING: attention backend {requested!r}: training on the PyTorch reference ops, far "
             f"slower than the Triton kernels, because: {choice.fallback_reason}")

@@ -246,6 +246,8 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
         ops += f" (requested {chosen.requested}; FALLBACK: {chosen.fallback_reason})"
     elif chosen.self_check:
         ops += f" (self-check passed on {chosen.self_check.device} in {chosen.self_check.seconds:.1f} s)"
+    if chosen.window == "flexattention":
+        ops += ", window branch: FlexAttention"
     log(f"model {attn.kind}: {boot['param_count']:,} parameters "
         f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
         f"attention ops: {ops}")

@@ -97,7 +97,8 @@ def attention_text(ops: AttentionOps) -> str:
     if ops.fallback_reason:
         return f"{ops.backend} (FALLBACK from {ops.requested}, far slower: {ops.fallback_reason})"
     if ops.self_check is not None and ops.self_check.ok:
-        return f"{ops.backend} (self-check passed on {ops.self_check.device}, {ops.self_check.dtype})"
+        window = "; window branch: FlexAttention" if ops.window == "flexattention" else ""
+        return f"{ops.backend} (self-check passed on {ops.self_check.device}, {ops.self_check.dtype}{window})"
     if ops.backend != "sdpa" and ops.requested != ops.backend:
         return f"{ops.backend} (requested {ops.requested})"
     return ops.backend

@@ -71,7 +71,7 @@ def test_single_process_nsa_run_on_fineweb_columns_writes_the_contract(tmp_path:
     assert run["config"]["model"]["attention"]["kind"] == "nsa"
     # backend auto off CUDA: the reference ops by contract, no self-check, no fallback
     assert run["attention_ops"] == {"backend": "reference", "requested": "auto", "fallback_reason": None,
-                                    "self_check": None}
+                                    "self_check": None, "window": "reference", "window_reason": None}
     assert "attention ops: reference" in out
     from nsa.config import load_config
     from nsa.stats import model_stats
@@ -107,6 +107,8 @@ def test_backend_triton_runs_the_self_check_first_and_records_it(tmp_path: Path)
     assert done.rc == 0, done.output[-3000:]
     ops = run_json(done.run_dir)["attention_ops"]
     assert ops["backend"] == "triton" and ops["requested"] == "triton" and ops["fallback_reason"] is None
+    # the window branch: the band kernel off CUDA (FlexAttention trains it on a GPU), and why
+    assert ops["window"] == "triton" and "need CUDA, not cpu" in ops["window_reason"]
     check = ops["self_check"]
     assert check["ok"] and check["failures"] == []
     assert check["device"] == "cpu" and check["dtype"] == "float32"

@@ -41,6 +41,14 @@ def test_the_kernels_after_a_passing_check() -> None:
                                          "self_check": {"ok": True, "device": "cuda:0", "dtype": "bfloat16",
                                                         "seconds": 12.5}}})
     assert "triton" in line and "self-check ok on cuda:0" in line and "fallback" not in line
+    assert "FlexAttention" not in line
+
+
+def test_the_window_branch_on_flexattention_is_named() -> None:
+    line = _attn_line({"attention_ops": {"backend": "triton", "requested": "auto", "fallback_reason": None,
+                                         "self_check": {"ok": True, "device": "cuda:0", "dtype": "bfloat16"},
+                                         "window": "flexattention", "window_reason": None}})
+    assert "self-check ok on cuda:0" in line and "window: FlexAttention" in line
 
 
 def test_runs_of_older_trainers_have_no_ops_row() -> None:

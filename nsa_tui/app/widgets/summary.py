@@ -47,6 +47,8 @@ def ops_text(ops: AttentionOps) -> Text:
         t.append(f" · self-check ok on {ops.self_check.device}", style="dim")
     elif ops.backend != "sdpa" and ops.requested != ops.backend:
         t.append(f" (requested {ops.requested})", style="dim")
+    if ops.window == "flexattention":
+        t.append(" · window: FlexAttention", style="dim")
     return t
 
 
