@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from nsa.ops import flex, poison, reference
 
@@ -40,8 +41,9 @@ TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 3e-2, tor
 # run instead.
 MIN_TRITON = (3, 6)
 
-# The check of FlexAttention's window branch, by name.
+# The checks of FlexAttention's window branch, by name.
 FLEX_WINDOW = "window_attention (FlexAttention)"
+FLEX_WINDOW_CHECKPOINTED = "window_attention (FlexAttention, activation checkpointing)"
 
 
 def triton_too_old(version: str) -> str | None:
@@ -287,10 +289,18 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])
     if ops is not reference and flex.unsuited(device, dtype, D) is None:
         failed = len(report.failures)
-        run(FLEX_WINDOW, lambda m, x: (m.window_attention if m is reference else flex.window_attention)(
-            x[0], x[1], x[2], s.window), [q, k, v])
+
+        def flex_window(m: Any, x: list[torch.Tensor]) -> torch.Tensor:
+            window = m.window_attention if m is reference else flex.window_attention
+            return window(x[0], x[1], x[2], s.window)
+
+        run(FLEX_WINDOW, flex_window, [q, k, v])
+        # as a block under activation checkpointing runs it (recomputed in the backward)
+        run(FLEX_WINDOW_CHECKPOINTED, lambda m, x: checkpoint(flex_window, m, x, use_reentrant=False),
+            [q, k, v])
         if len(report.failures) > failed:
-            report.flex_failure = report.failures.pop().removeprefix(f"{FLEX_WINDOW}: ")
+            report.flex_failure = "; ".join(report.failures[failed:])
+            del report.failures[failed:]
     # the glue the model runs through ``ops`` where it has a kernel for it (the reference: torch)
     import nsa.ops as dispatch
     from nsa.ops.rope import rope_angles

@@ -8,6 +8,7 @@ tests below, and the self-check every run does first)."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 import nsa.ops as ops_pkg
 from nsa.ops import AttentionShape, choose_ops, flex, reference, self_check, window_attention
-from nsa.ops.self_check import FLEX_WINDOW
+from nsa.ops.self_check import FLEX_WINDOW, FLEX_WINDOW_CHECKPOINTED
 
 # smoke-cpu's NSA layout, as tests/ops/test_self_check.py
 SHAPE = AttentionShape(n_heads=2, n_kv_heads=1, head_dim=16, compress_block=16, compress_stride=8,
@@ -116,7 +117,11 @@ def test_a_failing_flex_check_turns_off_flex_not_the_kernels(monkeypatch: pytest
     cpu_check = lambda device, dtype, shape: self_check("cpu", dtype, shape)  # noqa: E731
     choice = choose_ops("triton", "cpu", torch.float32, SHAPE, check=cpu_check)
     assert choice.backend == "triton" and choice.fallback_reason is None and choice.check.ok
-    assert FLEX_WINDOW in choice.check.checked and "backward on CPU" in choice.check.flex_failure
+    assert {FLEX_WINDOW, FLEX_WINDOW_CHECKPOINTED} <= set(choice.check.checked)
+    # both checks failed, each named, neither among the kernels' failures
+    assert choice.check.flex_failure.startswith(f"{FLEX_WINDOW}: NotImplementedError")
+    assert f"; {FLEX_WINDOW_CHECKPOINTED}: NotImplementedError" in choice.check.flex_failure
+    assert "backward on CPU" in choice.check.flex_failure
     assert choice.window == "triton"
     assert choice.window_reason.startswith("FlexAttention failed the self-check on cpu (float32): ")
     rec = choice.record()
@@ -165,7 +170,7 @@ def test_compiled_forward_and_backward_on_gpu(H: int, G: int, D: int) -> None:
 def test_the_gpu_self_check_covers_it() -> None:
     report = self_check("cuda", torch.bfloat16, AttentionShape(16, 1, 64))
     assert report.ok and report.flex_failure is None, (report.reason(), report.flex_failure)
-    assert FLEX_WINDOW in report.checked
+    assert {FLEX_WINDOW, FLEX_WINDOW_CHECKPOINTED} <= set(report.checked)
 
 
 def test_every_shape_combination_is_one_block_map() -> None:
@@ -180,3 +185,45 @@ def test_every_shape_combination_is_one_block_map() -> None:
         padded[:T, :T] = seen
         blocks = padded.view(n, flex.BLOCK, n, flex.BLOCK).sum((1, 3))
         assert torch.equal(partial | full, blocks > 0)
+
+
+@pytest.mark.gpu
+@GPU
+def test_a_checkpointed_model_on_gpu_trains_the_window_on_flex() -> None:
+    """smoke-cpu's NSA model on the GPU in bf16 autocast, with the Triton kernels: the same
+    gradients with and without activation checkpointing (the window recomputed by
+    FlexAttention inside the backward), and close to the band kernel's."""
+    from nsa.config import load_config
+    from nsa.model.transformer import build_model
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke-cpu.yaml"
+    cfg = load_config(str(smoke), ["model.attention.kind=nsa", "model.attention.backend=triton"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model).cuda()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 300), device="cuda")
+    calls = []
+    real = flex.window_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    def grads(checkpointed: bool) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        model.activation_checkpointing = checkpointed
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        return [p.grad.float().clone() for p in model.parameters()]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flex, "window_attention", counted)
+        plain = grads(False)
+        assert len(calls) == cfg.model.n_layers  # every layer's window on FlexAttention
+        checkpointed = grads(True)
+        assert len(calls) == 3 * cfg.model.n_layers  # its forward, then the recompute in the backward
+    flex.turn_off("the band kernel, to compare")
+    band = grads(False)
+    for a, b, c in zip(plain, checkpointed, band):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)  # the same kernels, recomputed
+        assert float((a - c).norm()) <= 3e-2 * float(c.norm()) + 1e-6
