@@ -3,10 +3,10 @@
 Why: measured on one H200 (nsa-125m layout, 16k x 4, bf16), ``torch.compile(flex_attention)``
 with a window block mask ran the window branch's forward and backward in 3.09 ms against
 6.81 ms for our band kernel (the forward alone: 0.76 against 0.87 ms); its backward tiles
-dK/dV 128 keys per program where ours holds 32. So on CUDA, where a gradient is wanted
-and the inputs are 16-bit, the model's window branch runs here (``nsa.ops.window_attention``
-decides); everywhere else, and whenever this path is turned off, the band kernel
-(``nsa.ops.triton.window_attention``) or the reference runs.
+dK/dV 128 keys per program where ours holds 32. So when a run trains on the Triton kernels
+on CUDA in 16-bit, its window branch runs here (``nsa.ops.window_attention`` decides);
+everywhere else (no gradient wanted, fp32, the reference ops), and whenever this path is
+turned off, the band kernel (``nsa.ops.triton.window_attention``) or the reference runs.
 
 Both are deterministic: FlexAttention's backward gives every key block of a KV head to one
 program, which loops over the group's query heads (no atomics), as ours does.
@@ -17,8 +17,9 @@ blocks each query block sees in part and which in full, O((T/128)^2) small integ
 at 64k). A test holds it equal to ``create_block_mask``'s.
 
 FlexAttention has no backward on CPU, so there only its forward can be compared (tests); its
-backward is compared with the reference by the self-check on the GPU before a run trains
-(``check``), and a failing check turns this path off for the run, not the Triton kernels.
+backward is compared with the reference by the self-check (nsa/ops/self_check.py) on the GPU
+before a run trains, and a failing check turns this path off for the run, not the Triton
+kernels.
 """
 
 from __future__ import annotations
