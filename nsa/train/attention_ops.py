@@ -52,15 +52,23 @@ def agree(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heart
                 reason = f"rank {r}: {rec.fallback_reason}"
                 choice = fall_back(requested, device, reason, choice.check)
                 break
-    if choice.window == "flexattention":
-        for r, (_, rec) in enumerate(ranks):
-            if rec.window != "flexattention":  # the same kernels on every rank, the window's too
-                choice.window, choice.window_reason = "triton", f"rank {r}: {rec.window_reason}"
-                flex.turn_off(choice.window_reason)
-                break
+    if (other := window_veto(choice.window, [rec for _, rec in ranks])) is not None:
+        choice.window, choice.window_reason = "triton", other
+        flex.turn_off(other)
     if choice.window_reason and choice.backend == "triton" and device.type == "cuda":
         log(f"window branch on the Triton band kernel, not FlexAttention, because: {choice.window_reason}")
     if choice.fallback_reason:
         log(f"WARNING: attention backend {requested!r}: training on the PyTorch reference ops, far "
             f"slower than the Triton kernels, because: {choice.fallback_reason}")
     return choice.record()
+
+
+def window_veto(window: str, ranks: list[AttentionOps]) -> str | None:
+    """Why a rank that could train the window on FlexAttention must not: another rank cannot
+    (every rank runs the same kernels, the window's too); None when all can, or this one cannot."""
+    if window != "flexattention":
+        return None
+    for r, rec in enumerate(ranks):
+        if rec.window != "flexattention":
+            return f"rank {r}: {rec.window_reason}"
+    return None

@@ -99,6 +99,8 @@ class Trainer:
             raise RuntimeError("train.dtype bf16 needs CUDA here; use dtype auto or fp32 on CPU")
         self.attention_ops = attention_ops.agree(cfg.model, info.device, self.use_bf16, info.rank, self.hb,
                                                  self.log)
+        # the first step compiles: the blocks (train.compile), FlexAttention's window kernels
+        self._compiles = t.compile or self.attention_ops.window == "flexattention"
         from nsa import build_model
 
         torch.manual_seed(t.seed)  # identical initial weights on every rank
@@ -197,7 +199,7 @@ class Trainer:
         if not self.loader.ready():
             self.hb.set_phase("data")  # the step waits for data: the panel sees it
         batch = self.loader.next()
-        self.hb.set_phase("compile" if self.cfg.train.compile and self.step == self._start_step else "train")
+        self.hb.set_phase("compile" if self._compiles and self.step == self._start_step else "train")
         for msg in batch.events:
             self.log(f"[rank {self.info.rank}] data: {msg}")
             if self.metrics:
@@ -350,7 +352,7 @@ class Trainer:
         if flag.item() > 0:
             self.stop.set(self.stop.reason or "SIGTERM on another rank")
             return "stopped"  # nothing new to save; last_ckpt is what we resumed from, if anything
-        self.hb.set_phase("compile" if t.compile else "train")
+        self.hb.set_phase("compile" if self._compiles else "train")
         if self.record:
             self.record.update(status="running", step=self.step, tokens=self.tokens)
         last_end = time.perf_counter()
