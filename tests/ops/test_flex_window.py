@@ -224,6 +224,7 @@ def test_a_checkpointed_model_on_gpu_trains_the_window_on_flex() -> None:
         assert len(calls) == 3 * cfg.model.n_layers  # its forward, then the recompute in the backward
     flex.turn_off("the band kernel, to compare")
     band = grads(False)
-    for a, b, c in zip(plain, checkpointed, band):
+    for a, b in zip(plain, checkpointed):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)  # the same kernels, recomputed
-        assert float((a - c).norm()) <= 3e-2 * float(c.norm()) + 1e-6
+    flat_flex, flat_band = torch.cat([g.flatten() for g in plain]), torch.cat([g.flatten() for g in band])
+    assert float((flat_flex - flat_band).norm()) <= 3e-2 * float(flat_band.norm())  # bf16 rounding apart
