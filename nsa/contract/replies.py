@@ -137,6 +137,7 @@ class ActionPlan(Record, kw_only=True):
     name: str = ""  # the new run's
     checkpoint: str | None = None  # the newest complete checkpoint it would start from
     checkpoint_step: int | None = None
+    started_from: bool = False  # the checkpoint the run started from: it saved none of its own
     grad_accum: int | None = None  # the new run's (fallback: keeps the global batch)
     global_batch: int | None = None
     gpu: int | None = None  # fallback: the GPU with the most free memory (None: no NVML)

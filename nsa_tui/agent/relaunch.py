@@ -23,6 +23,7 @@ from nsa.contract.rundir import (
     RUN_JSON,
     global_batch,
     grad_accum_for,
+    is_complete_checkpoint,
     nothing_to_fall_back,
     read_checkpoint_meta,
     relaunch_name,
@@ -64,9 +65,14 @@ class RelaunchOps:
                             command=launch.command if launch else [], view=view, parent_run=run_dir.name,
                             resume_from=done.resume_from, again=True)
 
-    def _find_checkpoint(self, run_id: str, name: str | None) -> tuple[str | None, CheckpointMeta | None]:
-        """(path, meta.json) of checkpoint ``name`` of the run, or of its newest complete one;
-        (None, None) when there is none (meta None: unreadable)."""
+    def _find_checkpoint(self, run_id: str,
+                         name: str | None) -> tuple[str | None, CheckpointMeta | None, bool]:
+        """(path, meta.json, started_from) of checkpoint ``name`` of the run, or of its newest
+        complete one; (None, None, False) when there is none (meta None: unreadable).
+
+        A run stopped before it saved a checkpoint of its own (a fallback stopped at once) has
+        still lost nothing: it can go on from the checkpoint it was started from, when that is
+        still complete (``started_from`` True)."""
         if name:
             try:
                 path: Path | None = self.store.checkpoint_dir(run_id, name)
@@ -75,9 +81,15 @@ class RelaunchOps:
         else:
             latest = self.store.latest_checkpoint(run_id)
             path = Path(latest) if latest else None
+        started_from = False
+        if path is None and not name:
+            launch = launch_of(self.store.run_dir(run_id))
+            origin = Path(launch.resume_from) if launch and launch.resume_from else None
+            if origin is not None and is_complete_checkpoint(origin):
+                path, started_from = origin, True
         if path is None:
-            return None, None
-        return str(path), read_checkpoint_meta(path)
+            return None, None, False
+        return str(path), read_checkpoint_meta(path), started_from
 
     def _relaunch_args(self, run_id: str, nproc: int | None, op: str, checkpoint: str | None = None,
                        nodes: NodeLayout | None = None) -> tuple[ActionPlan, list[str]]:
@@ -85,7 +97,7 @@ class RelaunchOps:
         gradient accumulation that keeps the checkpoint's global batch on the new world size
         (``nproc`` per host, ``nodes`` hosts: a resume over several hosts)."""
         run_dir = self.store.run_dir(run_id)
-        ckpt, meta = self._find_checkpoint(run_id, checkpoint)
+        ckpt, meta, started_from = self._find_checkpoint(run_id, checkpoint)
         launch = launch_of(run_dir)
         run = read_json(run_dir / RUN_JSON, RunInfo)
         old = launch.overrides if launch else []
@@ -116,7 +128,7 @@ class RelaunchOps:
             step = step_of(Path(ckpt).name)
         plan = ActionPlan(op=op, run_id=run_id, alive=False, world_size=world, nproc=nproc,  # type: ignore[arg-type]
                           name=relaunch_name(name, op), checkpoint=ckpt, checkpoint_step=step,
-                          grad_accum=accum, global_batch=g, problem=problem,
+                          started_from=started_from, grad_accum=accum, global_batch=g, problem=problem,
                           gpu=self.freest_gpu() if op == "fallback" and nproc == 1 else None)
         return plan, overrides
 

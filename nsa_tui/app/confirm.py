@@ -47,6 +47,8 @@ def relaunch_text(plan: ActionPlan, run: RunState, grace_s: float) -> tuple[str,
                 "new starts.", "Select it")
     ckpt = step_name(plan.checkpoint_step) if plan.checkpoint_step is not None else "the newest checkpoint"
     where = f" ({plan.checkpoint})" if plan.checkpoint else ""
+    if plan.started_from:  # stopped before its first save: the checkpoint it was started from
+        where += ", the checkpoint it started from (it saved none of its own)"
     batch = ""
     if plan.global_batch:
         accum = f" with grad_accum {plan.grad_accum}" if plan.grad_accum else ""

@@ -139,6 +139,31 @@ async def test_plan_says_exactly_what_fallback_and_resume_would_do(tmp_path: Pat
         await c.close()
 
 
+async def test_a_run_stopped_before_its_first_save_resumes_from_where_it_started(tmp_path: Path) -> None:
+    """A fallback stopped before it saved has lost nothing: its resume starts from the checkpoint the
+    fallback started from, and the plan says so; with that checkpoint gone there is nothing to start
+    from."""
+    root = tmp_path / "runs"
+    parent = stopped_run(root, "20260101-000000-exp-0001")
+    origin = parent / "checkpoints" / "step-30"
+    child = stopped_run(root, "20260101-000000-exp-0002", world=1, checkpoint=False)
+    write_json_atomic(child / "launch.json", LaunchInfo(
+        run_id=child.name, name="exp-fallback", created=time.time(), nproc=1, parent_run=parent.name,
+        resume_from=str(origin), overrides=["train.steps=100", "train.grad_accum=2"]))
+    c = await client(tmp_path)
+    try:
+        rs = await c.plan(child.name, "resume")
+        assert (rs.problem, rs.checkpoint, rs.checkpoint_step) == (None, str(origin), 30) and rs.started_from
+        assert (rs.global_batch, rs.grad_accum) == (4, 2)  # the checkpoint's batch, on one rank
+        own = await c.plan(parent.name, "resume")
+        assert own.checkpoint == str(origin) and not own.started_from
+        (origin / "meta.json").unlink()  # incomplete now: neither run has anything to start from
+        gone = await c.plan(child.name, "resume")
+        assert gone.checkpoint is None and "no complete checkpoint" in (gone.problem or "")
+    finally:
+        await c.close()
+
+
 def test_a_dump_names_each_missing_rank_and_why(tmp_path: Path) -> None:
     d = stopped_run(tmp_path, "20260101-000000-exp-0003", world=4)
     (d / "heartbeats").mkdir()

@@ -236,6 +236,12 @@ def test_the_confirmations_say_exactly_what_will_happen() -> None:
     resume = msgspec.structs.replace(plan, op="resume", alive=False, nproc=2, name="exp-resume", grad_accum=2)
     title, body, yes = relaunch_text(resume, run, 60)
     assert title == "Resume exp?" and body.startswith("Start exp-resume: 2 processes from step-100")
+    assert "started from" not in body
+    inherited = msgspec.structs.replace(resume, checkpoint="/r/parent/checkpoints/step-100",
+                                        started_from=True)
+    assert relaunch_text(inherited, run, 60)[1].startswith(
+        "Start exp-resume: 2 processes from step-100 (/r/parent/checkpoints/step-100), the checkpoint it "
+        "started from (it saved none of its own), with ")
     again = msgspec.structs.replace(plan, again="20261121-exp-fallback-2")
     assert "already started 20261121-exp-fallback-2" in relaunch_text(again, run, 60)[1]
 
