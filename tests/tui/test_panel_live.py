@@ -126,6 +126,10 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         own_first = child.metrics.series("loss")[0][0]
         assert own_first > 1 and steps[0] == 1, "the chart continues from the parent's steps"
         assert not run_alive_on_host(runs_root, parent_id)
+        # a save of its own first, so that the resume below goes on from the fallback's steps (a run
+        # stopped before its first save resumes from the checkpoint it started from: test_describe)
+        own_ckpt = runs_root / child.run_id / "checkpoints" / "latest"
+        await wait_for(pilot, own_ckpt.exists, 120, "the fallback run's own checkpoint")
         # k: confirm, the whole group stops
         await pilot.press("k")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5)
@@ -135,7 +139,8 @@ async def test_fallback_kill_resume(runs_root: Path, make_config) -> None:
         # r: one confirmation naming the checkpoint, then the new linked run is selected by itself
         await pilot.press("r")
         ask = await wait_for(pilot, on(app, ConfirmScreen), 30, "the resume confirmation")
-        assert "from step-" in plain(ask.query_one("#confirm-body"))
+        body = plain(ask.query_one("#confirm-body"))
+        assert "from step-" in body and "started from" not in body, body
         await pilot.press("y")
         resumed = await wait_for(
             pilot, lambda: (r := app.state.selected_run()) and r.run_id != child.run_id and r, 30, "resume")
