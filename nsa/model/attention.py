@@ -77,11 +77,23 @@ class NSAAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(x.shape[1], device=x.device)
-        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self.project(x, pos)
+        # RoPE's angles once per layer: the compressed keys' are rows of the tokens' (a
+        # small model's train step is bound by the host's ops, not by the GPU)
+        cos, sin = rope_angles(pos, self.head_dim, self.rope_theta, upcast_dtype(x.dtype))
+        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self.project(x, pos, (cos, sin))
         # Compressed branch: phi over raw keys/values, then RoPE at each block's last
         # token (the first position allowed to see it), so scores stay relative.
-        k_cmp, v_cmp = self.compress(k_raw, v_raw)
+        ends = self.block_ends(x.shape[1], x.device)
+        k_cmp, v_cmp = self.compress(k_raw, v_raw, ends, (cos[ends], sin[ends]))
         return self.attend(x, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
+
+    def block_ends(self, T: int, device: torch.device) -> torch.Tensor:
+        """The last position of each compressed block of a sequence of ``T`` tokens that
+        starts at position 0: ``i*d + l - 1`` for the ``(T - l) // d + 1`` whole blocks."""
+        c = self.cfg
+        n = (T - c.compress_block) // c.compress_stride + 1 if T >= c.compress_block else 0
+        first = c.compress_block - 1
+        return torch.arange(first, first + n * c.compress_stride, c.compress_stride, device=device)
 
     # The pieces of forward, also called one token at a time by the KV-cache decoder
     # (nsa/infer/), so that decoding and training share every projection, RoPE, phi and gate.
@@ -115,10 +127,11 @@ class NSAAttention(nn.Module):
         ops = get_ops(self.cfg.backend, x.device.type)
         # q is rotated once and shared by the three branches
         q = ops_rope(ops, q, cos, sin)
-        k_slc = ops_rope(ops, kv[:, :, 2], cos, sin)
-        k_win = ops_rope(ops, kv[:, :, 4], cos, sin)
-        v_slc, v_win = kv[:, :, 3].contiguous(), kv[:, :, 5].contiguous()
-        return q, kv[:, :, 0], kv[:, :, 1], k_slc, v_slc, k_win, v_win
+        # unbind, not six selects: its backward is one stack, where six selects' were six
+        # zero-filled copies of the whole projection summed
+        k_raw, v_raw, k_slc, v_slc, k_win, v_win = kv.unbind(2)
+        k_slc, k_win = ops_rope(ops, k_slc, cos, sin), ops_rope(ops, k_win, cos, sin)
+        return q, k_raw, v_raw, k_slc, v_slc.contiguous(), k_win, v_win.contiguous()
 
     def compress(self, k_raw: torch.Tensor, v_raw: torch.Tensor, ends: torch.Tensor | None = None,
                  angles: Angles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,9 +141,7 @@ class NSAAttention(nn.Module):
         ``rotate``)."""
         k_cmp, v_cmp = self.compress_k(k_raw), self.compress_v(v_raw).contiguous()
         if ends is None:
-            c = self.cfg
-            ends = torch.arange(k_cmp.shape[1], device=k_raw.device) * c.compress_stride
-            ends = ends + (c.compress_block - 1)
+            ends = self.block_ends(k_raw.shape[1], k_raw.device)
         return self.rotate(k_cmp, ends, angles), v_cmp
 
     def attend(self, x: torch.Tensor, q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor,
@@ -232,4 +243,5 @@ class DenseAttention(nn.Module):
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 2, G, D)
         cos, sin = rope_angles(pos, D, self.rope_theta, upcast_dtype(x.dtype)) if angles is None else angles
-        return apply_rope(q, cos, sin), apply_rope(kv[:, :, 0], cos, sin), kv[:, :, 1]
+        k, v = kv.unbind(2)  # one stack in the backward, not two zero-filled copies summed
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
