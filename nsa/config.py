@@ -128,6 +128,9 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
     activation_checkpointing: bool = False
     compile: bool = False
+    # one process on CUDA: replay each micro-step from a CUDA graph, proved against eager first
+    # (nsa/train/graphed.py); elsewhere, or when the proof fails, the log says why and steps run eagerly
+    cuda_graph: bool = False
     seed: int = 1337
     save_every: PosInt = 200
     keep_checkpoints: PosInt = 3

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-__all__ = ["HostSyncs", "SyncEvent", "OpCounter"]
+__all__ = ["HostSyncs", "SyncEvent", "OpCounter", "OpTrace"]
 
 _ROOT = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"  # callers shown relative to it
 
@@ -133,6 +134,44 @@ class OpCounter(TorchDispatchMode):
         """The ops that run device work: all but views and metadata (``VIEW_OPS``). On a GPU
         each is about one kernel launch, which is what a step replayed as a CUDA graph pays."""
         return sum(n for op, n in self.ops.items() if op.split(".")[1] not in VIEW_OPS)
+
+
+class OpTrace(TorchDispatchMode):
+    """Each op dispatched inside the ``with`` block, with its tensors' dtype, shape and strides
+    and every other argument as given: what a CUDA graph records. Two runs of a step with equal
+    traces are replayed right by one capture; a host number that differs between them would be
+    frozen into it. ``values``: also the values of 0-dim tensors (a decode step has no 0-dim
+    tensor whose value may change; a train step's loss is one)."""
+
+    def __init__(self, values: bool = True) -> None:
+        super().__init__()
+        self.values = values
+        self.ops: list[tuple[Any, ...]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        flat, _ = tree_flatten((args, kwargs or {}))
+        self.ops.append((str(func), *(self.signature(a, self.values) for a in flat)))
+        return func(*args, **(kwargs or {}))
+
+    @staticmethod
+    def signature(a: object, values: bool = True) -> object:
+        """What a captured op keeps of an argument (with ``values``, a 0-dim tensor's value is
+        read: tests only)."""
+        if isinstance(a, torch.Tensor):
+            value = a.item() if values and a.dim() == 0 else None
+            return ("tensor", a.dtype, tuple(a.shape), a.stride(), value)
+        if isinstance(a, torch.Generator):
+            return "generator"
+        return a
+
+    def first_difference(self, other: OpTrace) -> str | None:
+        """Where ``other`` first differs from this trace (None: the same ops and arguments)."""
+        for j, (a, b) in enumerate(zip(self.ops, other.ops)):
+            if a != b:
+                return f"op {j}: {a} vs {b}"
+        if len(self.ops) != len(other.ops):
+            return f"{len(self.ops)} ops vs {len(other.ops)}"
+        return None
 
 
 def _caller() -> str:

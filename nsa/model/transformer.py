@@ -79,7 +79,9 @@ class Transformer(nn.Module):
         x = self.tok_emb(tokens)
         for block in self.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)  # the block itself, no closure
+                # the block itself, no closure; it draws no random numbers, so the RNG states are
+                # not saved and restored per block (host work, and not allowed in a CUDA graph capture)
+                x = checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
             else:
                 x = block(x)
         return self.lm_head(self.norm(x))

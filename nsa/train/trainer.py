@@ -34,6 +34,7 @@ from nsa.train.data import (
     val_batches,
 )
 from nsa.train.faults import Faults, StopFlag
+from nsa.train.graphed import GraphedMicroStep, graph_refusal
 from nsa.train.schedule import lr_at
 from nsa.train.sources import build_source
 from nsa.train.telemetry import Heartbeat, MetricsLog, RunRecord
@@ -85,6 +86,8 @@ class Trainer:
         self.train_s = 0.0
         self.stop_agreed = False
         self.last_grad_norm: float | None = None  # read by _agree with the loss, for the metrics line
+        self.micro: GraphedMicroStep | None = None  # train.cuda_graph, once proved (prepare_graph)
+        self._graph_decided = False
         self.last_gates: GateShares | None = None
         import psutil
 
@@ -224,10 +227,13 @@ class Trainer:
                 self.debug_log.write({"step": step_idx + 1, "micro": m, "stream": batch.stream,
                                       "digest": batch.digest()})
             with self._sync_ctx(m == self.grad_accum - 1):
-                loss = self._loss(batch.tokens)
-                if m == 0 and self.faults.nan_now(step_idx + 1):
-                    loss = loss * float("nan")
-                (loss / self.grad_accum).backward()
+                if self.micro is not None:  # a replay: the same work, one launch
+                    loss = self.micro.step(batch.tokens)
+                else:
+                    loss = self._loss(batch.tokens)
+                    if m == 0 and self.faults.nan_now(step_idx + 1):
+                        loss = loss * float("nan")
+                    (loss / self.grad_accum).backward()
             loss_sum += loss.detach()
             self.positions = batch.positions
         # The norm, always (grad_clip 0 = no clipping, max_norm inf): logged, and computed before
@@ -244,11 +250,31 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # a graph adds into the gradients it captured: zeroed in place, never freed
+        self.optimizer.zero_grad(set_to_none=self.micro is None)
         self.step += 1
         self.tokens += self.global_batch * self.cfg.train.seq_len
         self.last_lr = lr
         return loss_mean, grad_norm
+
+    def prepare_graph(self) -> None:
+        """train.cuda_graph: capture the micro-step and prove it against eager on a batch of
+        random tokens (graphed.py), or say why the run steps eagerly."""
+        t = self.cfg.train
+        if not t.cuda_graph or self._graph_decided:  # once per process (a benchmark runs the loop again)
+            return
+        self._graph_decided = True
+        why = graph_refusal(self.info.device, self.info.world_size, t.strategy, self.cfg.debug.nan_at_step)
+        if why is None:
+            self.hb.set_phase("compile")
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            micro = GraphedMicroStep(self._loss, params, self.grad_accum)
+            example = torch.randint(0, self.tokenizer.vocab_size, (t.batch_size, t.seq_len + 1),
+                                    device=self.info.device)
+            t0 = time.perf_counter()
+            self.micro = micro if micro.prepare(example) else None
+            why = f"{micro.why}; {time.perf_counter() - t0:.1f} s"
+        self.log(f"train.cuda_graph: {'replayed' if self.micro else 'eager micro-steps'}: {why}")
 
     def _logs(self, step: int) -> bool:
         """Whether this rank writes a metrics line after ``step`` (rank 0, every ``log_every``)."""
@@ -352,6 +378,7 @@ class Trainer:
         if flag.item() > 0:
             self.stop.set(self.stop.reason or "SIGTERM on another rank")
             return "stopped"  # nothing new to save; last_ckpt is what we resumed from, if anything
+        self.prepare_graph()
         self.hb.set_phase("compile" if self._compiles else "train")
         if self.record:
             self.record.update(status="running", step=self.step, tokens=self.tokens)

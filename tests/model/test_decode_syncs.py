@@ -22,8 +22,6 @@ from typing import Any
 import pytest
 import torch
 from nsa_model_testlib import peaked_model, small_cfg
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from nsa.config import load_config
 from nsa.infer import cache as cache_mod
@@ -32,7 +30,7 @@ from nsa.infer import graph as graph_mod
 from nsa.infer.decode import DecodeState, advance, compresses
 from nsa.infer.graph import CUDA_GRAPH, EAGER, GRAPH_ENV, DecodeRunner, argmax, decode_path
 from nsa.model import build_model
-from nsa.syncs import HostSyncs, OpCounter
+from nsa.syncs import HostSyncs, OpCounter, OpTrace
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Ops dispatched by one decode step (batch 2, reference ops, fp32, torch 2.13 on CPU; views
@@ -127,29 +125,6 @@ def test_a_draw_is_the_one_multinomial_makes() -> None:
         assert torch.equal(got, want)
 
 
-class _Trace(TorchDispatchMode):
-    """Each dispatched op with its tensors' dtype, shape and strides and every other
-    argument as given (Python numbers, and the values of 0-dim tensors: a host number that
-    reaches a kernel is frozen into a captured graph)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[tuple[Any, ...]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        flat, _ = tree_flatten((args, kwargs or {}))
-        self.ops.append((str(func), *(self._sig(a) for a in flat)))
-        return func(*args, **(kwargs or {}))
-
-    @staticmethod
-    def _sig(a: object) -> object:
-        if isinstance(a, torch.Tensor):
-            return ("tensor", a.dtype, tuple(a.shape), a.stride(), a.item() if a.dim() == 0 else None)
-        if isinstance(a, torch.Generator):
-            return "generator"
-        return a
-
-
 @pytest.mark.parametrize("kind", ["nsa", "dense"])
 def test_every_step_dispatches_the_same_ops(kind: str) -> None:
     """Steps of one kind (an NSA step that completes a compression block in some sequence,
@@ -164,7 +139,7 @@ def test_every_step_dispatches_the_same_ops(kind: str) -> None:
     traces: dict[bool, list[list[tuple[Any, ...]]]] = {True: [], False: []}
     for _ in range(STEPS):
         step_kind = compresses(model, state)
-        with _Trace() as trace:
+        with OpTrace() as trace:
             tok = runner.step(tok)
         traces[step_kind].append(trace.ops)
     # nsa: both kinds occur (a compressing step runs phi: more ops); dense: one kind
