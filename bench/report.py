@@ -76,11 +76,17 @@ def _speedups(rows: Sequence[dict[str, Any]]) -> list[str]:
             ratio = best[1] / nsa["fwd+bwd"]
             lines.append(f"| {layout} | {seq} | fastest dense ({best[0]}) | fwd+bwd {ratio:.2f}x |")
     for seq in sorted({r["seq_len"] for r in ok if r["op"] == "train_step"}):
-        n = index.get(("train_step", "nsa_triton", "nsa-125m", seq))
-        d = index.get(("train_step", "dense_sdpa", "dense-125m", seq))
-        if n and d and n["tokens_per_s"] and d["tokens_per_s"]:
-            ratio = n["tokens_per_s"] / d["tokens_per_s"]
-            lines.append(f"| train_step | {seq} | dense-125m | nsa/dense tokens/s {ratio:.2f}x |")
+        for suffix, how in (("", ""), ("_graph", " (both from CUDA graphs)")):
+            n = index.get(("train_step", "nsa_triton" + suffix, "nsa-125m", seq))
+            d = index.get(("train_step", "dense_sdpa" + suffix, "dense-125m", seq))
+            if n and d and n["tokens_per_s"] and d["tokens_per_s"]:
+                ratio = n["tokens_per_s"] / d["tokens_per_s"]
+                lines.append(f"| train_step | {seq} | dense-125m | nsa/dense tokens/s {ratio:.2f}x{how} |")
+        for impl, layout in (("nsa_triton", "nsa-125m"), ("dense_sdpa", "dense-125m")):
+            e = index.get(("train_step", impl, layout, seq))
+            g = index.get(("train_step", impl + "_graph", layout, seq))
+            if e and g and e["ms"] and g["ms"]:
+                lines.append(f"| train_step | {seq} | {layout} eager | CUDA graph {e['ms'] / g['ms']:.2f}x |")
     return lines
 
 

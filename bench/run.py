@@ -23,7 +23,10 @@ group, dim 64) and the paper's (64, 4, 128):
   time per kernel name; bench/breakdown.py): the ``kernels`` list in the JSON and one
   table per case in the Markdown.
 - ``train_step`` (forward, loss, backward, clip, AdamW) of nsa-125m vs dense-125m at
-  seq 2048 and 16k; and ``select_topn``, the top-n block selection alone.
+  seq 2048 and 16k, eager (``nsa_triton``, ``dense_sdpa``) and with the forward and backward
+  replayed from a CUDA graph as ``train.cuda_graph`` does (``nsa_triton_graph``,
+  ``dense_sdpa_graph``; ``failed: ...`` when the graph's proof against eager fails); and
+  ``select_topn``, the top-n block selection alone.
 
 Times are medians over CUDA-event timings after warm-up. Memory (``peak_mem_bytes``) is
 the growth over what was allocated before the timed calls (the inputs, the model):
@@ -271,8 +274,35 @@ def train_step_fn(model: Any, opt: Any, tokens: torch.Tensor, vocab: int, grad_c
     return step
 
 
-def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: str = "cuda") -> dict[str, Any]:
-    """One train_step row: bf16 autocast forward, cross-entropy, backward, clip, AdamW.
+def graphed_train_step_fn(model: Any, opt: Any, tokens: torch.Tensor, vocab: int, grad_clip: float
+                          ) -> tuple[Callable[[Any], None] | None, str]:
+    """The bare train step with its forward, loss and backward replayed from one CUDA graph, as
+    nsa-train's ``train.cuda_graph`` runs it (nsa/train/graphed.py), once the graph is proved
+    against eager on ``tokens``: (step, what the proof said); (None, why) when it failed."""
+    from nsa.train.graphed import GraphedMicroStep
+
+    def loss_fn(batch: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(batch[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, vocab), batch[:, 1:].reshape(-1))
+
+    micro = GraphedMicroStep(loss_fn, [p for p in model.parameters() if p.requires_grad])
+    if not micro.prepare(tokens):
+        return None, micro.why
+
+    def step(_: Any) -> None:
+        micro.step(tokens)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # the graph adds into these buffers
+
+    return step, micro.why
+
+
+def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: str = "cuda",
+                graph: bool = False) -> dict[str, Any]:
+    """One train_step row: bf16 autocast forward, cross-entropy, backward, clip, AdamW; with
+    ``graph``, the forward and backward replayed from a CUDA graph (impl ``..._graph``).
 
     ``config``: a name under configs/ or a path to a config file."""
     from nsa.config import load_config
@@ -288,12 +318,19 @@ def bench_train(config: str, T: int, B: int, warmup: int, iters: int, device: st
     model = build_model(cfg.model).to(dev)
     opt = build_optimizer(model, cfg, dev)
     tokens = torch.randint(0, 256, (B, T + 1), device=dev)
-    step = train_step_fn(model, opt, tokens, cfg.model.vocab_size, cfg.train.grad_clip)
+    impl = ("nsa_triton" if cfg.model.attention.kind == "nsa" else "dense_sdpa") + ("_graph" * graph)
+    note = f"{model.param_count() / 1e6:.1f}M params, bf16 autocast, fused AdamW"
+    if graph:
+        maybe, why = graphed_train_step_fn(model, opt, tokens, cfg.model.vocab_size, cfg.train.grad_clip)
+        if maybe is None:
+            return _failed(f"failed: {why}", op="train_step", impl=impl, layout=cfg.name, seq_len=T,
+                           batch=B, note=note)
+        step, note = maybe, f"{note}; {why}"
+    else:
+        step = train_step_fn(model, opt, tokens, cfg.model.vocab_size, cfg.train.grad_clip)
     ms, mem = time_cuda(step, None, warmup, iters)
-    impl = "nsa_triton" if cfg.model.attention.kind == "nsa" else "dense_sdpa"
     return dict(op="train_step", impl=impl, layout=cfg.name, seq_len=T, batch=B, ms=ms,
-                tokens_per_s=B * T / (ms / 1000.0), peak_mem_bytes=mem, max_err=None, status="ok",
-                note=f"{model.param_count() / 1e6:.1f}M params, bf16 autocast, fused AdamW")
+                tokens_per_s=B * T / (ms / 1000.0), peak_mem_bytes=mem, max_err=None, status="ok", note=note)
 
 
 def bench_select(impl: str, layout: str, T: int, B: int, warmup: int, iters: int,
@@ -411,12 +448,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_train:
         cases = TRAIN_CASES[:1] if args.quick else TRAIN_CASES
         for T, B in cases:
-            for config in ("nsa-125m", "dense-125m"):
-                impl = "nsa_triton" if config == "nsa-125m" else "dense_sdpa"
-                ident = dict(impl=impl, layout=config, seq_len=T, batch=B)
-                got = _guard(lambda c=config, t=T, b=B: [bench_train(c, t, b, warmup, iters)],
-                             ident, ("train_step",))
-                record(got)
+            for graph in (False, True):
+                for config in ("nsa-125m", "dense-125m"):
+                    impl = ("nsa_triton" if config == "nsa-125m" else "dense_sdpa") + ("_graph" * graph)
+                    ident = dict(impl=impl, layout=config, seq_len=T, batch=B)
+                    make = functools.partial(bench_train, config, T, B, warmup, iters, graph=graph)
+                    got = _guard(lambda make=make: [make()], ident, ("train_step",))
+                    record(got)
     jpath, mpath = save()
     print(f"wrote {jpath} and {mpath}")
     return 0
