@@ -18,8 +18,8 @@ ANCHOR = re.compile(r"^(?:`(\w+)` — .*|.*— `(\w+)`:?|`(\w+)`(?: \([^)]*\))?:
 STRUCTS = {name: obj for mod in (records, series, protocol, requests, replies, evals, slurm)
            for name, obj in vars(mod).items()
            if isinstance(obj, type) and issubclass(obj, msgspec.Struct)}
-RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "LaunchInfo", "Lease", "ExitInfo", "StopInfo",
-                 "Relaunch", "Archived", "SlurmJob", "SlurmRequest", "SlurmState",
+RUN_DIRECTORY = ["RunInfo", "AttentionOps", "CpuThreads", "CudaGraph", "LaunchInfo", "Lease", "ExitInfo",
+                 "StopInfo", "Relaunch", "Archived", "SlurmJob", "SlurmRequest", "SlurmState",
                  "Beat", "DeviceInfo", "TrainMetric", "GateShares", "EvalMetric", "EpochMetric",
                  "MetricsSummary", "SeriesData", "AlertEvent", "Alert", "CheckpointMeta", "PasskeyEval",
                  "LossBucket"]

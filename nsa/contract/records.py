@@ -61,6 +61,14 @@ class CpuThreads(Record, kw_only=True):
     wait_policy: str = "PASSIVE"
 
 
+class CudaGraph(Record, kw_only=True):
+    """``train.cuda_graph``: whether the run's micro-steps replay a CUDA graph, and why
+    (nsa/train/graphed.py)."""
+
+    replayed: bool
+    reason: str
+
+
 class RunInfo(Record, kw_only=True):
     """run.json: identity, resolved config, trainer status, progress."""
 
@@ -99,6 +107,7 @@ class RunInfo(Record, kw_only=True):
     train_flops_per_token: float | None = None  # model FLOPs of one trained token (nsa.stats)
     pg_timeouts: PgTimeouts | None = None
     nnodes: int = 1  # nodes (hosts) the ranks run on
+    cuda_graph: CudaGraph | None = None  # train.cuda_graph asked: replayed or not, and why
 
 
 # -- files the agent writes -------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nsa.config import Config, to_dict
-from nsa.contract import CheckpointMeta, EpochMetric, EvalMetric, GateShares, TrainMetric
+from nsa.contract import CheckpointMeta, CudaGraph, EpochMetric, EvalMetric, GateShares, TrainMetric
 from nsa.contract.io import JsonlWriter
 from nsa.contract.rundir import CHECKPOINTS, RunDir, global_batch
 from nsa.train import attention_ops, checkpoint_probe, longeval, resume
@@ -275,6 +275,8 @@ class Trainer:
             self.micro = micro if micro.prepare(example) else None
             why = f"{micro.why}; {time.perf_counter() - t0:.1f} s"
         self.log(f"train.cuda_graph: {'replayed' if self.micro else 'eager micro-steps'}: {why}")
+        if self.record:
+            self.record.update(cuda_graph=CudaGraph(replayed=self.micro is not None, reason=why))
 
     def _logs(self, step: int) -> bool:
         """Whether this rank writes a metrics line after ``step`` (rank 0, every ``log_every``)."""

@@ -20,9 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from nsa.config import load_config
+from nsa.contract import CudaGraph, RunInfo, read_json
 from nsa.model import build_model
 from nsa.syncs import OpTrace
 from nsa.train.graphed import GraphedMicroStep, graph_refusal
+from nsa.train.telemetry import RunRecord
 from tests.train.test_step_syncs import trainer_at
 from tests.train.trainrun import read_jsonl
 
@@ -113,10 +115,13 @@ def test_the_trainers_graphed_path_trains_as_the_eager_one(tmp_path: Path) -> No
     logs: list[str] = []
     with trainer_at(tmp_path / "eager", sets + ["train.cuda_graph=true"]) as trainer:
         trainer.log = logs.append
+        trainer.record = RunRecord(trainer.run_dir, RunInfo(run_id="rid"))
         assert trainer.run() == "finished"
         assert trainer.micro is None
     assert [m for m in logs if m.startswith("train.cuda_graph")] == \
         ["train.cuda_graph: eager micro-steps: no CUDA graphs on cpu"]
+    info = read_json(tmp_path / "eager" / "run" / "run.json", RunInfo)
+    assert info is not None and info.cuda_graph == CudaGraph(replayed=False, reason="no CUDA graphs on cpu")
     eager = [r["loss"] for r in read_jsonl(tmp_path / "eager" / "run" / "metrics.jsonl")
              if r.get("kind", "train") == "train"]
     with trainer_at(tmp_path / "graphed", sets) as trainer:

@@ -53,3 +53,15 @@ def test_the_window_branch_on_flexattention_is_named() -> None:
 
 def test_runs_of_older_trainers_have_no_ops_row() -> None:
     assert "attn ops" not in _text({"status": "running"})
+
+
+def _steps_line(record: dict) -> str:
+    return next(line for line in _text(record).splitlines() if line.strip().startswith("steps"))
+
+
+def test_train_cuda_graph_says_whether_the_steps_replay_a_graph_and_why_not() -> None:
+    assert "replayed from a CUDA graph" in _steps_line(
+        {"cuda_graph": {"replayed": True, "reason": "one CUDA graph per micro-step (checked ...)"}})
+    line = _steps_line({"cuda_graph": {"replayed": False, "reason": "2 processes: DDP's and FSDP's hooks"}})
+    assert "eager" in line and "2 processes" in line and "replayed" not in line
+    assert "steps" not in [ln.strip().split(" ")[0] for ln in _text({"status": "running"}).splitlines()]

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from nsa.contract import AttentionOps, GateShares
+from nsa.contract import AttentionOps, CudaGraph, GateShares
 from nsa_tui.app.state import PanelState, RunState
 from nsa_tui.fmt import NA, fmt_count, fmt_duration, fmt_float, is_num
 from nsa_tui.hosts.merge import MergedRun, hosts_of
@@ -49,6 +49,16 @@ def ops_text(ops: AttentionOps) -> Text:
         t.append(f" (requested {ops.requested})", style="dim")
     if ops.window == "flexattention":
         t.append(" · window: FlexAttention", style="dim")
+    return t
+
+
+def graph_text(graph: CudaGraph) -> Text:
+    """train.cuda_graph's outcome: replayed from a CUDA graph, or eager with the reason."""
+    if graph.replayed:
+        return Text("replayed from a CUDA graph (checked against eager)", style="bold")
+    t = Text("eager ", style="bold")
+    t.append("(train.cuda_graph asked): ", style="yellow")
+    t.append(graph.reason, style="yellow")
     return t
 
 
@@ -137,6 +147,8 @@ def summary_rows(run: RunState, now: float = 0.0, merged: MergedRun | None = Non
         batch += f" ({info.batch_size or NA}/rank×{info.world_size}×{info.grad_accum or NA} acc)"
     rows.append((FACTS, "batch", batch))
     rows.append((FACTS, "dtype", Text(f"{info.dtype or NA} on {info.device or NA}")))
+    if info.cuda_graph is not None:  # train.cuda_graph asked
+        rows.append((FACTS, "steps", graph_text(info.cuda_graph)))
     if info.attention_ops is not None:  # absent in runs of older trainers
         rows.append((FACTS, "attn ops", ops_text(info.attention_ops)))
     data = info.data_source or _section(info.config, "data").get("source") or NA
