@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
 import torch
@@ -41,3 +42,24 @@ def peaked_model(kind: str = "nsa", backend: str = "reference", seed: int = 0, n
     cfg = dataclasses.replace(cfg, n_kv_heads=n_kv_heads, init_std=0.2,
                               attention=dataclasses.replace(cfg.attention, backend=backend))
     return build_model(cfg).eval()
+
+
+def count_triton_launches(monkeypatch: Any, counter: Any) -> Counter[str]:
+    """Count the Triton launches of the interpreter by kernel name (warm-up calls aside), and take
+    the ops the interpreter itself dispatches inside a launch back out of ``counter``
+    (an ``nsa.syncs.OpCounter``): they are not the step's."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    kernels: Counter[str] = Counter()
+    launch = InterpretedFunction.run
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = Counter(counter.ops)
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            counter.ops = before
+            kernels[self.fn.__name__] += not kwargs.get("warmup")
+
+    monkeypatch.setattr(InterpretedFunction, "run", counted)
+    return kernels

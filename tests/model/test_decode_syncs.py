@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from nsa_model_testlib import peaked_model, small_cfg
+from nsa_model_testlib import count_triton_launches, peaked_model, small_cfg
 
 from nsa.config import load_config
 from nsa.infer import cache as cache_mod
@@ -182,7 +182,6 @@ def test_the_cuda_paths_launches_are_capped(monkeypatch: pytest.MonkeyPatch, nam
     ops with device work plus the Triton launches per token, against MAX_LAUNCHES (the ops
     the interpreter itself dispatches inside a launch are not counted)."""
     triton_ops = pytest.importorskip("nsa.ops.triton")
-    from triton.runtime.interpreter import InterpretedFunction
 
     monkeypatch.setattr(cache_mod, "fused_op", lambda backend, x, op: getattr(triton_ops, op))
     torch.manual_seed(0)
@@ -191,18 +190,7 @@ def test_the_cuda_paths_launches_are_capped(monkeypatch: pytest.MonkeyPatch, nam
     _, state = prefill(model, torch.randint(0, 320, (2, max(lens) - 1)), [n - 1 for n in lens],
                        max_new_tokens=2)
     counter = OpCounter()
-    kernels: Counter[str] = Counter()
-    launch = InterpretedFunction.run
-
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before = Counter(counter.ops)
-        try:
-            return launch(self, *args, **kwargs)
-        finally:
-            counter.ops = before  # the interpreter's own tensor ops are not the step's
-            kernels[self.fn.__name__] += not kwargs.get("warmup")
-
-    monkeypatch.setattr(InterpretedFunction, "run", counted)
+    kernels = count_triton_launches(monkeypatch, counter)
     tok = torch.zeros(2, dtype=torch.long)
     decode_step(model, state, tok)
     kernels.clear()

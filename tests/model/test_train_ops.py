@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from nsa_model_testlib import count_triton_launches
 
 from nsa.config import load_config
 from nsa.model import build_model
@@ -51,19 +52,7 @@ def test_a_train_steps_ops_are_capped_and_it_never_syncs(monkeypatch: pytest.Mon
     kernels: Counter[str] = Counter()
     if name.startswith("nsa"):
         pytest.importorskip("nsa.ops.triton")
-        from triton.runtime.interpreter import InterpretedFunction
-
-        launch = InterpretedFunction.run
-
-        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-            before = Counter(counter.ops)
-            try:
-                return launch(self, *args, **kwargs)
-            finally:
-                counter.ops = before  # the interpreter's own tensor ops are not the step's
-                kernels[self.fn.__name__] += not kwargs.get("warmup")
-
-        monkeypatch.setattr(InterpretedFunction, "run", counted)
+        kernels = count_triton_launches(monkeypatch, counter)
     tokens = torch.randint(0, 256, (1, 129))
 
     def step() -> None:
