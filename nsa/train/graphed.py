@@ -26,13 +26,15 @@ One process only: DDP's and FSDP's gradient hooks communicate during the backwar
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["GraphedMicroStep", "graph_refusal"]
+__all__ = ["CudaGraphs", "GraphedMicroStep", "graph_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,37 @@ def graph_refusal(device: torch.device, world_size: int, strategy: str,
     return None
 
 
+class CudaGraphs:
+    """The CUDA calls a capture makes, in one small interface: a machine without a GPU has none,
+    and a test stands a fake in for them (tests/train/test_graphed.py) to check the proof."""
+
+    def side_stream(self) -> Any:
+        return torch.cuda.Stream()
+
+    @contextlib.contextmanager
+    def on(self, stream: Any) -> Iterator[None]:
+        """Run the block on ``stream``, ordered after the current stream's work and before its next."""
+        main = torch.cuda.current_stream()
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            yield
+        main.wait_stream(stream)
+
+    def capture(self, stream: Any, body: Callable[[], torch.Tensor]
+                ) -> tuple[Callable[[], None], torch.Tensor]:
+        """Record ``body`` into a graph on ``stream`` (nothing runs): (replay, its output tensor)."""
+        graph = torch.cuda.CUDAGraph()
+        # on the stream that warmed up; thread_local: only this thread's capture-unsafe calls are
+        # errors, while the loader thread pins the next batches and the heartbeat thread beats
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            out = body()
+        return graph.replay, out  # the bound method keeps the graph alive
+
+    def settle(self) -> None:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the warm-up's eager activations: the graph has its own pool
+
+
 class GraphedMicroStep:
     """``step(tokens)`` runs ``loss_fn(tokens)``, adds the gradient of the loss over
     ``divisor`` (the gradient accumulation) into the parameters' ``.grad`` and returns the loss
@@ -65,16 +98,17 @@ class GraphedMicroStep:
     says which and why)."""
 
     def __init__(self, loss_fn: Callable[[torch.Tensor], torch.Tensor], params: list[nn.Parameter],
-                 divisor: int = 1) -> None:
+                 divisor: int = 1, graphs: CudaGraphs | None = None) -> None:
         self.loss_fn, self.params, self.divisor = loss_fn, params, divisor
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphs = graphs or CudaGraphs()
+        self.replay: Callable[[], None] | None = None
         self.tokens: torch.Tensor | None = None  # the static input the graph reads
         self.loss: torch.Tensor | None = None  # the static output it writes
         self.why = "not prepared"
 
     @property
     def graphed(self) -> bool:
-        return self.graph is not None
+        return self.replay is not None
 
     def _eager(self, tokens: torch.Tensor) -> torch.Tensor:
         loss = self.loss_fn(tokens)
@@ -82,10 +116,10 @@ class GraphedMicroStep:
         return loss.detach()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.graph is None or self.tokens is None or self.loss is None:
+        if self.replay is None or self.tokens is None or self.loss is None:
             return self._eager(tokens)
         self.tokens.copy_(tokens, non_blocking=True)
-        self.graph.replay()
+        self.replay()
         return self.loss
 
     def _zero_grads(self) -> None:
@@ -113,35 +147,29 @@ class GraphedMicroStep:
             first = f" (first: {type(cause).__name__}: {cause})" if cause is not None else ""
             why = f"the capture failed: {type(exc).__name__}: {exc}{first}".replace("\n", " ")[:400]
         if why is not None:
-            self.graph = self.tokens = self.loss = None
+            self.replay = self.tokens = self.loss = None
             self.why = why
         self._zero_grads()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()  # the warm-up's eager activations: the graph has its own pool
-        return self.graph is not None
+        self.graphs.settle()
+        return self.replay is not None
 
     def _capture_and_check(self, example: torch.Tensor) -> str | None:
         self.tokens = example.clone()
         self._zero_grads()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        side = self.graphs.side_stream()
+        with self.graphs.on(side):
             for _ in range(WARMUP):
                 self._eager(self.tokens)
             self._zero_grads()
             want_loss = self._eager(self.tokens).clone()
             want = self._norms()
             self._zero_grads()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # on the stream that warmed up; thread_local: only this thread's capture-unsafe calls are
-        # errors, while the loader thread pins the next batches and the heartbeat thread beats
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-            loss = self._eager(self.tokens)
+        tokens = self.tokens
+        replay, loss = self.graphs.capture(side, lambda: self._eager(tokens))
         self._zero_grads()  # the capture ran nothing; zeroed all the same
-        graph.replay()
+        replay()
         got_loss, got = loss.clone(), self._norms()
-        graph.replay()
+        replay()
         twice = self._norms()
         if not torch.allclose(got_loss, want_loss, rtol=RTOL, atol=0.0):
             return f"the replayed loss {float(got_loss):.6g} differs from eager's {float(want_loss):.6g}"
@@ -152,7 +180,7 @@ class GraphedMicroStep:
                     f"eager's {float(want[worst]):.6g}")
         if not torch.allclose(twice, 2 * want, rtol=RTOL, atol=2 * atol):
             return "a second replay did not add to the gradients (they must accumulate)"
-        self.graph, self.loss = graph, loss
+        self.replay, self.loss = replay, loss
         self.why = (f"one CUDA graph per micro-step (checked against eager: loss {float(got_loss):.4f}, "
                     f"{len(want)} gradients)")
         return None

@@ -34,7 +34,7 @@ from nsa.train.data import (
     val_batches,
 )
 from nsa.train.faults import Faults, StopFlag
-from nsa.train.graphed import GraphedMicroStep, graph_refusal
+from nsa.train.graphed import CudaGraphs, GraphedMicroStep, graph_refusal
 from nsa.train.schedule import lr_at
 from nsa.train.sources import build_source
 from nsa.train.telemetry import Heartbeat, MetricsLog, RunRecord
@@ -88,6 +88,7 @@ class Trainer:
         self.last_grad_norm: float | None = None  # read by _agree with the loss, for the metrics line
         self.micro: GraphedMicroStep | None = None  # train.cuda_graph, once proved (prepare_graph)
         self._graph_decided = False
+        self.graphs = CudaGraphs()  # the CUDA calls of a capture (a test's fake on a CPU)
         self.last_gates: GateShares | None = None
         import psutil
 
@@ -268,7 +269,7 @@ class Trainer:
         if why is None:
             self.hb.set_phase("compile")
             params = [p for p in self.model.parameters() if p.requires_grad]
-            micro = GraphedMicroStep(self._loss, params, self.grad_accum)
+            micro = GraphedMicroStep(self._loss, params, self.grad_accum, self.graphs)
             example = torch.randint(0, self.tokenizer.vocab_size, (t.batch_size, t.seq_len + 1),
                                     device=self.info.device)
             t0 = time.perf_counter()

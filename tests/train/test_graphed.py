@@ -1,17 +1,20 @@
-"""train.cuda_graph, checked on the CPU: what a graph of the micro-step relies on, and the
-trainer's graphed path.
+"""train.cuda_graph, checked on the CPU: what a graph of the micro-step relies on, the proof
+that decides whether a run uses one, and the trainer's graphed path.
 
 A CUDA graph replays the launches it recorded, with the host arguments they had, on the
 buffers they used. So every micro-step must dispatch the same ops with the same shapes and
 host arguments (the Triton kernels' included), and the backward must add into the same
 gradient buffers in place. Both are checked here on nsa-125m's and dense-125m's layouts.
-The trainer's graphed path (gradients zeroed in place, the loss over the accumulation) must
-train exactly as the eager one. The capture and its proof against eager need a GPU: the
-``gpu`` test at the end.
+The capture itself needs a GPU; ``FakeGraphs`` stands in for it (the one thing faked: the
+CUDA calls behind ``CudaGraphs``), faithful or with a planted fault, to check the proof
+against eager and the trainer's path around it. The real capture is the ``gpu`` test at
+the end.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,8 @@ from nsa.config import load_config
 from nsa.contract import CudaGraph, RunInfo, read_json
 from nsa.model import build_model
 from nsa.syncs import OpTrace
-from nsa.train.graphed import GraphedMicroStep, graph_refusal
+from nsa.train import trainer as trainer_module
+from nsa.train.graphed import CudaGraphs, GraphedMicroStep, graph_refusal
 from nsa.train.telemetry import RunRecord
 from tests.train.test_step_syncs import trainer_at
 from tests.train.trainrun import read_jsonl
@@ -107,32 +111,124 @@ def test_every_micro_step_is_the_one_a_graph_records(monkeypatch: pytest.MonkeyP
         torch.testing.assert_close(p.grad, 2 * g1)
 
 
-def test_the_trainers_graphed_path_trains_as_the_eager_one(tmp_path: Path) -> None:
-    """The trainer's graphed branch (the step's micro-steps through ``GraphedMicroStep``,
-    gradients zeroed in place) gives the eager loop's losses exactly, with accumulation; on the
-    CPU train.cuda_graph says why it steps eagerly."""
-    sets = ["train.grad_accum=2"]
-    logs: list[str] = []
-    with trainer_at(tmp_path / "eager", sets + ["train.cuda_graph=true"]) as trainer:
-        trainer.log = logs.append
-        trainer.record = RunRecord(trainer.run_dir, RunInfo(run_id="rid"))
-        assert trainer.run() == "finished"
-        assert trainer.micro is None
-    assert [m for m in logs if m.startswith("train.cuda_graph")] == \
-        ["train.cuda_graph: eager micro-steps: no CUDA graphs on cpu"]
-    info = read_json(tmp_path / "eager" / "run" / "run.json", RunInfo)
-    assert info is not None and info.cuda_graph == CudaGraph(replayed=False, reason="no CUDA graphs on cpu")
-    eager = [r["loss"] for r in read_jsonl(tmp_path / "eager" / "run" / "metrics.jsonl")
-             if r.get("kind", "train") == "train"]
-    with trainer_at(tmp_path / "graphed", sets) as trainer:
-        params = [p for p in trainer.model.parameters() if p.requires_grad]
-        trainer.micro = GraphedMicroStep(trainer._loss, params, trainer.grad_accum)  # its eager fallback
-        trainer.micro._zero_grads()
-        assert trainer.run() == "finished"
-        assert all(p.grad is not None for p in params)  # zeroed in place, never freed
-    graphed = [r["loss"] for r in read_jsonl(tmp_path / "graphed" / "run" / "metrics.jsonl")
-               if r.get("kind", "train") == "train"]
-    assert len(eager) == len(graphed) >= 5 and eager == graphed
+class FakeGraphs(CudaGraphs):
+    """A GPU's capture, stood in for on the CPU: ``capture`` runs the body once (a real one runs
+    nothing; ``prepare`` zeroes the gradients after it either way) and a replay runs it again
+    into the same output tensor, adding into the same gradients, as a graph's replay does.
+    ``fault`` plants what a bad graph would do: fail to capture, give another loss, overwrite
+    the gradients instead of adding, or lose one parameter's."""
+
+    def __init__(self, fault: str | None = None) -> None:
+        self.fault, self.captures, self.replays = fault, 0, 0
+        self.params: list[torch.nn.Parameter] = []  # the faults' victims
+
+    def side_stream(self) -> Any:
+        return None
+
+    @contextlib.contextmanager
+    def on(self, stream: Any) -> Iterator[None]:
+        yield
+
+    def capture(self, stream: Any, body: Any) -> tuple[Any, torch.Tensor]:
+        if self.fault == "capture":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        self.captures += 1
+        out = body()
+        params = list(self.params)
+
+        def replay() -> None:
+            self.replays += 1
+            if self.fault == "overwrite":
+                for p in params:
+                    p.grad.zero_()
+            out.copy_(body() * (1.5 if self.fault == "loss" else 1.0))
+            if self.fault == "lost":
+                params[1].grad.zero_()
+
+        return replay, out
+
+    def settle(self) -> None:
+        pass
+
+
+def proving(name: str, fault: str | None = None) -> tuple[GraphedMicroStep, FakeGraphs]:
+    step, _ = micro_step(name)
+    fake = FakeGraphs(fault)
+    fake.params = step.params
+    step.graphs = fake
+    return step, fake
+
+
+def test_the_proof_passes_a_faithful_graph_and_replays_it() -> None:
+    """With a capture that replays the micro-step faithfully, ``prepare`` proves it and leaves
+    zero gradients; steps replay it, and give eager's losses and gradients, accumulated."""
+    step, fake = proving("dense-125m")
+    torch.manual_seed(3)
+    assert step.prepare(torch.randint(0, 256, (1, 129)))
+    assert step.graphed and "checked against eager" in step.why and fake.captures == 1 and fake.replays == 2
+    assert all(float(p.grad.abs().sum()) == 0 for p in step.params)
+    eager, _ = micro_step("dense-125m")
+    eager._zero_grads()
+    torch.manual_seed(4)
+    batches = [torch.randint(0, 256, (1, 129)) for _ in range(2)]
+    got = [float(step.step(b)) for b in batches]
+    want = [float(eager.step(b)) for b in batches]
+    assert fake.replays == 4 and got == want
+    for a, b in zip(step.params, eager.params):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize(("fault", "said"), [
+    ("capture", "the capture failed: RuntimeError: CUDA error: operation not permitted when stream is "
+                "capturing"),
+    ("loss", "the replayed loss"),
+    ("lost", "the replayed gradient of parameter 1 has norm 0,"),
+    ("overwrite", "a second replay did not add to the gradients"),
+])
+def test_a_graph_that_fails_its_proof_is_not_used_and_says_why(fault: str, said: str) -> None:
+    step, _ = proving("dense-125m", fault)
+    torch.manual_seed(3)
+    assert not step.prepare(torch.randint(0, 256, (1, 129)))
+    assert not step.graphed and step.why.startswith(said), step.why
+    assert all(p.grad is not None and float(p.grad.abs().sum()) == 0 for p in step.params)
+    eager, _ = micro_step("dense-125m")
+    batch = torch.randint(0, 256, (1, 129))
+    assert float(step.step(batch)) == float(eager.step(batch))  # eager, as it would have been
+
+
+def test_the_trainers_graphed_path_trains_as_the_eager_one(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.cuda_graph on the CPU: refused, said in the log and run.json, eager steps. With the
+    fake standing in for a GPU's capture, the trainer's own path (the proof on random tokens
+    before the first step, micro-steps replayed with accumulation, gradients zeroed in place)
+    gives exactly the eager run's losses: the proof leaves nothing behind."""
+    sets = ["train.grad_accum=2", "train.cuda_graph=true"]
+    runs = {}
+    for kind in ("eager", "graphed"):
+        logs: list[str] = []
+        with trainer_at(tmp_path / kind, sets) as trainer:
+            trainer.log = logs.append
+            trainer.record = RunRecord(trainer.run_dir, RunInfo(run_id="rid"))
+            if kind == "graphed":  # this machine has no CUDA: the fake stands in for it
+                monkeypatch.setattr(trainer_module, "graph_refusal", lambda *a: None)
+                trainer.graphs = fake = FakeGraphs()
+            assert trainer.run() == "finished"
+            graphed = trainer.micro is not None
+            assert all(p.grad is not None for p in trainer.model.parameters()) == graphed  # zeroed in place
+        info = read_json(tmp_path / kind / "run" / "run.json", RunInfo)
+        assert info is not None and info.cuda_graph is not None
+        said = [m for m in logs if m.startswith("train.cuda_graph")]
+        runs[kind] = [r["loss"] for r in read_jsonl(tmp_path / kind / "run" / "metrics.jsonl")
+                      if r.get("kind", "train") == "train"]
+        if kind == "eager":
+            assert said == ["train.cuda_graph: eager micro-steps: no CUDA graphs on cpu"]
+            assert info.cuda_graph == CudaGraph(replayed=False, reason="no CUDA graphs on cpu")
+        else:
+            assert graphed and len(said) == 1
+            assert said[0].startswith("train.cuda_graph: replayed: one CUDA graph"), said
+            assert info.cuda_graph.replayed and "checked against eager" in info.cuda_graph.reason
+            assert fake.replays == 2 + 2 * len(runs[kind])  # the proof's two, then two micro-steps a step
+    assert len(runs["eager"]) >= 5 and runs["eager"] == runs["graphed"]
 
 
 @pytest.mark.gpu
