@@ -14,7 +14,8 @@ and their ratio (the goal: <= 1.05), and what tells a gap apart: the bare step b
 per step; the trainer's telemetry time; the loader thread's CPU per micro-batch (Python that
 holds the GIL while the training thread launches kernels: compare ``--set data.source=stdlib``
 with the default); and per steady step the host syncs and uploads (``nsa.syncs.HostSyncs``)
-and aten ops of each side.
+and aten ops of each side. With ``--set train.cuda_graph=true`` on CUDA both sides replay their
+forward and backward from a CUDA graph (each says whether its proof passed).
 
 Defaults: on CUDA dense-125m at batch 8 x 2048, grad_accum 1 (bench.run's train row); on CPU
 tiny-cpu-dense at its own shapes; ``data.source=synthetic`` (no network needed), no
@@ -60,10 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def bare_step(cfg: Any, device: Any, model: Any = None, opt: Any = None) -> Callable[[Any], None]:
     """bench.run's train_step (``bench_train``): a fresh model of ``cfg`` and its AdamW (or
-    ``model`` and ``opt``: the trainer's, wrapped), one random batch on the device."""
+    ``model`` and ``opt``: the trainer's, wrapped), one random batch on the device. With
+    ``train.cuda_graph`` on CUDA, its forward and backward replayed from a CUDA graph as the
+    trainer's would be (eager when the graph fails its proof; both said)."""
     import torch
 
-    from bench.run import train_step_fn
+    from bench.run import graphed_train_step_fn, train_step_fn
     from nsa.model import build_model
     from nsa.train.trainer import build_optimizer
 
@@ -72,6 +75,11 @@ def bare_step(cfg: Any, device: Any, model: Any = None, opt: Any = None) -> Call
         model = build_model(cfg.model).to(device)
         opt = build_optimizer(model, cfg, device)
     tokens = torch.randint(0, 256, (cfg.train.batch_size, cfg.train.seq_len + 1), device=device)
+    if cfg.train.cuda_graph and torch.device(device).type == "cuda":
+        step, why = graphed_train_step_fn(model, opt, tokens, cfg.model.vocab_size, cfg.train.grad_clip)
+        print(f"bare train_step, train.cuda_graph: {'replayed' if step else 'eager'}: {why}", flush=True)
+        if step is not None:
+            return step
     return train_step_fn(model, opt, tokens, cfg.model.vocab_size, cfg.train.grad_clip)
 
 
