@@ -27,7 +27,6 @@ One process only: DDP's and FSDP's gradient hooks communicate during the backwar
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,8 +34,6 @@ import torch
 from torch import nn
 
 __all__ = ["CudaGraphs", "GraphedMicroStep", "graph_refusal"]
-
-log = logging.getLogger(__name__)
 
 WARMUP = 2  # eager micro-steps before the capture
 # replay against eager: equal but for the order of floating-point sums in the kernels that
