@@ -88,19 +88,21 @@ def test_every_micro_step_is_the_one_a_graph_records(monkeypatch: pytest.MonkeyP
     step._zero_grads()  # as prepare leaves them: allocated, zero
     buffers = [p.grad.data_ptr() for p in step.params if p.grad is not None]
     torch.manual_seed(1)
-    batches = [torch.randint(0, 256, (1, 129)) for _ in range(3)]
+    batches = [torch.randint(0, 256, (1, 129)) for _ in range(2)]  # other tokens, other blocks chosen
     losses = []
     for tokens in batches:
         with OpTrace(values=False) as trace:  # the loss, a device value, differs
             traces.append(trace)
             losses.append(step.step(tokens))
-    assert len(traces[0].ops) > 200 and len(set(float(x) for x in losses)) == 3
+    assert len(traces[0].ops) > 200 and float(losses[0]) != float(losses[1])
     if name.startswith("nsa"):
         assert any(op[0] == "_sel_bwd_dkdv" for op in traces[0].ops)
     for i, trace in enumerate(traces[1:], 1):
         differs = traces[0].first_difference(trace)
         assert differs is None, f"micro-step {i}: {differs}"
     assert [p.grad.data_ptr() for p in step.params if p.grad is not None] == buffers
+    if name.startswith("nsa"):
+        return  # accumulating is autograd's, the same for both layouts: checked on the faster one
     # and they accumulate: the same batch again adds the same gradient
     step._zero_grads()
     step.step(batches[-1])
