@@ -17,7 +17,6 @@ import functools
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -136,24 +135,21 @@ def test_every_step_dispatches_the_same_ops(kind: str) -> None:
     state, tok = _state(model)
     choose, gen = _sampler()
     runner = DecodeRunner(model, state, choose, generator=gen)
-    traces: dict[bool, list[list[tuple[Any, ...]]]] = {True: [], False: []}
+    traces: dict[bool, list[OpTrace]] = {True: [], False: []}
     for _ in range(STEPS):
         step_kind = compresses(model, state)
         with OpTrace() as trace:
             tok = runner.step(tok)
-        traces[step_kind].append(trace.ops)
+        traces[step_kind].append(trace)
     # nsa: both kinds occur (a compressing step runs phi: more ops); dense: one kind
     assert [len(traces[k]) > 0 for k in (True, False)] == ([True, True] if kind == "nsa" else [True, False])
     if kind == "nsa":
-        assert len(traces[True][0]) > len(traces[False][0])
+        assert len(traces[True][0].ops) > len(traces[False][0].ops)
     for same in traces.values():
         for i, t in enumerate(same[1:], 1):
-            first = same[0]
-            assert len(first) > 100
-            diff = next((j for j, (a, b) in enumerate(zip(first, t)) if a != b), None)
-            assert len(t) == len(first) and diff is None, \
-                f"step {i} of its kind differs from the first at op {diff}: " \
-                f"{first[diff] if diff is not None else ''} vs {t[diff] if diff is not None else len(t)}"
+            assert len(same[0].ops) > 100
+            differs = same[0].first_difference(t)
+            assert differs is None, f"step {i} of its kind differs from the first at {differs}"
 
 
 @pytest.mark.parametrize("name,lens", list(MAX_OPS))
