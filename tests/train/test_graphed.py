@@ -269,3 +269,27 @@ def test_the_graph_replays_eagers_micro_steps(name: str) -> None:
     assert got_loss == pytest.approx(want_loss, rel=1e-3)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_on_cuda_the_trainer_replays_its_micro_steps_with_eagers_losses(tmp_path: Path, kind: str) -> None:
+    """On CUDA: a one-process trainer with train.cuda_graph proves its graph, says so, and trains
+    (bf16 autocast, accumulation 2) to the eager trainer's losses."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    runs = {}
+    for graph in (False, True):
+        logs: list[str] = []
+        sets = ["train.grad_accum=2", f"model.attention.kind={kind}",
+                f"train.cuda_graph={str(graph).lower()}"]
+        with trainer_at(tmp_path / str(graph), sets, device="cuda") as trainer:
+            trainer.log = logs.append
+            assert trainer.run() == "finished"
+            assert (trainer.micro is not None) == graph, logs
+        runs[graph] = [r["loss"] for r in read_jsonl(tmp_path / str(graph) / "run" / "metrics.jsonl")
+                       if r.get("kind", "train") == "train"]
+        if graph:
+            assert [m for m in logs if m.startswith("train.cuda_graph: replayed: ")], logs
+    assert len(runs[False]) >= 5
+    assert runs[True] == pytest.approx(runs[False], rel=2e-2)

@@ -39,12 +39,13 @@ ALLOWED = Counter({("read", "Tensor.tolist"): 1})
 
 
 @contextmanager
-def trainer_at(tmp_path: Path, sets: list[str]) -> Iterator[Trainer]:
-    cfg = load_config(SMOKE, ["train.device=cpu", f"train.steps={STEPS}", "train.log_every=1",
+def trainer_at(tmp_path: Path, sets: list[str], device: str = "cpu") -> Iterator[Trainer]:
+    cfg = load_config(SMOKE, [f"train.device={device}", f"train.steps={STEPS}", "train.log_every=1",
                               "train.eval_every=1000", "train.save_every=1000", *sets])
     run_dir = ensure_run_dir(tmp_path / "run")
-    hb = Heartbeat(run_dir, "rid", 0, 0, 1, D.device_record(torch.device("cpu")), 10.0)
-    info = D.init(cfg.train, run_dir, torch.device("cpu"))
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
+    hb = Heartbeat(run_dir, "rid", 0, 0, 1, D.device_record(dev), 10.0)
+    info = D.init(cfg.train, run_dir, dev)
     try:
         trainer = Trainer(cfg, run_dir, info, hb, StopFlag(), None, None, lambda msg: None)
         trainer.setup()
