@@ -64,6 +64,24 @@ def test_markdown_table_and_ratios():
     assert "Per-kernel" not in md  # no breakdown given
 
 
+def test_train_step_ratios_eager_and_from_cuda_graphs():
+    """nsa/dense for the eager and the graphed train steps, and each layout's graph against its
+    eager step; a graph whose proof failed (a row without time) gives no ratio."""
+    rows = [_row("train_step", "nsa_triton", "nsa-125m", 2048, 123.0, tokens_per_s=133_203.0),
+            _row("train_step", "dense_sdpa", "dense-125m", 2048, 63.0, tokens_per_s=260_063.0),
+            _row("train_step", "nsa_triton_graph", "nsa-125m", 2048, 41.0, tokens_per_s=399_610.0),
+            _row("train_step", "dense_sdpa_graph", "dense-125m", 2048, 32.8, tokens_per_s=499_512.0)]
+    md = format_markdown(rows)
+    assert "| train_step | 2048 | dense-125m | nsa/dense tokens/s 0.51x |" in md
+    assert "| train_step | 2048 | dense-125m | nsa/dense tokens/s 0.80x (both from CUDA graphs) |" in md
+    assert "| train_step | 2048 | nsa-125m eager | CUDA graph 3.00x |" in md
+    assert "| train_step | 2048 | dense-125m eager | CUDA graph 1.92x |" in md
+    rows[2] = _row("train_step", "nsa_triton_graph", "nsa-125m", 2048, None, status="failed: loss differs")
+    md = format_markdown(rows)
+    assert "nsa-125m eager | CUDA graph" not in md and "both from CUDA graphs" not in md
+    assert "| train_step | 2048 | dense-125m eager | CUDA graph 1.92x |" in md
+
+
 def _kernels(n: int) -> list[dict]:
     events = [(f"_kernel_{i:02d}", 100.0 * (n - i)) for i in range(n)] + [("_kernel_00", 50.0)]
     rows = kernel_breakdown(events)
