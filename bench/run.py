@@ -257,16 +257,25 @@ def profile_case(layout: str, T: int, B: int, device: str = "cuda",
     return rows
 
 
+def bare_loss(model: Any, vocab: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The bare step's loss of a batch ``[B, T + 1]``: bf16 autocast forward on CUDA, fp32
+    cross-entropy."""
+    def loss_fn(batch: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
+            logits = model(batch[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, vocab), batch[:, 1:].reshape(-1))
+
+    return loss_fn
+
+
 def train_step_fn(model: Any, opt: Any, tokens: torch.Tensor, vocab: int, grad_clip: float
                   ) -> Callable[[Any], None]:
-    """The bare train step on one batch ``tokens [B, T + 1]``: bf16 autocast forward on CUDA,
-    cross-entropy, backward, clip, optimizer step (bench.trainer_overhead times nsa-train's
-    step against this one)."""
+    """The bare train step on one batch ``tokens [B, T + 1]``: ``bare_loss``, backward, clip,
+    optimizer step (bench.trainer_overhead times nsa-train's step against this one)."""
+    loss_fn = bare_loss(model, vocab)
+
     def step(_: Any) -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=tokens.device.type == "cuda"):
-            logits = model(tokens[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-        loss.backward()
+        loss_fn(tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -281,12 +290,7 @@ def graphed_train_step_fn(model: Any, opt: Any, tokens: torch.Tensor, vocab: int
     against eager on ``tokens``: (step, what the proof said); (None, why) when it failed."""
     from nsa.train.graphed import GraphedMicroStep
 
-    def loss_fn(batch: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(batch[:, :-1])
-        return F.cross_entropy(logits.float().reshape(-1, vocab), batch[:, 1:].reshape(-1))
-
-    micro = GraphedMicroStep(loss_fn, [p for p in model.parameters() if p.requires_grad])
+    micro = GraphedMicroStep(bare_loss(model, vocab), [p for p in model.parameters() if p.requires_grad])
     if not micro.prepare(tokens):
         return None, micro.why
 
