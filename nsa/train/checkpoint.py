@@ -385,6 +385,10 @@ def load(path: Path, meta: CheckpointMeta, model: nn.Module, optimizer: torch.op
             "gather them into this directory first, or keep checkpoints on a shared filesystem; "
             "docs/multi-node.md)")
     state, groups = _tensor_state(model, optimizer)
+    if not state["optim"]["state"]:  # DCP would load none of it, silently: AdamW would start over
+        raise CheckpointError(
+            f"{path}: cannot restore the optimizer: it has no state to load into (DCP creates it only "
+            "while no parameter has a gradient, and one had)")
     old_world = meta.world_size
     src = min(rank, old_world - 1)  # a grown world: the new ranks take the last rank's RNG
     rng = {k.replace(f"rng/rank-{rank}/", f"rng/rank-{src}/", 1): v

@@ -252,8 +252,11 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
         f"(dim {cfg.model.dim}, {cfg.model.n_layers} layers, vocab {cfg.model.vocab_size}), "
         f"attention ops: {ops}")
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
-    unwrapped = t.strategy == "ddp" and trainer.model is trainer.raw  # one process (distributed.wrap)
-    how = "ddp: one process, no DDP wrapper" if unwrapped else t.strategy
+    how = t.strategy
+    if trainer.flat_grads is not None:  # train.cuda_graph on several ranks (gradsync.py)
+        how = "ddp: no DDP wrapper, gradients averaged in one all-reduce per step for train.cuda_graph"
+    elif t.strategy == "ddp" and trainer.model is trainer.raw:  # one process (distributed.wrap)
+        how = "ddp: one process, no DDP wrapper"
     log(f"world size {world} ({how}{f', {nodes} nodes' if nodes > 1 else ''}), device {device}, "
         f"dtype {boot['dtype']}")
     log(f"process-group timeouts: {t.pg_timeout_start_s:.0f} s while starting and checkpointing, "

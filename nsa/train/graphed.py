@@ -21,7 +21,10 @@ capture's replay must give the same, and a second replay must double the gradien
 accumulate, not overwrite). The gradients are zeroed after. Any failure (a capture error, a
 mismatch) is logged with its reason and the run trains eagerly, as it would have.
 
-One process only: DDP's and FSDP's gradient hooks communicate during the backward.
+Several processes: DDP's reducer cannot be captured (its hooks start all-reduces in the middle
+of the backward), so a DDP run with graphs trains without the wrapper and averages its
+gradients in one all-reduce after the last micro-step (gradsync.py). FSDP's hooks gather and
+free parameters around every block: refused.
 """
 
 from __future__ import annotations
@@ -42,14 +45,11 @@ WARMUP = 2  # eager micro-steps before the capture
 RTOL = 2e-2
 
 
-def graph_refusal(device: torch.device, world_size: int, strategy: str,
-                  nan_at_step: int | None) -> str | None:
-    """Why this run's micro-steps cannot be replayed from a CUDA graph; None when they can."""
+def graph_refusal(device: torch.device, strategy: str, nan_at_step: int | None) -> str | None:
+    """Why this run's micro-steps cannot be replayed from a CUDA graph; None when they can (one
+    process, or DDP over several: gradsync.py)."""
     if device.type != "cuda":
         return f"no CUDA graphs on {device.type}"
-    if world_size > 1:
-        return (f"{world_size} processes: DDP's and FSDP's gradient hooks communicate during the "
-                "backward, which one graph per process cannot hold")
     if strategy == "fsdp":
         return "strategy fsdp: its hooks gather and free parameters around every block"
     if nan_at_step is not None:

@@ -34,6 +34,7 @@ from nsa.train.data import (
     val_batches,
 )
 from nsa.train.faults import Faults, StopFlag
+from nsa.train.gradsync import FlatGrads
 from nsa.train.graphed import CudaGraphs, GraphedMicroStep, graph_refusal
 from nsa.train.schedule import lr_at
 from nsa.train.sources import build_source
@@ -88,6 +89,8 @@ class Trainer:
         self.last_grad_norm: float | None = None  # read by _agree with the loss, for the metrics line
         self.micro: GraphedMicroStep | None = None  # train.cuda_graph, once proved (prepare_graph)
         self._graph_decided = False
+        # DDP's averaging without its wrapper, for graphed micro-steps on several ranks (setup)
+        self.flat_grads: FlatGrads | None = None
         self.graphs = CudaGraphs()  # the CUDA calls of a capture (a test's fake on a CPU)
         self.last_gates: GateShares | None = None
         import psutil
@@ -115,7 +118,10 @@ class Trainer:
             for block in model.blocks:
                 block.compile()
         self.raw = model
-        self.model = D.wrap(model, t.strategy, info, bf16=self.use_bf16)
+        # micro-steps replayed from a graph cannot hold DDP's reducer (gradsync.py): the gradients
+        # are averaged in one all-reduce per step instead, whether the graph's proof passes or not
+        flat = self._graph_refusal() is None and D.replicates(t.strategy, info.world_size)
+        self.model = model if flat else D.wrap(model, t.strategy, info, bf16=self.use_bf16)
         self.optimizer = build_optimizer(self.model, cfg, info.device)
         self.timeouts = D.Timeouts(t.pg_timeout_start_s, t.pg_timeout_s, self.log)
         self.ckpt = ckpt.Checkpointer(self.run_dir / CHECKPOINTS, t.keep_checkpoints,
@@ -130,6 +136,10 @@ class Trainer:
         self.resume_note: str | None = None
         if self.resume_path is not None:
             positions = self._load_checkpoint(self.resume_path)
+        if flat:  # after the load: DCP creates the optimizer's state to load into only while no
+            # parameter has a gradient
+            self.flat_grads = FlatGrads([p for p in model.parameters() if p.requires_grad], info.world_size)
+            self.flat_grads.broadcast_parameters()
         self.global_batch = global_batch(t.batch_size, info.world_size, self.grad_accum)
         self._setup_data(positions)
         return {"param_count": self.param_count, "grad_accum": self.grad_accum,
@@ -195,7 +205,8 @@ class Trainer:
         if self.cfg.train.strategy == "fsdp":
             cast("FSDPModule", self.model).set_requires_gradient_sync(last)
             return contextlib.nullcontext()
-        if last or not D.replicates(self.cfg.train.strategy, self.info.world_size):
+        replicated = D.replicates(self.cfg.train.strategy, self.info.world_size)
+        if last or not replicated or self.flat_grads is not None:  # flat: averaged after the last
             return contextlib.nullcontext()
         return cast("DDP", self.model).no_sync()
 
@@ -237,6 +248,8 @@ class Trainer:
                     (loss / self.grad_accum).backward()
             loss_sum += loss.detach()
             self.positions = batch.positions
+        if self.flat_grads is not None:
+            self.flat_grads.average()
         # The norm, always (grad_clip 0 = no clipping, max_norm inf): logged, and computed before
         # the agreement so that a non-finite norm stops the step too.
         max_norm = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else float("inf")
@@ -251,8 +264,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        # a graph adds into the gradients it captured: zeroed in place, never freed
-        self.optimizer.zero_grad(set_to_none=self.micro is None)
+        # a graph adds into the gradients it captured, the flat all-reduce averages the buffer
+        # they are views of: zeroed in place, never freed
+        self.optimizer.zero_grad(set_to_none=self.micro is None and self.flat_grads is None)
         self.step += 1
         self.tokens += self.global_batch * self.cfg.train.seq_len
         self.last_lr = lr
@@ -265,7 +279,7 @@ class Trainer:
         if not t.cuda_graph or self._graph_decided:  # once per process (a benchmark runs the loop again)
             return
         self._graph_decided = True
-        why = graph_refusal(self.info.device, self.info.world_size, t.strategy, self.cfg.debug.nan_at_step)
+        why = self._graph_refusal()
         if why is None:
             self.hb.set_phase("compile")
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -273,11 +287,28 @@ class Trainer:
             example = torch.randint(0, self.tokenizer.vocab_size, (t.batch_size, t.seq_len + 1),
                                     device=self.info.device)
             t0 = time.perf_counter()
-            self.micro = micro if micro.prepare(example) else None
-            why = f"{micro.why}; {time.perf_counter() - t0:.1f} s"
+            proved = micro.prepare(example)
+            why = micro.why
+            if self.info.world_size > 1:  # every rank replays, or none does
+                verdicts = D.all_gather_objects(why if not proved else None)
+                failed = [(r, w) for r, w in enumerate(verdicts) if w is not None]
+                proved = not failed
+                why = micro.why if proved else "; ".join(f"rank {r}: {w}" for r, w in failed)
+            self.micro = micro if proved else None
+            why = f"{why}; {time.perf_counter() - t0:.1f} s"
+            if self.flat_grads is not None:
+                why += (f"; gradients averaged over {self.info.world_size} ranks in one all-reduce of "
+                        f"{self.flat_grads.nbytes / 2**20:.0f} MiB per step, without DDP's wrapper")
         self.log(f"train.cuda_graph: {'replayed' if self.micro else 'eager micro-steps'}: {why}")
         if self.record:
             self.record.update(cuda_graph=CudaGraph(replayed=self.micro is not None, reason=why))
+
+    def _graph_refusal(self) -> str | None:
+        """Why this run's micro-steps cannot replay a CUDA graph (None: they will try)."""
+        t = self.cfg.train
+        if not t.cuda_graph:
+            return "train.cuda_graph is off"
+        return graph_refusal(self.info.device, t.strategy, self.cfg.debug.nan_at_step)
 
     def _logs(self, step: int) -> bool:
         """Whether this rank writes a metrics line after ``step`` (rank 0, every ``log_every``)."""

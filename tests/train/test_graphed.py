@@ -13,8 +13,6 @@ the end.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,9 @@ from nsa.contract import CudaGraph, RunInfo, read_json
 from nsa.model import build_model
 from nsa.syncs import OpTrace
 from nsa.train import trainer as trainer_module
-from nsa.train.graphed import CudaGraphs, GraphedMicroStep, graph_refusal
+from nsa.train.graphed import GraphedMicroStep, graph_refusal
 from nsa.train.telemetry import RunRecord
+from tests.train.fake_graphs import FakeGraphs
 from tests.train.test_step_syncs import trainer_at
 from tests.train.trainrun import read_jsonl
 
@@ -37,11 +36,10 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def test_the_runs_that_cannot_replay_say_why() -> None:
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert graph_refusal(cuda, 1, "ddp", None) is None
-    assert graph_refusal(cpu, 1, "ddp", None) == "no CUDA graphs on cpu"
-    assert "2 processes" in (graph_refusal(cuda, 2, "ddp", None) or "")
-    assert "fsdp" in (graph_refusal(cuda, 1, "fsdp", None) or "")
-    assert "debug.nan_at_step" in (graph_refusal(cuda, 1, "ddp", 3) or "")
+    assert graph_refusal(cuda, "ddp", None) is None  # one process, or several without DDP's wrapper
+    assert graph_refusal(cpu, "ddp", None) == "no CUDA graphs on cpu"
+    assert "fsdp" in (graph_refusal(cuda, "fsdp", None) or "")
+    assert "debug.nan_at_step" in (graph_refusal(cuda, "ddp", 3) or "")
 
 
 def micro_step(name: str) -> tuple[GraphedMicroStep, int]:
@@ -111,46 +109,6 @@ def test_every_micro_step_is_the_one_a_graph_records(monkeypatch: pytest.MonkeyP
     step.step(batches[-1])
     for p, g1 in zip(step.params, once):
         torch.testing.assert_close(p.grad, 2 * g1)
-
-
-class FakeGraphs(CudaGraphs):
-    """A GPU's capture, stood in for on the CPU: ``capture`` runs the body once (a real one runs
-    nothing; ``prepare`` zeroes the gradients after it either way) and a replay runs it again
-    into the same output tensor, adding into the same gradients, as a graph's replay does.
-    ``fault`` plants what a bad graph would do: fail to capture, give another loss, overwrite
-    the gradients instead of adding, or lose one parameter's."""
-
-    def __init__(self, fault: str | None = None) -> None:
-        self.fault, self.captures, self.replays = fault, 0, 0
-        self.params: list[torch.nn.Parameter] = []  # the faults' victims
-
-    def side_stream(self) -> Any:
-        return None
-
-    @contextlib.contextmanager
-    def on(self, stream: Any) -> Iterator[None]:
-        yield
-
-    def capture(self, stream: Any, body: Any) -> tuple[Any, torch.Tensor]:
-        if self.fault == "capture":
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-        self.captures += 1
-        out = body()
-        params = list(self.params)
-
-        def replay() -> None:
-            self.replays += 1
-            if self.fault == "overwrite":
-                for p in params:
-                    p.grad.zero_()
-            out.copy_(body() * (1.5 if self.fault == "loss" else 1.0))
-            if self.fault == "lost":
-                params[1].grad.zero_()
-
-        return replay, out
-
-    def settle(self) -> None:
-        pass
 
 
 def proving(name: str, fault: str | None = None) -> tuple[GraphedMicroStep, FakeGraphs]:

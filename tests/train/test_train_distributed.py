@@ -102,6 +102,51 @@ def test_resume_two_rank_checkpoint_on_one_rank_keeps_global_batch(reference: Pa
     assert metrics(done.run_dir)[-1]["tokens"] == 6 * 4 * 64
 
 
+GRAPHED = BASE + ["train.cuda_graph=true"]
+FAKE_GRAPHS = "tests.train.fake_graph_train"  # nsa-train with FakeGraphs for CUDA's capture
+
+
+def test_cuda_graphs_on_two_ranks_train_as_ddp_does(reference: Path, tmp_path: Path) -> None:
+    """train.cuda_graph on 2 ranks, the fake standing in for CUDA's capture: no DDP wrapper (its
+    hooks cannot be captured); each rank proves and replays its graph, the gradients are
+    averaged in one all-reduce per step, and the run gives DDP's losses and parameters exactly
+    (an average of two is exact either way). It stops, saves and resumes as DDP's does."""
+    run_dir = tmp_path / "run"
+    first = run_train(run_dir, GRAPHED + ["debug.stop_at_step=3"], module=FAKE_GRAPHS)
+    assert first.rc == 0, first.output[-3000:]
+    assert "world size 2 (ddp: no DDP wrapper, gradients averaged in one all-reduce per step" in first.output
+    said = [line for line in first.output.splitlines() if "train.cuda_graph:" in line]
+    assert len(said) == 1 and "train.cuda_graph: replayed: one CUDA graph per micro-step" in said[0], said
+    assert "gradients averaged over 2 ranks in one all-reduce of" in said[0]
+    graph = run_json(run_dir)["cuda_graph"]
+    assert graph["replayed"] and "checked against eager" in graph["reason"], graph
+    got, want = losses(run_dir), losses(reference)
+    assert sorted(got) == [1, 2, 3] and all(got[s] == want[s] for s in got), (got, want)
+    second = run_train(run_dir, GRAPHED, resume="auto", module=FAKE_GRAPHS)
+    assert second.rc == 0, second.output[-3000:]
+    assert "at step 3" in second.output and "train.cuda_graph: replayed" in second.output
+    got = losses(run_dir)
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    for step in range(4, 7):
+        assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-7), f"step {step}"
+    digests = [[x["param_digest"] for x in rank_records(run_dir, r) if "param_digest" in x] for r in (0, 1)]
+    assert digests[0] and digests[0] == digests[1], "ranks ended with different parameters"
+
+
+def test_a_graph_that_fails_on_one_rank_leaves_every_rank_eager(reference: Path, tmp_path: Path) -> None:
+    """Rank 1's capture fails: no rank replays (the log names the rank and why), every rank
+    steps eagerly with the same one all-reduce per step, and the run still gives DDP's losses."""
+    done = run_train(tmp_path / "run", GRAPHED, module=FAKE_GRAPHS, env={"FAKE_GRAPH_FAULT": "capture:1"})
+    assert done.rc == 0, done.output[-3000:]
+    said = [line for line in done.output.splitlines() if "train.cuda_graph:" in line]
+    assert len(said) == 1, said
+    assert "train.cuda_graph: eager micro-steps: rank 1: the capture failed: RuntimeError" in said[0], said
+    assert "rank 0:" not in said[0]
+    assert run_json(done.run_dir)["cuda_graph"]["replayed"] is False
+    got, want = losses(done.run_dir), losses(reference)
+    assert sorted(got) == [1, 2, 3, 4, 5, 6] and all(got[s] == want[s] for s in got), (got, want)
+
+
 def test_fsdp2_trains_and_resumes(reference: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "fsdp"
     sets = BASE + ["train.strategy=fsdp"]

@@ -28,12 +28,13 @@ SMOKE = REPO / "configs" / "smoke-cpu.yaml"
 
 
 def train_command(run_dir: Path, sets: Sequence[str] = (), nproc: int | None = 2, config: Path = SMOKE,
-                  resume: str | None = None) -> list[str]:
-    """argv for nsa-train (``nproc=None``: a plain process, no torchrun)."""
+                  resume: str | None = None, module: str = "nsa.train") -> list[str]:
+    """argv for nsa-train (``nproc=None``: a plain process, no torchrun; ``module``: another entry
+    point that takes nsa-train's arguments)."""
     cmd = [sys.executable]
     if nproc is not None:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["-m", "nsa.train", "--config", str(config), "--run-dir", str(run_dir)]
+    cmd += ["-m", module, "--config", str(config), "--run-dir", str(run_dir)]
     if sets:
         cmd += ["--set", *sets]
     if resume:
@@ -56,9 +57,10 @@ class Finished:
 
 
 def run_train(run_dir: Path, sets: Sequence[str] = (), nproc: int | None = 2, config: Path = SMOKE,
-              resume: str | None = None, timeout: float = 120, env: dict[str, str] | None = None) -> Finished:
+              resume: str | None = None, timeout: float = 120, env: dict[str, str] | None = None,
+              module: str = "nsa.train") -> Finished:
     """Run to completion (or ``timeout``, then kill the group and fail loudly)."""
-    proc = start_train(run_dir, sets, nproc, config, resume, env)
+    proc = start_train(run_dir, sets, nproc, config, resume, env, module)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -71,10 +73,11 @@ def run_train(run_dir: Path, sets: Sequence[str] = (), nproc: int | None = 2, co
 
 
 def start_train(run_dir: Path, sets: Sequence[str] = (), nproc: int | None = 2, config: Path = SMOKE,
-                resume: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+                resume: str | None = None, env: dict[str, str] | None = None,
+                module: str = "nsa.train") -> subprocess.Popen:
     """Start in a new session (own process group), output to a pipe: stop with ``kill_group``."""
     tag = uuid.uuid4().hex
-    proc = subprocess.Popen(train_command(run_dir, sets, nproc, config, resume), cwd=REPO,
+    proc = subprocess.Popen(train_command(run_dir, sets, nproc, config, resume, module), cwd=REPO,
                             env=train_env({**(env or {}), "NSA_TRAINRUN_TAG": tag}),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
