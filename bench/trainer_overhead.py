@@ -11,11 +11,12 @@ one-rank group, its wrapper if any: DDP has none on one rank, the prefetching lo
 heartbeats, a metrics line every step), median over ``--steps`` steady steps. It prints both
 and their ratio (the goal: <= 1.05), and what tells a gap apart: the bare step back to back
 (the device's throughput with its queue kept full) and through the trainer's wrapper; host CPU
-per step; the trainer's telemetry time; the loader thread's CPU per micro-batch (Python that
-holds the GIL while the training thread launches kernels: compare ``--set data.source=stdlib``
-with the default); and per steady step the host syncs and uploads (``nsa.syncs.HostSyncs``)
-and aten ops of each side. With ``--set train.cuda_graph=true`` on CUDA both sides replay their
-forward and backward from a CUDA graph (each says whether its proof passed).
+per step; the trainer's telemetry time; the loader's CPU per micro-batch (Python that, in a
+thread, holds the GIL while the training thread launches kernels: compare ``--set
+data.loader=thread`` with the default, a process on CUDA); and per steady step the host syncs
+and uploads (``nsa.syncs.HostSyncs``) and aten ops of each side. With ``--set
+train.cuda_graph=true`` on CUDA both sides replay their forward and backward from a CUDA graph
+(each says whether its proof passed).
 
 Defaults: on CUDA dense-125m at batch 8 x 2048, grad_accum 1 (bench.run's train row); on CPU
 tiny-cpu-dense at its own shapes; ``data.source=synthetic`` (no network needed), no
@@ -150,8 +151,8 @@ def trainer_iterations(trainer: Any, steps: int, count: bool) -> list[tuple[floa
 
 def packing_ms(trainer: Any, batches: int = 5) -> float:
     """CPU ms of one micro-batch's packing (documents made or tokenized, windows cut): what the
-    loader's thread computes per micro-batch, mostly Python holding the GIL the training
-    thread needs to launch its kernels."""
+    loader computes per micro-batch, mostly Python, which in a thread holds the GIL the
+    training thread needs to launch its kernels."""
     from nsa.train.data import Packer
 
     t = trainer.cfg.train
@@ -257,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{trainer_cpu:.2f} ms (ratio {trainer_cpu / bare_cpu:.3f})")
     print(f"telemetry per step (heartbeat, metrics and log lines; the trainer's own count): "
           f"{telemetry_ms:.3f} ms")
-    print(f"data loader thread: {pack_ms:.2f} ms CPU per micro-batch ({cfg.data.source}, measured alone)")
+    print(f"data loader ({trainer.loader_kind}): {pack_ms:.2f} ms CPU per micro-batch ({cfg.data.source}, "
+          "measured alone)")
     print(f"aten ops per step: bare {sum(bare_ops.values())}, nsa-train loop iteration {ops}")
     print(f"host syncs and uploads per step: bare {len(bare_events)}, nsa-train {len(events)}; "
           f"added by the trainer: {dict(added) or 'none'}")

@@ -168,6 +168,9 @@ class DataConfig:
     shuffle_buffer: int = 0
     prefetch_batches: int = 4
     seed: int = 0
+    # where the batches are made: a thread of the rank, or a process of its own whose Python does
+    # not hold the training thread's GIL (nsa/train/loader_process.py); auto: process on CUDA
+    loader: Literal["auto", "thread", "process"] = "auto"
 
     def relations(self) -> list[Relation]:
         """source=files with no paths would train on nothing."""

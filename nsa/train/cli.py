@@ -265,7 +265,8 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
     log(f"batch: {t.batch_size} sequences per rank x {world} ranks x {boot['grad_accum']} accumulation "
         f"= global batch {boot['global_batch']} sequences = {boot['global_batch'] * t.seq_len:,} tokens "
         f"per optimizer step (seq_len {t.seq_len})")
-    log(f"data {boot['data_source']}, tokenizer {cfg.data.tokenizer}, {boot['n_streams']} data streams")
+    log(f"data {boot['data_source']}, tokenizer {cfg.data.tokenizer}, {boot['n_streams']} data streams, "
+        f"batches made by a {boot['loader']} (data.loader {cfg.data.loader})")
     if resume:
         log(f"resume from {resume} at step {trainer.step} ({trainer.tokens:,} tokens seen)")
     elif args.resume == "auto":

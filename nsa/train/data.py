@@ -153,12 +153,33 @@ class Batch:
         return hashlib.sha256(self.tokens.numpy().tobytes()).hexdigest()[:16]
 
 
+RawBatch = tuple[np.ndarray, int, dict[int, StreamPos], list[str]]  # tokens, stream, positions, events
+
+
+def micro_batches(packers: dict[int, Packer], micro_per_stream: int, batch_size: int, slow_s: float,
+                  events: list[str]) -> Iterator[RawBatch]:
+    """This rank's micro-batches, endlessly: per optimizer step each owned stream in turn,
+    ``micro_per_stream`` batches each, with the positions of every stream after the batch and the
+    messages ``events`` collected since the last one (the packers' ``on_epoch`` appends to it)."""
+    while True:
+        for s, packer in packers.items():
+            for _ in range(micro_per_stream):
+                rows = [packer.next_window() for _ in range(batch_size)]
+                # training packers wrap around their split: a window is never None here
+                tokens = np.stack(cast("list[np.ndarray]", rows))
+                said, events[:] = list(events), []
+                positions = {k: StreamPos(**asdict(p.pos)) for k, p in packers.items()}
+                if slow_s:
+                    time.sleep(slow_s)  # debug.slow_data_s: a slow data source
+                yield tokens, s, positions, said
+
+
 class PrefetchLoader:
     """Produces this rank's micro-batches in a background thread, ``prefetch`` ahead.
 
-    Order per optimizer step: each owned stream in turn, ``micro_per_stream`` batches each.
-    A thread, not DataLoader workers: worker processes under torchrun on a few cores cost
-    more than the tokenization they would parallelise.
+    Its Python holds the GIL that the training thread needs between kernel launches: a step
+    bound by the host waits for it (``data.loader: process`` makes the batches in a process of
+    their own, loader_process.py).
     """
 
     def __init__(self, packers: dict[int, Packer], micro_per_stream: int, batch_size: int, prefetch: int,
@@ -174,19 +195,10 @@ class PrefetchLoader:
         self._thread.start()
 
     def _batches(self) -> Iterator[Batch]:
-        while True:
-            for s, packer in self.packers.items():
-                for _ in range(self.micro):
-                    rows = [packer.next_window() for _ in range(self.batch_size)]
-                    # training packers wrap around their split: a window is never None here
-                    tokens = torch.from_numpy(np.stack(cast("list[np.ndarray]", rows)))
-                    if self.pin:
-                        tokens = tokens.pin_memory()
-                    events, self._events[:] = list(self._events), []
-                    positions = {k: StreamPos(**asdict(p.pos)) for k, p in self.packers.items()}
-                    if self.slow_s:
-                        time.sleep(self.slow_s)  # debug.slow_data_s: a slow data source
-                    yield Batch(tokens, s, positions, events)
+        made = micro_batches(self.packers, self.micro, self.batch_size, self.slow_s, self._events)
+        for rows, s, positions, events in made:
+            tokens = torch.from_numpy(rows)
+            yield Batch(tokens.pin_memory() if self.pin else tokens, s, positions, events)
 
     def _run(self) -> None:
         try:

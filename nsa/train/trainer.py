@@ -36,6 +36,7 @@ from nsa.train.data import (
 from nsa.train.faults import Faults, StopFlag
 from nsa.train.gradsync import FlatGrads
 from nsa.train.graphed import CudaGraphs, GraphedMicroStep, graph_refusal
+from nsa.train.loader_process import LoaderSpec, ProcessLoader
 from nsa.train.schedule import lr_at
 from nsa.train.sources import build_source
 from nsa.train.telemetry import Heartbeat, MetricsLog, RunRecord
@@ -145,7 +146,8 @@ class Trainer:
         return {"param_count": self.param_count, "grad_accum": self.grad_accum,
                 "attention_ops": self.attention_ops, "global_batch": self.global_batch,
                 "dtype": "bf16 autocast, fp32 params" if self.use_bf16 else "fp32",
-                "data_source": self.source.description, "n_streams": self.n_streams}
+                "data_source": self.source.description, "n_streams": self.n_streams,
+                "loader": self.loader_kind}
 
     def _load_checkpoint(self, path: Path) -> dict[int, StreamPos]:
         """Continue the checkpoint at ``path`` (resume.py decides the layout or refuses)."""
@@ -179,12 +181,19 @@ class Trainer:
         window = cfg.train.seq_len + 1
         mine = own_streams(self.n_streams, info.world_size, info.rank) or [info.rank]
         self.my_streams = mine
-        packers = {s: Packer(self.source, self.tokenizer, s, self.n_streams, "train", window,
-                             pos=positions.get(s)) for s in mine}
-        self.positions = {s: p.pos for s, p in packers.items()}
-        self.loader = PrefetchLoader(packers, self.micro_per_stream, cfg.train.batch_size,
-                                     cfg.data.prefetch_batches, cfg.debug.slow_data_s,
-                                     pin=info.device.type == "cuda")
+        pin = info.device.type == "cuda"
+        self.loader_kind = cfg.data.loader if cfg.data.loader != "auto" else ("process" if pin else "thread")
+        if self.loader_kind == "process":  # the child opens the source; its errors come with a batch
+            self.positions = {s: positions.get(s) or StreamPos() for s in mine}
+            spec = LoaderSpec(cfg.data, mine, self.n_streams, window, dict(self.positions),
+                              self.micro_per_stream, cfg.train.batch_size, cfg.debug.slow_data_s)
+            self.loader: PrefetchLoader | ProcessLoader = ProcessLoader(spec, cfg.data.prefetch_batches, pin)
+        else:
+            packers = {s: Packer(self.source, self.tokenizer, s, self.n_streams, "train", window,
+                                 pos=positions.get(s)) for s in mine}
+            self.positions = {s: p.pos for s, p in packers.items()}
+            self.loader = PrefetchLoader(packers, self.micro_per_stream, cfg.train.batch_size,
+                                         cfg.data.prefetch_batches, cfg.debug.slow_data_s, pin=pin)
         self._val: list[torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ steps

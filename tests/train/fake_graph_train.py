@@ -30,6 +30,7 @@ def init(self: trainer_module.Trainer, *args: Any, **kwargs: Any) -> None:
     self.graphs = FakeGraphs(fault if fault and int(rank) == self.info.rank else None)
 
 
-trainer_module.graph_refusal = refusal  # type: ignore[assignment]
-trainer_module.Trainer.__init__ = init  # type: ignore[method-assign]
-sys.exit(main())
+if __name__ == "__main__":  # not in the data loader's process, which imports this module
+    trainer_module.graph_refusal = refusal  # type: ignore[assignment]
+    trainer_module.Trainer.__init__ = init  # type: ignore[method-assign]
+    sys.exit(main())
