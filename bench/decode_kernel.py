@@ -3,7 +3,7 @@ KV-cache decoder's torch maths, per decoded token.
 
     python -m bench.decode_kernel [--contexts 4096 16384 65536] [--batch 1] [--device cpu|cuda]
                                   [--dtype fp32|bf16] [--threads 1] [--iters 20]
-                                  [--plan-sms 132] [--json OUT]
+                                  [--plan-sms 132] [--sweep] [--json OUT]
 
 nsa-125m's attention layer (16 query heads in one KV group, head dim 64, l=32, d=16,
 l'=64, n=16, w=512), an ``NSACache`` with room for the context, filled with random K/V,
@@ -19,12 +19,19 @@ every sequence at the context's last position. For each context:
   on CUDA the time per call, eager and replayed from a CUDA graph, with the planned splits
   and with none.
 
+``--sweep`` (CUDA): the splits ``plan_splits`` chooses are design estimates (its ``MIN_*``
+keys per program and ``PROGRAMS_PER_SM``). Each phase's split is also tried at a quarter,
+half, twice and four times the planned one (within what the shapes allow), the others as
+planned, each replayed from a CUDA graph; the rows say which plan was fastest per context,
+which is what to set the constants from. On CPU it lists the plans without timing them.
+
 The kernels are not timed on CPU: there they run in Triton's interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -131,6 +138,38 @@ def launch_plan(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int | 
     return log, ops.total
 
 
+PHASES = ("cmp", "win", "scores", "selected")
+FACTORS = (0.25, 0.5, 2, 4)
+
+
+def sweep_plans(cache: NSACache, device: torch.device, sms: int | None = None) -> dict[str, Any]:
+    """The splits to time: the planned ones (on a GPU of ``sms`` SMs when given), none, and each
+    phase's at ``FACTORS`` times the planned, within 1 and what the shapes allow (the other
+    phases as planned), duplicates dropped."""
+    from nsa.ops.triton import decode as DK
+
+    t, c = cache.tensors, cache.attn.cfg
+    B, NC, G = t["k_cmp"].shape[:3]
+    n_blocks = -(-t["k_slc"].shape[1] // c.select_block)
+    units = {"cmp": NC, "win": t["k_win"].shape[1], "scores": min(n_blocks, DK.MAX_SCORE_SPLITS),
+             "selected": c.num_selected}
+    saved = DK._sm_count
+    try:
+        if sms is not None:
+            DK._sm_count = lambda device: sms
+        planned = DK.plan_splits(B, G, NC, units["win"], n_blocks, c.num_selected, device)
+    finally:
+        DK._sm_count = saved
+    plans: dict[str, Any] = {"planned": planned, "no_split": DK.DecodeSplits()}
+    for phase in PHASES:
+        for factor in FACTORS:
+            n = min(max(1, round(getattr(planned, phase) * factor)), max(1, units[phase]))
+            plan = dataclasses.replace(planned, **{phase: n})
+            if plan not in plans.values():
+                plans[f"{phase} x{factor:g}"] = plan
+    return plans
+
+
 def kv_bytes(context: int, batch: int, cache: NSACache, itemsize: int) -> int:
     """K/V bytes the kernels must read per call at least (see the module docstring)."""
     c, a = cache.attn.cfg, cache.attn
@@ -141,7 +180,7 @@ def kv_bytes(context: int, batch: int, cache: NSACache, itemsize: int) -> int:
 
 
 def measure(context: int, batch: int, dtype: torch.dtype, device: torch.device, iters: int,
-            plan_sms: int | None = None) -> dict[str, Any]:
+            plan_sms: int | None = None, sweep: bool = False) -> dict[str, Any]:
     cache, q, pos = setup(context, batch, dtype, device)
     branches = getattr(cache, "_branches", None)
     row: dict[str, Any] = {"context": context, "batch": batch, "dtype": str(dtype), "device": device.type}
@@ -161,6 +200,17 @@ def measure(context: int, batch: int, dtype: torch.dtype, device: torch.device, 
             fn = kernel_call(cache, q, pos, splits)
             row[f"kernels_{name}_us"] = 1e6 * timed(fn, iters, device)
             row[f"kernels_{name}_graph_us"] = 1e6 * graph_timed(fn, iters)
+    if sweep:
+        row["sweep"] = {}
+        want = kernel_call(cache, q, pos)() if device.type == "cuda" else None
+        for name, plan in sweep_plans(cache, device, plan_sms).items():
+            got: dict[str, Any] = {"splits": dataclasses.asdict(plan), "graph_us": None}
+            if want is not None:  # a fast plan is worth something only if it computes the same
+                fn = kernel_call(cache, q, pos, plan)
+                diffs = [(a.float() - b.float()).abs().max() for a, b in zip(fn(), want)]
+                got["max_abs_diff"] = float(max(diffs))
+                got["graph_us"] = 1e6 * graph_timed(fn, iters)
+            row["sweep"][name] = got
     return row
 
 
@@ -175,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--plan-sms", type=int, default=None,
                     help="show the launches planned for a GPU of this many SMs (132: an H100)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time each phase's split at 1/4, 1/2, 2 and 4 times the planned one (CUDA)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -184,12 +236,21 @@ def main(argv: list[str] | None = None) -> int:
                                                                           else "fp32")]
     rows = []
     for s in args.contexts:
-        r = measure(s, args.batch, dtype, device, args.iters, args.plan_sms)
+        r = measure(s, args.batch, dtype, device, args.iters, args.plan_sms, args.sweep)
         rows.append(r)
         timing = "  ".join(f"{k} {v:,.1f}" for k, v in r.items() if k.endswith("_us"))
         print(f"context {s:,} batch {args.batch}: torch {r.get('torch_ops', '-')} aten ops; kernels "
               f"{len(r['launches'])} launches {' '.join(r['launches'])}, wrapper {r['wrapper_ops']} aten "
               f"ops, >= {r['kv_mib']:.2f} MiB K/V read; {timing}", flush=True)
+        for name, got in r.get("sweep", {}).items():
+            us = ("not timed (no CUDA)" if got["graph_us"] is None else f"{got['graph_us']:,.1f} us "
+                  f"(graph), outputs within {got['max_abs_diff']:.1e} of the planned splits'")
+            print(f"  splits {name:>14}: {got['splits']}  {us}", flush=True)
+        timed_plans = {n: g["graph_us"] for n, g in r.get("sweep", {}).items() if g["graph_us"] is not None}
+        if timed_plans:
+            best = min(timed_plans, key=timed_plans.__getitem__)
+            fastest, planned_us = timed_plans[best], timed_plans["planned"]
+            print(f"  fastest: {best} ({fastest:,.1f} us; planned {planned_us:,.1f} us)", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

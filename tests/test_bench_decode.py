@@ -68,3 +68,23 @@ def test_measured_json_says_which_decode_path(tmp_path: Path, capsys: pytest.Cap
     assert [(r["kind"], r["decode_path"], r["replays"]) for r in data["measured"]] == \
         [("dense", "eager", 0), ("nsa", "eager", 0)]
     assert "decode path eager" in capsys.readouterr().out
+
+
+def test_the_decode_kernel_sweep_plans_valid_splits_around_the_planned_ones() -> None:
+    """``bench.decode_kernel --sweep``'s plans at 8k for a GPU of 132 SMs: the planned splits
+    (what tests/ops/test_triton_decode.py checks for an H100), none, and each phase's scaled
+    with the others kept, every one a valid ``DecodeSplits`` within the shapes, none twice."""
+    from bench.decode_kernel import PHASES, setup, sweep_plans
+    from nsa.ops.triton import decode as DK
+
+    cache, _, _ = setup(8192, 1, torch.float32, torch.device("cpu"))
+    plans = sweep_plans(cache, torch.device("cuda"), sms=132)
+    planned = plans["planned"]
+    assert planned != DK.DecodeSplits()  # 132 SMs: split
+    assert plans["no_split"] == DK.DecodeSplits()
+    assert len(set(plans.values())) == len(plans)
+    for name, plan in plans.items():
+        changed = [p for p in PHASES if getattr(plan, p) != getattr(planned, p)]
+        assert name in ("planned", "no_split") or changed == [name.split()[0]], (name, plan)
+        assert plan.scores <= DK.MAX_SCORE_SPLITS and plan.selected <= 16 and plan.win <= 512
+    assert {"cmp x2", "win x0.5", "scores x4", "selected x0.5"} <= set(plans)
