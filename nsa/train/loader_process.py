@@ -14,7 +14,9 @@ ring of shared-memory slots (one copy out on the training thread, into pinned me
 CUDA); the queue carries only the slot and the positions. An error in the child
 is raised by ``next``, with the child's traceback in its notes. It leaves with the run:
 ``close``, or the parent's death (the kernel's parent-death signal on Linux, and a check of
-its parent before every batch elsewhere), never lingering after the rank that started it.
+its parent before every batch elsewhere), never lingering after the rank that started it. It
+is not a rank to the host agent: its environment lacks ``RANK``, so a stack dump (SIGUSR1 to
+every rank) never reaches it, while the run's id, which a kill goes by, stays.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +45,7 @@ from nsa.train.tokenizer import build_tokenizer
 __all__ = ["LoaderSpec", "ProcessLoader"]
 
 POLL_S = 0.2  # how often a waiting child looks at its stop flag and its parent
+RANK_KEYS = ("RANK", "LOCAL_RANK")
 
 
 @dataclass
@@ -75,7 +79,8 @@ class ProcessLoader:
         self._stop = ctx.Event()
         self._proc = ctx.Process(target=_produce, args=(spec, self._ring, self._q, self._stop, os.getpid()),
                                  name="nsa-data", daemon=True)
-        self._proc.start()
+        with _not_a_rank():
+            self._proc.start()
         self.pid = self._proc.pid
 
     def next(self) -> Batch:
@@ -112,6 +117,18 @@ class ProcessLoader:
         self._q.cancel_join_thread()
 
 
+@contextlib.contextmanager
+def _not_a_rank() -> Iterator[None]:
+    """The child's environment without the rank's identity (``RANK``, ``LOCAL_RANK``): the host
+    agent finds a run's ranks by their environment and signals them (SIGUSR1 for a stack dump),
+    and the data process is not one. The run's id stays, so killing the run kills it too."""
+    saved = {k: os.environ.pop(k) for k in RANK_KEYS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def _die_with_parent() -> None:
     """Linux: the kernel sends SIGKILL to this process when its parent exits."""
     if sys.platform.startswith("linux"):
@@ -141,7 +158,8 @@ def _produce(spec: LoaderSpec, ring: torch.Tensor, out: Any, stop: Any, parent: 
     """The child: batches into ``ring``'s slots, in turn, and their slots into ``out``, until
     ``stop`` is set or the parent is gone."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the rank, which closes us
+    for sig in (signal.SIGINT, signal.SIGUSR1):  # ^C and stack dumps are for the rank, which closes us
+        signal.signal(sig, signal.SIG_IGN)
     out.cancel_join_thread()  # leaving never waits for the parent to read what is still queued
 
     def gone() -> bool:

@@ -123,3 +123,27 @@ def test_the_gil_benchmark_runs_and_reports_both_loaders(tmp_path: Path) -> None
     for key in ("step_alone_ms", "step_with_thread_ms", "step_with_process_ms",
                 "loader_cpu_ms_per_micro_batch"):
         assert row[key] > 0, row
+
+
+def test_the_agent_sees_the_run_in_it_but_not_a_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host agent finds a run's processes by their environment: the data process carries the
+    run's id (a kill of the run reaches it) but no ``RANK``, so a stack dump (SIGUSR1 to every
+    rank) leaves it alone; it ignores SIGUSR1 all the same. The rank keeps its own environment."""
+    from nsa_tui.agent.procs import environ_of, run_processes
+
+    monkeypatch.setenv("NSA_RUN_ID", "run-under-test")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    loader = ProcessLoader(LoaderSpec(corpus(tmp_path), [0], 1, 17, {}, 1, 2), prefetch=2)
+    try:
+        loader.next()
+        env = environ_of(loader.pid)
+        assert env.get("NSA_RUN_ID") == "run-under-test" and "RANK" not in env and "LOCAL_RANK" not in env
+        assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("0", "0")
+        found = {p.pid: p.rank for p in run_processes("run-under-test", fresh=True)}
+        assert found.get(loader.pid, "missing") is None, found
+        os.kill(loader.pid, signal.SIGUSR1)
+        for _ in range(3):
+            loader.next()  # still making batches
+    finally:
+        loader.close()
