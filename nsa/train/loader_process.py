@@ -158,7 +158,10 @@ def _produce(spec: LoaderSpec, ring: torch.Tensor, out: Any, stop: Any, parent: 
     """The child: batches into ``ring``'s slots, in turn, and their slots into ``out``, until
     ``stop`` is set or the parent is gone."""
     _die_with_parent()
-    for sig in (signal.SIGINT, signal.SIGUSR1):  # ^C and stack dumps are for the rank, which closes us
+    # ^C, a stop (Slurm's scancel TERMs every process of the job) and stack dumps are for the
+    # rank, which may need more batches to finish its step and then closes us (or dies: the
+    # parent-death signal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     out.cancel_join_thread()  # leaving never waits for the parent to read what is still queued
 

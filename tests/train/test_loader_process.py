@@ -128,7 +128,9 @@ def test_the_gil_benchmark_runs_and_reports_both_loaders(tmp_path: Path) -> None
 def test_the_agent_sees_the_run_in_it_but_not_a_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The host agent finds a run's processes by their environment: the data process carries the
     run's id (a kill of the run reaches it) but no ``RANK``, so a stack dump (SIGUSR1 to every
-    rank) leaves it alone; it ignores SIGUSR1 all the same. The rank keeps its own environment."""
+    rank) leaves it alone; it ignores SIGUSR1 all the same, and a stop's TERM or INT sent to
+    every process (Slurm's scancel): the rank may need batches to finish its step. The rank keeps
+    its own environment."""
     from nsa_tui.agent.procs import environ_of, run_processes
 
     monkeypatch.setenv("NSA_RUN_ID", "run-under-test")
@@ -142,8 +144,9 @@ def test_the_agent_sees_the_run_in_it_but_not_a_rank(tmp_path: Path, monkeypatch
         assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("0", "0")
         found = {p.pid: p.rank for p in run_processes("run-under-test", fresh=True)}
         assert found.get(loader.pid, "missing") is None, found
-        os.kill(loader.pid, signal.SIGUSR1)
-        for _ in range(3):
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):  # a dump, a stop: the rank's
+            os.kill(loader.pid, sig)
+        for _ in range(8):
             loader.next()  # still making batches
     finally:
         loader.close()
