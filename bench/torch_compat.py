@@ -3,7 +3,7 @@
 ``python -m bench.torch_compat --torch 2.11.0 [--record]`` runs ``SUITE`` (DCP save and resume
 at another world size, the legacy checkpoint format, the start-up checkpoint probe, DDP,
 FSDP2, activation checkpointing, decoding, sampling and evaluation, the self-check's reference
-path) with that torch, and with ``--record`` writes ``bench/results/torch-VERSION.json``: the
+path, flat gradients, the data loader's process) with that torch, and with ``--record`` writes ``bench/results/torch-VERSION.json``: the
 versions, every test's outcome, the time, the commit. ``tests/test_torch_records.py`` fails when
 the torch range that pyproject declares admits a release with no passing record.
 
@@ -43,10 +43,12 @@ SUITE = (
     "tests/test_eval.py",
     "tests/ops/test_self_check.py",  # the self-check and the reference path it falls back to
     "tests/ops/test_flex_window.py",  # FlexAttention's window branch: block mask, forward, its check
+    "tests/train/test_gradsync.py",  # flat gradients; a load DCP would leave without optimizer state
+    "tests/train/test_loader_process.py",  # batches from a spawned process through shared memory
 )
 # the code that leans on torch internals: a record says which version of it was tested
 TORCH_FACING = ("nsa/train/checkpoint.py", "nsa/train/checkpoint_index.py", "nsa/train/checkpoint_probe.py",
-                "nsa/train/checkpoint_legacy.py", "nsa/train/distributed.py")
+                "nsa/train/checkpoint_legacy.py", "nsa/train/distributed.py", "nsa/train/loader_process.py")
 
 
 def record_path(version: str, results_dir: Path = RESULTS_DIR) -> Path:
