@@ -164,6 +164,7 @@ def _produce(spec: LoaderSpec, ring: torch.Tensor, out: Any, stop: Any, parent: 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     out.cancel_join_thread()  # leaving never waits for the parent to read what is still queued
+    torch.set_num_threads(1)  # one copy per batch: no pool of threads beside the ranks' own
 
     def gone() -> bool:
         return stop.is_set() or os.getppid() != parent
