@@ -251,3 +251,45 @@ def test_on_cuda_the_trainer_replays_its_micro_steps_with_eagers_losses(tmp_path
             assert [m for m in logs if m.startswith("train.cuda_graph: replayed: ")], logs
     assert len(runs[False]) >= 5
     assert runs[True] == pytest.approx(runs[False], rel=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_graph_adds_into_flat_gradient_views() -> None:
+    """On CUDA: gradients that are views of ``FlatGrads``' buffer (DDP ranks with
+    train.cuda_graph) are what the captured backward adds into: replayed micro-steps leave
+    eager's gradients in the buffer, and its all-reduce (a one-rank gloo group here) keeps them."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import torch.distributed as dist
+
+    from nsa.train.gradsync import FlatGrads
+
+    cfg = load_config(CONFIGS / "dense-125m.yaml", ["model.n_layers=2"])
+    vocab = cfg.model.vocab_size
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        runs = []
+        for graphed in (False, True):
+            torch.manual_seed(0)
+            model = build_model(cfg.model).cuda()
+            flat = FlatGrads(list(model.parameters()), world_size=1)
+
+            def loss_fn(tokens: torch.Tensor, model: Any = model) -> torch.Tensor:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(tokens[:, :-1])
+                return F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+            step = GraphedMicroStep(loss_fn, list(model.parameters()), divisor=2)
+            g = torch.Generator(device="cuda").manual_seed(1)
+            if graphed:
+                assert step.prepare(torch.randint(0, 256, (4, 513), device="cuda", generator=g)), step.why
+            g.manual_seed(2)
+            for _ in range(2):
+                step.step(torch.randint(0, 256, (4, 513), device="cuda", generator=g))
+            flat.average()  # raises if a gradient left the buffer
+            runs.append(flat.flats[0].clone())
+        want, got = runs
+        assert float(got.abs().sum()) > 0
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
