@@ -191,6 +191,24 @@ def test_the_trainers_graphed_path_trains_as_the_eager_one(tmp_path: Path,
     assert len(runs["eager"]) >= 5 and runs["eager"] == runs["graphed"]
 
 
+def cuda_micro_step(name: str) -> GraphedMicroStep:
+    """A seeded two-layer model of ``name``'s layout on CUDA and its micro-step (bf16 autocast,
+    fp32 loss, accumulation 2)."""
+    cfg = load_config(CONFIGS / f"{name}.yaml", ["model.n_layers=2"])
+    if cfg.model.attention.kind == "nsa":
+        cfg.model.attention.backend = "triton"
+    vocab = cfg.model.vocab_size
+    torch.manual_seed(0)
+    model = build_model(cfg.model).cuda()
+
+    def loss_fn(tokens: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+    return GraphedMicroStep(loss_fn, list(model.parameters()), divisor=2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["nsa-125m", "dense-125m"])
 def test_the_graph_replays_eagers_micro_steps(name: str) -> None:
@@ -198,21 +216,9 @@ def test_the_graph_replays_eagers_micro_steps(name: str) -> None:
     accumulation give eager's losses and gradients."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    cfg = load_config(CONFIGS / f"{name}.yaml", ["model.n_layers=2"])
-    if cfg.model.attention.kind == "nsa":
-        cfg.model.attention.backend = "triton"
-    vocab = cfg.model.vocab_size
     runs = []
     for graphed in (False, True):
-        torch.manual_seed(0)
-        model = build_model(cfg.model).cuda()
-
-        def loss_fn(tokens: torch.Tensor, model: Any = model) -> torch.Tensor:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(tokens[:, :-1])
-            return F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-
-        step = GraphedMicroStep(loss_fn, list(model.parameters()), divisor=2)
+        step = cuda_micro_step(name)
         g = torch.Generator(device="cuda").manual_seed(1)
         if graphed:
             example = torch.randint(0, 256, (4, 1025), device="cuda", generator=g)
@@ -264,22 +270,12 @@ def test_a_graph_adds_into_flat_gradient_views() -> None:
 
     from nsa.train.gradsync import FlatGrads
 
-    cfg = load_config(CONFIGS / "dense-125m.yaml", ["model.n_layers=2"])
-    vocab = cfg.model.vocab_size
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         runs = []
         for graphed in (False, True):
-            torch.manual_seed(0)
-            model = build_model(cfg.model).cuda()
-            flat = FlatGrads(list(model.parameters()), world_size=1)
-
-            def loss_fn(tokens: torch.Tensor, model: Any = model) -> torch.Tensor:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    logits = model(tokens[:, :-1])
-                return F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-
-            step = GraphedMicroStep(loss_fn, list(model.parameters()), divisor=2)
+            step = cuda_micro_step("dense-125m")
+            flat = FlatGrads(step.params, world_size=1)
             g = torch.Generator(device="cuda").manual_seed(1)
             if graphed:
                 assert step.prepare(torch.randint(0, 256, (4, 513), device="cuda", generator=g)), step.why
