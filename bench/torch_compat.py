@@ -3,8 +3,9 @@
 ``python -m bench.torch_compat --torch 2.11.0 [--record]`` runs ``SUITE`` (DCP save and resume
 at another world size, the legacy checkpoint format, the start-up checkpoint probe, DDP,
 FSDP2, activation checkpointing, decoding, sampling and evaluation, the self-check's reference
-path, flat gradients, the data loader's process) with that torch, and with ``--record`` writes ``bench/results/torch-VERSION.json``: the
-versions, every test's outcome, the time, the commit. ``tests/test_torch_records.py`` fails when
+path, flat gradients, the data loader's process) with that torch, and with ``--record``
+writes ``bench/results/torch-VERSION.json``: the versions, every test's outcome, the time, the
+commit. ``tests/test_torch_records.py`` fails when
 the torch range that pyproject declares admits a release with no passing record.
 
 A torch other than the running one is installed into a virtual environment of its own,
