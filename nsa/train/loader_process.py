@@ -79,8 +79,12 @@ class ProcessLoader:
         self._stop = ctx.Event()
         self._proc = ctx.Process(target=_produce, args=(spec, self._ring, self._q, self._stop, os.getpid()),
                                  name="nsa-data", daemon=True)
-        with _not_a_rank():
-            self._proc.start()
+        try:
+            with _not_a_rank():
+                self._proc.start()
+        except OSError as exc:  # no processes left to this user, no /dev/shm: say what to set
+            raise RuntimeError(f"cannot start the data loader's process ({type(exc).__name__}: {exc}); "
+                               "data.loader: thread makes the batches in a thread instead") from exc
         self.pid = self._proc.pid
 
     def next(self) -> Batch:
