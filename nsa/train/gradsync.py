@@ -33,11 +33,12 @@ class FlatGrads:
         by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
         for p in params:
             by_dtype.setdefault(p.dtype, []).append(p)
+        self.groups = list(by_dtype.values())  # one flat buffer each, in this order
         self.flats: list[torch.Tensor] = []
         # where each view points: a gradient set to None or replaced no longer adds into the buffer
         self._ptrs: dict[int, int] = {}
-        for dtype, group in by_dtype.items():
-            flat = torch.zeros(sum(p.numel() for p in group), dtype=dtype, device=group[0].device)
+        for group in self.groups:
+            flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)
             offset = 0
             for p in group:
                 p.grad = flat[offset:offset + p.numel()].view(p.shape)
@@ -52,11 +53,8 @@ class FlatGrads:
     def broadcast_parameters(self) -> None:
         """Rank 0's parameters on every rank, as DDP's constructor does (equal seeds already give
         equal weights; this makes it so whatever a rank loaded)."""
-        by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-        for p in self.params:
-            by_dtype.setdefault(p.dtype, []).append(p)
         with torch.no_grad():
-            for group in by_dtype.values():
+            for group in self.groups:
                 flat = torch.cat([p.detach().reshape(-1) for p in group])
                 dist.broadcast(flat, 0)
                 for p, part in zip(group, flat.split([p.numel() for p in group])):
