@@ -111,6 +111,8 @@ VIEW_OPS = frozenset({
     "squeeze", "as_strided", "t", "transpose", "permute", "detach", "alias", "split", "split_with_sizes",
     "unfold", "unbind", "chunk", "narrow", "scalar_tensor", "view_as_real", "view_as_complex",
 })
+# allocations without a fill: memory from the caching allocator (or a CUDA graph's pool), no kernel
+ALLOC_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 
 class OpCounter(TorchDispatchMode):
@@ -131,9 +133,10 @@ class OpCounter(TorchDispatchMode):
 
     @property
     def launching(self) -> int:
-        """The ops that run device work: all but views and metadata (``VIEW_OPS``). On a GPU
-        each is about one kernel launch, which is what a step replayed as a CUDA graph pays."""
-        return sum(n for op, n in self.ops.items() if op.split(".")[1] not in VIEW_OPS)
+        """The ops that run device work: all but views and metadata (``VIEW_OPS``) and bare
+        allocations (``ALLOC_OPS``). On a GPU each is about one kernel launch, which is what a
+        step replayed as a CUDA graph pays."""
+        return sum(n for op, n in self.ops.items() if op.split(".")[1] not in VIEW_OPS | ALLOC_OPS)
 
 
 class OpTrace(TorchDispatchMode):

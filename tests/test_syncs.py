@@ -47,3 +47,6 @@ def test_views_are_counted_but_do_not_launch() -> None:
     with OpCounter() as ops:
         (y * 2).sum()  # two ops with device work
     assert ops.launching == 2
+    with OpCounter() as ops:
+        torch.empty(3).fill_(1.0)  # an allocation launches nothing, its fill does
+    assert ops.total == 2 and ops.launching == 1
