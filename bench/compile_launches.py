@@ -261,6 +261,15 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
             step["op"] = "decode combine"
             logits = torch.empty(s.B, 1, s.H, 3, device="meta", dtype=torch.bfloat16)
             T.gated_combine_logits(logits, q1, q1, q1)
+            # as a decode step passes them: a slice of the joint projection, read in place
+            width = s.H * s.D + 6 * s.G * s.D + 3 * s.H
+            joint = torch.empty(s.B, 1, width, device="meta", dtype=torch.bfloat16)
+            T.gated_combine_logits(joint[..., -3 * s.H:].view(s.B, 1, s.H, 3), q1, q1, q1)
+            for name, n in (("whole", 1), ("split", 2), ("wide", 256)):  # wide: batch 1 at 64k
+                step["op"] = f"dense decode {name}"
+                T.dense_decode(q1, k, v, pos, splits=n)
+            step["op"] = "silu_mul"
+            T.silu_mul(torch.empty(s.B, 1, 2 * 4 * s.H * s.D, device="meta", dtype=torch.bfloat16))
     finally:
         T._sm_count = saved
     return launches

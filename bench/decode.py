@@ -53,6 +53,7 @@ if str(ROOT) not in sys.path:
 
 from nsa.config import AttentionConfig, ModelConfig, load_config  # noqa: E402
 from nsa.infer import DecodeState, make_cache  # noqa: E402
+from nsa.infer.fused import fused_op  # noqa: E402
 from nsa.infer.graph import CUDA_GRAPH, WARMUP, DecodeRunner  # noqa: E402
 from nsa.model import build_model  # noqa: E402
 from nsa.ops.reference import num_compressed, num_select_blocks  # noqa: E402
@@ -106,6 +107,12 @@ def filled_state(model: torch.nn.Module, batch: int, context: int, extra: int, d
     return DecodeState(caches, lengths, context, caches[0].capacity, [context] * batch)
 
 
+def step_ops(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> str:
+    """What a decode step runs besides its matmuls: the fused kernels (CUDA) or torch's ops."""
+    probe = torch.empty(0, dtype=dtype, device=device)
+    return "fused kernels" if fused_op(cfg.attention.backend, probe, "silu_mul") is not None else "torch ops"
+
+
 def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch.dtype,
             device: torch.device, graph: bool | None = None) -> dict[str, Any]:
     """Decode ``steps`` tokens per sequence after ``context`` tokens: speed and memory.
@@ -141,7 +148,7 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
            "tokens_per_s": batch * steps / clock, "clock": "process CPU" if device.type == "cpu" else "wall",
            "wall_ms_per_step": 1000 * dt / steps, "cpu_ms_per_step": 1000 * cpu / steps,
            "cache_bytes": cache_bytes, "step_peak_bytes": None, "decode_path": runner.path,
-           "replays": runner.replays}
+           "replays": runner.replays, "step_ops": step_ops(cfg, dtype, device)}
     if device.type == "cuda":
         row["step_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     del model, state
@@ -198,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in (dense_cfg, nsa_cfg):
                 measured.append(measure(cfg, s, args.steps, args.batch, dtype, device,
                                         graph=False if args.eager else None))
-                print(f"  measured {cfg.attention.kind} at {s}: {measured[-1]['tokens_per_s']:.2f} tok/s "
-                      f"({measured[-1]['decode_path']})", file=sys.stderr, flush=True)
+                row = measured[-1]
+                print(f"  measured {cfg.attention.kind} at {s}: {row['tokens_per_s']:.2f} tok/s "
+                      f"({row['decode_path']}, {row['step_ops']})", file=sys.stderr, flush=True)
         ratios = {r["context"]: r["ratio_exact"] for r in rows if r["config"] == "nsa-125m"}
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
             f"CPU, {torch.get_num_threads()} threads, tokens per second of process CPU time"

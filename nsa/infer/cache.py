@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import torch
 
-from nsa.infer.fused import JointProjection, fused_op
+from nsa.infer import fused
 from nsa.model.attention import Angles, DenseAttention, NSAAttention
-from nsa.model.layers import upcast_dtype
+from nsa.model.layers import add_linear_, upcast_dtype
 from nsa.ops.reference import (
     _acc_dtype,
     _attend,
@@ -111,7 +111,7 @@ class NSACache:
         self.capacity = num_select_blocks(capacity, c.select_block) * c.select_block
         self.tensors: dict[str, torch.Tensor] = {}
         self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
-        self.joint = JointProjection([attn.q_proj, attn.kv_proj, attn.gate])
+        self.joint = fused.JointProjection([attn.q_proj, attn.kv_proj, attn.gate])
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
         """Zeroed cache tensors (prefill calls this with its K/V's dtype; a benchmark may
@@ -168,17 +168,19 @@ class NSACache:
         return out
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
-             shared: StepShared | None = None, compress: bool = True) -> torch.Tensor:
+             shared: StepShared | None = None, compress: bool = True, residual: torch.Tensor | None = None
+             ) -> torch.Tensor:
         """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]`` (``angles``:
         RoPE's cos and sin of ``pos``, computed once per step for every layer; ``shared``: the
         step's index tensors, computed by its first layer for the others, see ``_slots``):
         write its keys (and, with ``compress``, the compressed token whose block it completes:
         the host passes False when no sequence completes one), then the three branches for
-        its query (``_branches``), gated and projected -> ``[B, 1, dim]``. Device work only:
-        no host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
+        its query (``_branches``), gated and projected -> ``[B, 1, dim]`` (``residual``: added
+        inside the projection's GEMM, in place: ``NSAAttention.mix``). Device work only: no
+        host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
         a, t = self.attn, self.tensors
         slots = self._slots(pos, shared, compress)
-        write = fused_op(a.cfg.backend, x, "decode_write")
+        write = fused.fused_op(a.cfg.backend, x, "decode_write")
         logits = None
         if write is not None:  # one GEMM for q, K/V and gates; RoPE and the six writes in one kernel
             H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
@@ -195,7 +197,8 @@ class NSACache:
         self._append_compressed(pos, angles, slots)
         o_cmp, o_slc, o_win = self._branches(q, pos)
         return a.mix(x, o_cmp, o_slc, o_win, track=False,
-                     from_logits=fused_op(a.cfg.backend, x, "gated_combine_logits"), gate_logits=logits)
+                     from_logits=fused.fused_op(a.cfg.backend, x, "gated_combine_logits"), gate_logits=logits,
+                     residual=residual)
 
     def _slots(self, pos: torch.Tensor, shared: StepShared | None, compress: bool = True
                ) -> dict[str, torch.Tensor]:
@@ -258,9 +261,9 @@ class NSACache:
         a, c, t, k = self.attn, self.attn.cfg, self.tensors, self.consts
         # on CUDA with the Triton ops: the fused decode kernels (nsa/ops/triton/decode.py), a few
         # launches per layer instead of ~140 ops; these torch ops are their reference
-        fused = fused_op(c.backend, q, "nsa_decode_branches")
-        if fused is not None:
-            return fused(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos,
+        kernels = fused.fused_op(c.backend, q, "nsa_decode_branches")
+        if kernels is not None:
+            return kernels(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos,
                          c.compress_block, c.compress_stride, c.select_block, c.num_selected, c.num_initial,
                          c.num_local)
         B, H, G, D = q.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
@@ -309,7 +312,7 @@ class DenseCache:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
-        self.joint = JointProjection([attn.q_proj, attn.kv_proj])
+        self.joint = fused.JointProjection([attn.q_proj, attn.kv_proj])
 
     def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The layer's own forward over ``x [B, T, dim]``, keeping its K/V."""
@@ -343,14 +346,17 @@ class DenseCache:
         return self.k, self.v
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
-             shared: StepShared | None = None, compress: bool = True) -> torch.Tensor:
+             shared: StepShared | None = None, compress: bool = True, residual: torch.Tensor | None = None
+             ) -> torch.Tensor:
         """One new token per sequence at positions ``pos [B]`` (``angles``: RoPE's of ``pos``):
-        attention over keys ``<= pos``. Device work only, as ``NSACache.step``; the mask is
-        computed by the step's first layer of this capacity and reused from ``shared``.
+        attention over keys ``<= pos``, projected (``residual``: plus it, in the projection's
+        GEMM on the kernel's path). Device work only, as ``NSACache.step``. On CUDA one
+        ``dense_decode`` kernel attends (two when split); else SDPA under a mask that the
+        step's first layer of this capacity computes and the others reuse from ``shared``.
         ``compress``: NSA's, nothing here."""
         kc, vc = self._kv()
         a = self.attn
-        write = fused_op("auto", x, "decode_write")
+        write = fused.fused_op("auto", x, "decode_write")
         if write is not None:  # one GEMM for q and K/V; RoPE of q and k and both writes in one kernel
             H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
             cos, sin = angles if angles is not None else \
@@ -361,6 +367,10 @@ class DenseCache:
             rows = self.consts["rows"]
             q, k, v = a.project(x, pos[:, None], angles)
             kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
+        attend = fused.fused_op("auto", x, "dense_decode")
+        if attend is not None:  # flash-decoding in 1-2 launches, where masked GQA SDPA takes a dozen
+            o = attend(q, kc, vc, pos).reshape(x.shape[0], 1, a.n_heads * a.head_dim)
+            return a.o_proj(o) if residual is None else add_linear_(residual, o, a.o_proj)
         key = ("dense", self.capacity)
         if shared is not None and key in shared:
             mask = shared[key]["mask"]
@@ -368,7 +378,8 @@ class DenseCache:
             mask = (self.consts["key_pos"] <= pos[:, None])[:, None, None, :]
             if shared is not None:
                 shared[key] = {"mask": mask}
-        return self.attn.attend(q, kc, vc, mask)
+        out = self.attn.attend(q, kc, vc, mask)
+        return out if residual is None else residual + out
 
 
 LayerCache = NSACache | DenseCache

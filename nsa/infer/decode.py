@@ -22,9 +22,10 @@ from collections.abc import Sequence
 
 import torch
 
+from nsa.infer import fused
 from nsa.infer.cache import LayerCache, StepShared, make_cache
 from nsa.model.layers import upcast_dtype
-from nsa.model.transformer import Transformer
+from nsa.model.transformer import Block, Transformer
 from nsa.ops.rope import rope_angles
 
 
@@ -113,8 +114,14 @@ def advance(model: Transformer, caches: Sequence[LayerCache], lengths: torch.Ten
     # RoPE's angles of the new positions, once for every layer (same head dim and theta)
     angles = rope_angles(pos, model.cfg.head_dim, model.cfg.rope_theta, upcast_dtype(x.dtype))
     shared: StepShared = {}  # the step's ring slots and masks, once for every layer
+    backend = model.cfg.attention.backend
     for block, cache in zip(model.blocks, caches):
-        x = block(x, lambda h, cache=cache: cache.step(h, pos, angles, shared, compress))
+        assert isinstance(block, Block)  # for the type checker: a ModuleList yields nn.Module
+
+        def step(h: torch.Tensor, residual: torch.Tensor | None, cache: LayerCache = cache) -> torch.Tensor:
+            return cache.step(h, pos, angles, shared, compress, residual)
+
+        x = fused.decode_block(block, x, step, backend)
     lengths.add_(1)
     return model.lm_head(model.norm(x))[:, 0]
 

@@ -1,15 +1,31 @@
-"""What a decode step runs on CUDA instead of the torch ops (nsa/infer/cache.py keeps those
-as the reference, and for the CPU): which fused kernel a step may use, and its projections
-of one input as a single GEMM."""
+"""What a decode step runs on CUDA instead of the torch ops (nsa/infer/cache.py and the
+model's ``Block`` keep those as the reference, and for the CPU): which fused kernel a step
+may use, its projections of one input as a single GEMM, and a block's residual adds inside
+its GEMMs.
+
+A decode step replayed from a CUDA graph costs about one kernel's latency per launch, and
+for a small model most of its launches are not attention: per layer two norms, the
+projections, the feed-forward's two matmuls and its activation, two residual adds. The
+adds go into the output projections' GEMMs (``addmm_`` into the residual stream) and the
+SwiGLU activation is one kernel: three launches fewer per layer and token."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
+from nsa.model.layers import add_linear_
 from nsa.ops import get_ops
+
+if TYPE_CHECKING:
+    from nsa.model.transformer import Block
+
+# ``step(h, residual)``: a layer cache's step on the normed input ``h``, returning
+# ``residual + attention`` when ``residual`` is given, else the attention alone
+Step = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def fused_op(backend: str, x: torch.Tensor, name: str) -> Callable[..., Any] | None:
@@ -48,3 +64,16 @@ class JointProjection:
             views.append(out[..., start:start + m.out_features].view(*x.shape[:-1], *shape))
             start += m.out_features
         return views
+
+
+def decode_block(block: Block, x: torch.Tensor, step: Step, backend: str) -> torch.Tensor:
+    """``block(x)`` for one new token per sequence, ``x [B, 1, dim]``, with the layer's cached
+    attention ``step``: on CUDA (``silu_mul`` among the ``backend``'s fused ops) the residual
+    adds inside the output projections' GEMMs and SwiGLU's activation in one kernel; else
+    the block's own forward (the reference)."""
+    silu_mul = fused_op(backend, x, "silu_mul")
+    if silu_mul is None:
+        return block(x, lambda h: step(h, None))
+    x = step(block.attn_norm(x), x.contiguous())  # x + attention: the add in o_proj's GEMM
+    hidden = silu_mul(F.linear(block.ffn_norm(x), block.ffn.gate_up.weight, block.ffn.gate_up.bias))
+    return add_linear_(x, hidden, block.ffn.down)

@@ -19,7 +19,7 @@ from torch import nn
 
 from nsa.config import AttentionConfig
 from nsa.model.compress import Compressor
-from nsa.model.layers import upcast, upcast_dtype
+from nsa.model.layers import add_linear_, upcast, upcast_dtype
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops, window_attention
 from nsa.ops.rope import apply_rope, rope_angles
@@ -167,19 +167,21 @@ class NSAAttention(nn.Module):
 
     def mix(self, x: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor,
             track: bool = True, from_logits: Callable[..., torch.Tensor] | None = None,
-            gate_logits: torch.Tensor | None = None) -> torch.Tensor:
+            gate_logits: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
         """Eq. 5: per-head sigmoid gates from ``x`` weigh the branch outputs ``[B,T,H,D]``,
         then the output projection. ``track``: keep the gates' mean for the training metrics
         (``gate_shares``); a decode step does not (two kernels per layer and token for nothing).
         ``from_logits``: a combine that takes the gate logits and applies the sigmoid itself
         (a decode step on CUDA: one kernel instead of three; no gradient, no tracking), of
-        ``gate_logits [B,T,H,3]`` when the caller computed them (else ``self.gate(x)``)."""
+        ``gate_logits [B,T,H,3]`` when the caller computed them (else ``self.gate(x)``).
+        ``residual``: returns ``residual + output``, added inside the output projection's GEMM,
+        in place into ``residual`` (a decode step on CUDA; no gradient)."""
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         if from_logits is not None and self.gate_override is None:
             logits = gate_logits if gate_logits is not None else self.gate(x).view(B, T, H, 3)
             o = from_logits(logits, o_cmp, o_slc, o_win)
-            return self.o_proj(o.reshape(B, T, H * D))
+            return self._project(o.reshape(B, T, H * D), residual)
         adt = upcast_dtype(x.dtype)
         if self.gate_override is None:
             g = torch.sigmoid(upcast(self.gate(x))).view(B, T, H, 3)
@@ -190,7 +192,10 @@ class NSAAttention(nn.Module):
                 self.gate_mean.copy_(g.detach().mean(dim=(0, 1, 2)))
         # the gated sum in the branches' dtype (the kernels: one fused pass, fp32 inside)
         o = gated_combine(get_ops(self.cfg.backend, x.device.type), g, o_cmp, o_slc, o_win)
-        return self.o_proj(o.reshape(B, T, H * D))
+        return self._project(o.reshape(B, T, H * D), residual)
+
+    def _project(self, o: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        return self.o_proj(o) if residual is None else add_linear_(residual, o, self.o_proj)
 
 
 class DenseAttention(nn.Module):

@@ -1,4 +1,4 @@
-"""Small building blocks of the decoder: RMSNorm and the SwiGLU feed-forward."""
+"""Small building blocks of the decoder: RMSNorm, the SwiGLU feed-forward, a residual linear."""
 
 from __future__ import annotations
 
@@ -60,3 +60,14 @@ def swiglu_hidden(dim: int, ffn_hidden: int | None) -> int:
         return ffn_hidden
     h = (8 * dim) // 3
     return ((h + 63) // 64) * 64
+
+
+def add_linear_(residual: torch.Tensor, x: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+    """``residual += linear(x)`` as one GEMM whose epilogue adds (``addmm_``, in place, so no
+    copy of ``residual`` first); ``residual [..., out]`` contiguous, ``x [..., in]``. Returns
+    ``residual``. A linear with a bias adds it too (a second op)."""
+    flat = residual.view(-1, residual.shape[-1])
+    flat.addmm_(x.reshape(-1, x.shape[-1]), linear.weight.t())
+    if linear.bias is not None:
+        flat.add_(linear.bias)
+    return residual

@@ -18,6 +18,7 @@ from nsa_model_testlib import peaked_model
 
 from nsa.infer import cache as cache_mod
 from nsa.infer import decode_step, prefill
+from nsa.infer import fused as fused_mod
 from nsa.ops import reference
 
 SEQ = 53
@@ -143,9 +144,10 @@ def test_triton_path_decoding_equals_forward(kind: str, ties: bool) -> None:
 
 @pytest.mark.parametrize("kind", ["nsa", "dense"])
 def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
-    """The kernels a step runs on CUDA (``cache.fused_op``: the rotations and cache writes in
-    one ``decode_write``, the fused branch attention, the combine of gate logits), run here
-    by the interpreter on CPU tensors: decoding still equals the forward at every position,
+    """The kernels a step runs on CUDA (``fused.fused_op``: the rotations and cache writes in
+    one ``decode_write``, the fused branch attention or dense's ``dense_decode``, the combine
+    of gate logits, SwiGLU's ``silu_mul`` and the residual adds inside the GEMMs), run here by
+    the interpreter on CPU tensors: decoding still equals the forward at every position,
     across compression blocks and the window ring's wrap-around (short: the interpreter is
     slow)."""
     triton_ops = pytest.importorskip("nsa.ops.triton")
@@ -155,10 +157,10 @@ def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.Monke
         used.add(name)
         return getattr(triton_ops, name)
 
-    monkeypatch.setattr(cache_mod, "fused_op", on_cpu)
+    monkeypatch.setattr(fused_mod, "fused_op", on_cpu)
     _check(peaked_model(kind, backend="triton"), 27, [5])
-    assert used == ({"decode_write", "nsa_decode_branches", "gated_combine_logits"} if kind == "nsa"
-                    else {"decode_write"})
+    assert used == {"decode_write", "silu_mul"} | ({"nsa_decode_branches", "gated_combine_logits"}
+                                                  if kind == "nsa" else {"dense_decode"})
 
 
 def test_a_joint_projection_is_its_linears_side_by_side() -> None:
@@ -168,7 +170,7 @@ def test_a_joint_projection_is_its_linears_side_by_side() -> None:
     linears = [torch.nn.Linear(12, 8, bias=False), torch.nn.Linear(12, 6, bias=False), torch.nn.Linear(12, 9)]
     x = torch.randn(3, 1, 12)
     for mods, shapes in ((linears, [(2, 4), (3, 2), (3, 3)]), (linears[:2], [(8,), (2, 3)])):
-        views = cache_mod.JointProjection(mods).project(x, shapes)
+        views = fused_mod.JointProjection(mods).project(x, shapes)
         for m, shape, got in zip(mods, shapes, views, strict=True):
             assert got.shape == (3, 1, *shape)
             torch.testing.assert_close(got.reshape(3, 1, -1), m(x), rtol=1e-6, atol=1e-6)

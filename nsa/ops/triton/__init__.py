@@ -29,7 +29,8 @@ from nsa.ops.reference import selection_scores
 from . import topn
 from .band import BWD_BN, LN2, band_backward, band_forward
 from .decode import nsa_decode_branches
-from .glue import GatedCombine, Rope
+from .decode_dense import dense_decode
+from .glue import GatedCombine, Rope, silu_mul
 from .glue import gated_combine_logits as _combine_logits
 from .selected import selected_backward, selected_forward
 from .step_write import decode_write
@@ -41,12 +42,14 @@ __all__ = [
     "compressed_attention_and_selection",
     "apply_rope",
     "decode_write",
+    "dense_decode",
     "gated_combine",
     "gated_combine_logits",
     "nsa_decode_branches",
     "selection_scores",
     "select_blocks",
     "selected_attention",
+    "silu_mul",
     "window_attention",
 ]
 

@@ -49,25 +49,26 @@ def row_delta(o: torch.Tensor, do: torch.Tensor, heads_major: bool) -> torch.Ten
 
 
 @triton.jit
-def _gate(GATE, r, rmask, C: tl.constexpr, LOGITS: tl.constexpr):
-    """Gate C of rows r in fp32: as stored, or the sigmoid of a stored logit."""
-    g = tl.load(GATE + r * 3 + C, mask=rmask, other=0.0).to(tl.float32)
+def _gate(GATE, r, rmask, H, SG, C: tl.constexpr, LOGITS: tl.constexpr):
+    """Gate C of rows r (row = position x H + head) in fp32: as stored, or the sigmoid of a
+    stored logit. A position's H x 3 gates are contiguous, positions SG apart."""
+    g = tl.load(GATE + (r // H) * SG + (r % H) * 3 + C, mask=rmask, other=0.0).to(tl.float32)
     if LOGITS:
         g = tl.sigmoid(g)
     return g[:, None]
 
 
 @triton.jit
-def _combine_fwd(GATE, A, B, C, OUT, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+def _combine_fwd(GATE, A, B, C, OUT, n_rows, H, SG, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
                  LOGITS: tl.constexpr):
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = r < n_rows
     offs_d = tl.arange(0, BD)
     m = rmask[:, None] & (offs_d < D)[None, :]
     off = r[:, None] * D + offs_d[None, :]
-    g0 = _gate(GATE, r, rmask, 0, LOGITS)
-    g1 = _gate(GATE, r, rmask, 1, LOGITS)
-    g2 = _gate(GATE, r, rmask, 2, LOGITS)
+    g0 = _gate(GATE, r, rmask, H, SG, 0, LOGITS)
+    g1 = _gate(GATE, r, rmask, H, SG, 1, LOGITS)
+    g2 = _gate(GATE, r, rmask, H, SG, 2, LOGITS)
     out = (g0 * tl.load(A + off, mask=m, other=0.0).to(tl.float32)
            + g1 * tl.load(B + off, mask=m, other=0.0).to(tl.float32)
            + g2 * tl.load(C + off, mask=m, other=0.0).to(tl.float32))
@@ -104,16 +105,35 @@ def _rows_per_program(d: int) -> tuple[int, int]:
 
 def _combine(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, logits: bool
              ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The combine's forward launch (``g``: gates, or gate logits): the output, and the
-    contiguous inputs it read (what the backward needs)."""
-    g, a, b, c = g.contiguous(), a.contiguous(), b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
+    """The combine's forward launch (``g [B, T, H, 3]``: gates, or gate logits): the output,
+    and the contiguous inputs it read (what the backward needs). Gate logits are read in
+    place when each position's ``H x 3`` are contiguous (a decode step's slice of its joint
+    projection: no copy, one launch fewer per layer and token)."""
+    a, b, c = a.contiguous(), b.to(a.dtype).contiguous(), c.to(a.dtype).contiguous()
+    H = g.shape[-2]
+    sg = _position_stride(g) if logits else None
+    if sg is None:
+        g, sg = g.contiguous(), H * 3
     out = poison.empty_like(a)
     n_rows = a.numel() // a.shape[-1] if a.numel() else 0
     if n_rows:
         bd, br = _rows_per_program(a.shape[-1])
-        _combine_fwd[(triton.cdiv(n_rows, br),)](g, a, b, c, out, n_rows, D=a.shape[-1], BD=bd, BR=br,
+        _combine_fwd[(triton.cdiv(n_rows, br),)](g, a, b, c, out, n_rows, H, sg, D=a.shape[-1], BD=bd, BR=br,
                                                  LOGITS=logits)
     return out, (g, a, b, c)
+
+
+def _position_stride(g: torch.Tensor) -> int | None:
+    """The distance between positions of ``g [B, T, H, 3]`` when each position's ``H x 3``
+    values are contiguous and the positions evenly spaced (B and T merge), else None."""
+    B, T, H, _ = g.shape
+    if g.stride(3) != 1 or g.stride(2) != 3:
+        return None
+    if T == 1:
+        return g.stride(0)
+    if B == 1 or g.stride(0) == T * g.stride(1):
+        return g.stride(1)
+    return None
 
 
 class GatedCombine(torch.autograd.Function):
@@ -204,3 +224,31 @@ class Rope(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         cos, sin = ctx.saved_tensors
         return _rope(dy, cos, sin, -1), None, None
+
+
+@triton.jit
+def _silu_mul_kernel(X, Y, HID, sxr, syr, BH: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = cols < HID
+    g = tl.load(X + row * sxr + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(X + row * sxr + HID + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + row * syr + cols, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=m)
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``x [..., 2 * hidden]`` (gate then up, SwiGLU's joint matmul)
+    -> ``[..., hidden]`` in x's dtype, fp32 inside, one launch and no gradient (decoding:
+    torch's two ops rounded a bf16 temporary between them)."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"the last dim holds gate and up halves, got {x.shape[-1]}")
+    hid = x.shape[-1] // 2
+    rows = x.reshape(-1, x.shape[-1]) if x.numel() else x.new_empty(0, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    y = poison.empty(rows.shape[0], hid, device=x.device, dtype=x.dtype)
+    if rows.shape[0] and hid:
+        bh = min(1024, max(16, triton.next_power_of_2(hid)))
+        grid = (rows.shape[0], triton.cdiv(hid, bh))
+        _silu_mul_kernel[grid](rows, y, hid, rows.stride(0), y.stride(0), BH=bh)
+    return y.view(*x.shape[:-1], hid)
