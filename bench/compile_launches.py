@@ -247,11 +247,17 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
             pos = torch.empty(s.B, device="meta", dtype=torch.int64)
             # one program per group; split; split as at batch 1 and 64k on an H100 or H200
             # (the widest merge of partials and of candidate lists, MAX_SCORE_SPLITS)
+            width = s.H * s.D + 6 * s.G * s.D + 3 * s.H  # a decode step's joint projection
+            joint = torch.empty(s.B, 1, width, device="meta", dtype=torch.bfloat16)
+            gate_logits = joint[..., -3 * s.H:].view(s.B, 1, s.H, 3)
             for name, splits in (("whole", DecodeSplits()), ("split", DecodeSplits(2, 2, 2, 2)),
                                  ("wide", DecodeSplits(33, 4, 64, 8))):
                 step["op"] = f"decode {name}"
                 T.nsa_decode_branches(q1, kc, vc, k, v, ring, ring, pos, s.block, s.stride, s.select_block,
                                       s.n, 1, 2, splits=splits)
+                step["op"] = f"decode gated {name}"
+                T.nsa_decode_gated(q1, kc, vc, k, v, ring, ring, pos, gate_logits, s.block, s.stride,
+                                   s.select_block, s.n, 1, 2, splits=splits)
             step["op"] = "decode write"
             kv1 = torch.empty(s.B, 1, 6, s.G, s.D, device="meta", dtype=torch.bfloat16)
             raw = torch.empty(s.B, s.block, s.G, s.D, device="meta", dtype=torch.bfloat16)
@@ -261,10 +267,7 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
             step["op"] = "decode combine"
             logits = torch.empty(s.B, 1, s.H, 3, device="meta", dtype=torch.bfloat16)
             T.gated_combine_logits(logits, q1, q1, q1)
-            # as a decode step passes them: a slice of the joint projection, read in place
-            width = s.H * s.D + 6 * s.G * s.D + 3 * s.H
-            joint = torch.empty(s.B, 1, width, device="meta", dtype=torch.bfloat16)
-            T.gated_combine_logits(joint[..., -3 * s.H:].view(s.B, 1, s.H, 3), q1, q1, q1)
+            T.gated_combine_logits(gate_logits, q1, q1, q1)  # a slice of the joint projection, in place
             for name, n in (("whole", 1), ("split", 2), ("wide", 256)):  # wide: batch 1 at 64k
                 step["op"] = f"dense decode {name}"
                 T.dense_decode(q1, k, v, pos, splits=n)

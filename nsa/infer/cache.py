@@ -195,6 +195,14 @@ class NSACache:
             new = (u[:, 0] for u in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
             self._append(pos, slots, *new)
         self._append_compressed(pos, angles, slots)
+        gated = fused.fused_op(a.cfg.backend, x, "nsa_decode_gated")
+        if gated is not None and logits is not None and a.gate_override is None:
+            # the three branches and their gated sum in the attention's own launches
+            c = a.cfg
+            o = gated(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos, logits,
+                      c.compress_block, c.compress_stride, c.select_block, c.num_selected, c.num_initial,
+                      c.num_local)
+            return a.project_out(o.reshape(x.shape[0], 1, a.n_heads * a.head_dim), residual)
         o_cmp, o_slc, o_win = self._branches(q, pos)
         return a.mix(x, o_cmp, o_slc, o_win, track=False,
                      from_logits=fused.fused_op(a.cfg.backend, x, "gated_combine_logits"), gate_logits=logits,

@@ -181,7 +181,7 @@ class NSAAttention(nn.Module):
         if from_logits is not None and self.gate_override is None:
             logits = gate_logits if gate_logits is not None else self.gate(x).view(B, T, H, 3)
             o = from_logits(logits, o_cmp, o_slc, o_win)
-            return self._project(o.reshape(B, T, H * D), residual)
+            return self.project_out(o.reshape(B, T, H * D), residual)
         adt = upcast_dtype(x.dtype)
         if self.gate_override is None:
             g = torch.sigmoid(upcast(self.gate(x))).view(B, T, H, 3)
@@ -192,9 +192,11 @@ class NSAAttention(nn.Module):
                 self.gate_mean.copy_(g.detach().mean(dim=(0, 1, 2)))
         # the gated sum in the branches' dtype (the kernels: one fused pass, fp32 inside)
         o = gated_combine(get_ops(self.cfg.backend, x.device.type), g, o_cmp, o_slc, o_win)
-        return self._project(o.reshape(B, T, H * D), residual)
+        return self.project_out(o.reshape(B, T, H * D), residual)
 
-    def _project(self, o: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def project_out(self, o: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The output projection of the heads' combined output ``o [B, T, H*D]``; with
+        ``residual``, ``residual + o_proj(o)`` added inside the GEMM, in place into it."""
         return self.o_proj(o) if residual is None else add_linear_(residual, o, self.o_proj)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nsa_model_testlib import peaked_model
+from nsa_model_testlib import peaked_model, set_gates
 
 from nsa.infer import cache as cache_mod
 from nsa.infer import decode_step, prefill
@@ -142,14 +142,21 @@ def test_triton_path_decoding_equals_forward(kind: str, ties: bool) -> None:
             torch.nn.init.zeros_(block.attn.q_proj.weight)
     _check(model, 33, [5, 13])
 
-@pytest.mark.parametrize("kind", ["nsa", "dense"])
+# the fused ops each kind of step asks for: NSA's attention and gated sum in the branches'
+# launches (``nsa_decode_gated``), or with forced gates the branches then the combine
+FUSED_OPS = {"nsa": {"nsa_decode_gated"},
+             "nsa, forced gates": {"nsa_decode_gated", "nsa_decode_branches", "gated_combine_logits"},
+             "dense": {"dense_decode"}}
+
+
+@pytest.mark.parametrize("kind", list(FUSED_OPS))
 def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """The kernels a step runs on CUDA (``fused.fused_op``: the rotations and cache writes in
-    one ``decode_write``, the fused branch attention or dense's ``dense_decode``, the combine
-    of gate logits, SwiGLU's ``silu_mul`` and the residual adds inside the GEMMs), run here by
-    the interpreter on CPU tensors: decoding still equals the forward at every position,
-    across compression blocks and the window ring's wrap-around (short: the interpreter is
-    slow)."""
+    one ``decode_write``, NSA's branches and their gated sum or dense's ``dense_decode``,
+    SwiGLU's ``silu_mul`` and the residual adds inside the GEMMs), run here by the
+    interpreter on CPU tensors: decoding still equals the forward at every position, across
+    compression blocks and the window ring's wrap-around (short: the interpreter is slow).
+    Forced gates (a test's override) take the branches, then the model's own combine."""
     triton_ops = pytest.importorskip("nsa.ops.triton")
     used: set[str] = set()
 
@@ -158,9 +165,11 @@ def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.Monke
         return getattr(triton_ops, name)
 
     monkeypatch.setattr(fused_mod, "fused_op", on_cpu)
-    _check(peaked_model(kind, backend="triton"), 27, [5])
-    assert used == {"decode_write", "silu_mul"} | ({"nsa_decode_branches", "gated_combine_logits"}
-                                                  if kind == "nsa" else {"dense_decode"})
+    model = peaked_model(kind.split(",")[0], backend="triton")
+    if kind == "nsa, forced gates":
+        set_gates(model, (0.2, 0.5, 0.3))
+    _check(model, 27, [5])
+    assert used == {"decode_write", "silu_mul"} | FUSED_OPS[kind]
 
 
 def test_a_joint_projection_is_its_linears_side_by_side() -> None:

@@ -278,6 +278,30 @@ def test_long_random_cache(splits: DK.DecodeSplits) -> None:
              f"seed={seed}")
 
 
+@pytest.mark.parametrize("splits", SPLITS, ids=["one", "split", "many"])
+def test_gated_sum_in_the_last_launch(splits: DK.DecodeSplits) -> None:
+    """``nsa_decode_gated`` equals ``gated_combine_logits`` of the branches' outputs, the gate
+    logits read in place from a slice of a wider projection (the step's) whose sequences
+    are not adjacent; both ends of the selected branch's store (one program, or the
+    combine of its split) write the gated sum."""
+    from nsa.ops.triton.glue import gated_combine_logits
+
+    seed = fresh_seed()
+    B, S, H, G, D = 3, 320, 4, 2, 16
+    t = _random_cache(B, S, G, D, LONG)
+    q = 2 * torch.randn(B, 1, H, D)
+    pos = torch.tensor([S - 3, 9, 150])
+    joint = torch.randn(B, 1, 5 + 3 * H)
+    logits = joint[..., 5:].view(B, 1, H, 3)
+    args = (t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos)
+    got = DK.nsa_decode_gated(q, *args, logits, *LONG.args(), splits=splits)
+    want = gated_combine_logits(logits, *DK.nsa_decode_branches(q, *args, *LONG.args(), splits=splits))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert rel_err(got, want) <= TOL, f"seed={seed}"
+    with pytest.raises(ValueError, match="each sequence's 4 x 3 contiguous"):
+        DK.nsa_decode_gated(q, *args, logits.transpose(2, 3).contiguous().transpose(2, 3), *LONG.args())
+
+
 def test_splits_agree_and_uniform_scores_tie() -> None:
     """q = 0 on a long random cache: every interior block ties exactly; split or not, the
     kernels choose the step's blocks (initial, local, then the lowest)."""

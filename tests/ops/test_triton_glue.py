@@ -82,3 +82,34 @@ def test_the_combine_of_gate_logits_is_the_combine_of_their_sigmoid(dtype):
     want = sum(g[..., c:c + 1] * os_[c].double() for c in range(3))
     assert got.dtype == dtype and got.shape == (B, T, H, D)
     assert rel_err(got, want) <= (TOL if dtype == torch.float32 else 1e-3), f"seed={seed}"
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_gate_logits_are_read_in_place_through_their_strides(T):
+    """Gate logits sliced from a wider projection (as a decode step's are): read through
+    their position stride, no copy, for one position per sequence and several; a layout
+    whose positions are not evenly spaced is copied first. All equal the contiguous result."""
+    seed = fresh_seed()
+    B, H, D = 3, 4, 16
+    os_ = [torch.randn(B, T, H, D) for _ in range(3)]
+    wide = torch.randn(B, T, 7 + 3 * H)
+    sliced = wide[..., 7:].view(B, T, H, 3)
+    want = T_OPS.gated_combine_logits(sliced.contiguous(), *os_)
+    assert rel_err(T_OPS.gated_combine_logits(sliced, *os_), want) <= TOL, f"seed={seed}"
+    uneven = torch.randn(T, B, 3 * H + 2)[..., :3 * H].transpose(0, 1).reshape(B, T, H, 3)  # B, T don't merge
+    want = T_OPS.gated_combine_logits(uneven.contiguous(), *os_)
+    assert rel_err(T_OPS.gated_combine_logits(uneven, *os_), want) <= TOL, f"seed={seed}"
+
+
+@pytest.mark.parametrize("hidden", [24, 1500])
+def test_silu_mul_is_swiglus_activation(hidden):
+    """``silu_mul`` of SwiGLU's joint output (gate half, then up half) as the model's
+    ``F.silu(gate) * up``: rows of a strided input, a hidden size past one program's columns."""
+    seed = fresh_seed()
+    x = torch.randn(3, 1, 2 * hidden + 5)[..., 5:]  # not contiguous: rows 2 * hidden + 5 apart
+    gate, up = x.split(hidden, dim=-1)
+    got = T_OPS.silu_mul(x)
+    assert got.shape == (3, 1, hidden) and got.dtype == x.dtype
+    assert rel_err(got, torch.nn.functional.silu(gate) * up) <= TOL, f"seed={seed}"
+    with pytest.raises(ValueError, match="gate and up halves"):
+        T_OPS.silu_mul(torch.randn(2, 7))

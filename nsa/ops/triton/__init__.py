@@ -28,7 +28,7 @@ from nsa.ops.reference import selection_scores
 
 from . import topn
 from .band import BWD_BN, LN2, band_backward, band_forward
-from .decode import nsa_decode_branches
+from .decode import nsa_decode_branches, nsa_decode_gated
 from .decode_dense import dense_decode
 from .glue import GatedCombine, Rope, silu_mul
 from .glue import gated_combine_logits as _combine_logits
@@ -46,6 +46,7 @@ __all__ = [
     "gated_combine",
     "gated_combine_logits",
     "nsa_decode_branches",
+    "nsa_decode_gated",
     "selection_scores",
     "select_blocks",
     "selected_attention",

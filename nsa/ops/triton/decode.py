@@ -1,4 +1,5 @@
-"""NSA decode attention: the three branches of one new query per sequence, in 3-4 launches.
+"""NSA decode attention: the three branches of one new query per sequence, in 3-4 launches
+(``nsa_decode_branches``), their gated sum inside the last of them (``nsa_decode_gated``).
 
 ``NSACache.step`` (nsa/infer/cache.py) computes, for the query of each sequence b at
 position ``pos[b]``, the compressed branch (token i visible iff ``i*d + l - 1 <= pos``) and
@@ -215,6 +216,25 @@ def _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D: tl.const
 
 
 @triton.jit
+def _store_gated(OUT, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D: tl.constexpr):
+    """The selected branch's rows (``acc / l``) gated with the compressed and window outputs
+    (already in ``OC`` and ``OW``, same layout as ``OUT``) by the sigmoid of the gate logits
+    ``GATE [B, 1, H, 3]`` (a sequence's ``H x 3`` contiguous, sequences ``sgb`` apart), fp32
+    inside: ``gated_combine_logits`` of the three branches, written to ``OUT``."""
+    o_slc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    heads = g * HPG + r
+    m = valid[:, None] & (offs_d < D)[None, :]
+    off = b * sob + heads[:, None] * soh + offs_d[None, :]
+    gate = GATE + b * sgb + heads * 3
+    g0 = tl.sigmoid(tl.load(gate, mask=valid, other=0.0).to(tl.float32))
+    g1 = tl.sigmoid(tl.load(gate + 1, mask=valid, other=0.0).to(tl.float32))
+    g2 = tl.sigmoid(tl.load(gate + 2, mask=valid, other=0.0).to(tl.float32))
+    out = (g0[:, None] * tl.load(OC + off, mask=m, other=0.0).to(tl.float32) + g1[:, None] * o_slc
+           + g2[:, None] * tl.load(OW + off, mask=m, other=0.0).to(tl.float32))
+    tl.store(OUT + off, out.to(OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _decode_partials(Q, KC, VC, KW, VW, POS, PM, PL, PACC,
                      sqb, sqh, scb, sct, sch, swb, swt, swh,
                      G, HPG, NC, NW, qk_scale, STRIDE, BLK, SC, SW, SP,
@@ -348,15 +368,17 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND,
 
 
 @triton.jit
-def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS,
-                     sqb, sqh, ssb, sst, ssh, sib, sig, sob, soh,
+def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE,
+                     sqb, sqh, ssb, sst, ssh, sib, sig, sob, soh, sgb,
                      G, HPG, S, NS, qk_scale, SBLK, NSEL, SS, SSEL, SP, SLOT0,
                      R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, LS: tl.constexpr,
-                     NR: tl.constexpr, SSP: tl.constexpr, FINAL: tl.constexpr, PREC: tl.constexpr):
+                     NR: tl.constexpr, SSP: tl.constexpr, FINAL: tl.constexpr, GATED: tl.constexpr,
+                     PREC: tl.constexpr):
     """The chosen blocks from the SS candidate lists (SSP: SS to a power of two, at most
     ``MAX_SCORE_SPLITS``), then program ``pid``'s share of them:
-    attention over their keys ``<= pos``; the output itself when FINAL (one program),
-    else a partial in slot ``SLOT0 + pid``. Program 0 writes the choice to ``IDX``."""
+    attention over their keys ``<= pos``; the output itself when FINAL (one program: with
+    GATED, the three branches' gated sum, ``_store_gated``), else a partial in slot
+    ``SLOT0 + pid``. Program 0 writes the choice to ``IDX``."""
     pid = tl.program_id(0)
     bg, b, g, p = _group_of_program(POS, G)
     col = tl.arange(0, NR)
@@ -403,22 +425,30 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS,
         nmask = (offs_l < SBLK) & (offs_n <= p) & (offs_n < S)
         m_i, l_i, acc = _online(q, kbase, vbase, sst, offs_n, nmask, m_i, l_i, acc, qk_scale, offs_d, D, PREC)
     if FINAL:
-        _store_out(OS, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
+        if GATED:
+            _store_gated(OS, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
+        else:
+            _store_out(OS, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
     else:
         _store_partial(PM, PL, PACC, bg * SP + SLOT0 + pid, m_i, l_i, acc, r, offs_d, R, BD)
 
 
 @triton.jit
-def _decode_combine(PM, PL, PACC, OUT, sob, soh, G, HPG, SP, C0, C1,
-                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr):
-    """Slots ``[C0, C1)`` of a (sequence, group)'s partials -> its rows of ``OUT``."""
+def _decode_combine(PM, PL, PACC, OUT, OC, OW, GATE, sob, soh, sgb, G, HPG, SP, C0, C1,
+                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr,
+                    GATED: tl.constexpr):
+    """Slots ``[C0, C1)`` of a (sequence, group)'s partials -> its rows of ``OUT`` (with GATED:
+    gated with the other two branches, ``_store_gated``)."""
     bg = tl.program_id(0)
     b = bg // G
     g = bg % G
     r = tl.arange(0, R)
     offs_d = tl.arange(0, BD)
     m_i, l_i, acc = _combine(PM, PL, PACC, bg * SP, C0, C1, r, offs_d, R, BD, True, CM, CA)
-    _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
+    if GATED:
+        _store_gated(OUT, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
+    else:
+        _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
 
 
 def _tokens_per_block(block: int, stride: int, select_block: int) -> int:
@@ -435,6 +465,28 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``nsa_decode_branches`` and the chosen blocks ``idx [B, G, n]`` (int64, ascending, -1
     after), the choice ``select_blocks_at`` makes on the cache's scores (tests, debugging)."""
+    o_cmp, o_slc, o_win, idx = _decode(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, block, stride,
+                                       select_block, num_selected, num_initial, num_local, scale, splits)
+    return o_cmp, o_slc, o_win, idx
+
+
+def _gate_stride(logits: torch.Tensor, q: torch.Tensor) -> int:
+    """Sequence stride of the gate logits ``[B, 1, H, 3]``, each sequence's ``H x 3`` contiguous
+    (a slice of the step's joint projection is); ValueError otherwise."""
+    B, _, H, _ = q.shape
+    if logits.shape != (B, 1, H, 3) or logits.stride(3) != 1 or logits.stride(2) != 3:
+        raise ValueError(f"gate logits of shape {tuple(logits.shape)} and strides {logits.stride()}: want "
+                         f"[{B}, 1, {H}, 3] with each sequence's {H} x 3 contiguous")
+    return logits.stride(0)
+
+
+def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: torch.Tensor,
+            v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, pos: torch.Tensor, block: int,
+            stride: int, select_block: int, num_selected: int, num_initial: int, num_local: int,
+            scale: float | None, splits: DecodeSplits | None, gate_logits: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launches: ``(o_cmp, o_slc, o_win, idx)``; with ``gate_logits`` the second is the
+    three branches' gated sum (in ``o_cmp``'s dtype) instead of ``o_slc``."""
     B, one, H, D = q.shape
     S, G = k_slc.shape[1], k_slc.shape[2]
     NC, NW = k_cmp.shape[1], k_win.shape[1]
@@ -469,9 +521,12 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
     pl = poison.empty_like(pm)
     pacc = poison.empty(B * G, slots, R, BD, device=dev, dtype=torch.float32)
     cand = poison.empty(B * G, sp.scores, NR, device=dev, dtype=torch.int64)
+    gated = gate_logits is not None
+    sgb = _gate_stride(gate_logits, q) if gate_logits is not None else 0
     o_cmp = poison.empty(B, 1, H, D, device=dev, dtype=v_cmp.dtype)
-    o_slc = poison.empty(B, 1, H, D, device=dev, dtype=out_dtype)
+    o_slc = poison.empty(B, 1, H, D, device=dev, dtype=v_cmp.dtype if gated else out_dtype)
     o_win = poison.empty(B, 1, H, D, device=dev, dtype=out_dtype)
+    logits = gate_logits if gate_logits is not None else o_win  # unused pointer when not gated
     idx = poison.empty(B, G, num_selected, device=dev, dtype=torch.int64)
     if B == 0:
         return o_cmp, o_slc, o_win, idx
@@ -500,16 +555,17 @@ def nsa_decode_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch
         PREC=prec, num_warps=4 if R * BD < 64 * 64 else 8, maxnreg=255)
     final = sp.selected == 1
     _decode_selected[(sp.selected, B * G)](
-        q, k_slc, v_slc, pos, cand, idx, pm, pl, pacc, o_slc, *sq, *k_slc.stride()[:3],
-        idx.stride(0), idx.stride(1), *so,
+        q, k_slc, v_slc, pos, cand, idx, pm, pl, pacc, o_slc, o_cmp, o_win, logits, *sq, *k_slc.stride()[:3],
+        idx.stride(0), idx.stride(1), *so, sgb,
         G, hpg, S, n_blocks, qk_scale, select_block, num_selected, sp.scores, sp.selected, slots,
         sp.cmp + sp.win,
         R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR,
-        SSP=triton.next_power_of_2(sp.scores), FINAL=final, PREC=prec,
+        SSP=triton.next_power_of_2(sp.scores), FINAL=final, GATED=gated, PREC=prec,
         num_warps=warps)
     if not final:
-        _decode_combine[(B * G,)](pm, pl, pacc, o_slc, *so, G, hpg, slots, sp.cmp + sp.win, slots,
-                                  R=R, D=D, BD=BD, CM=cm, CA=ca, num_warps=4)
+        _decode_combine[(B * G,)](pm, pl, pacc, o_slc, o_cmp, o_win, logits, *so, sgb, G, hpg, slots,
+                                  sp.cmp + sp.win, slots, R=R, D=D, BD=BD, CM=cm, CA=ca, GATED=gated,
+                                  num_warps=4)
     return o_cmp, o_slc, o_win, idx
 
 
@@ -526,7 +582,21 @@ def nsa_decode_branches(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tenso
     ring, position p in slot ``p % size``). ``o_cmp`` in ``v_cmp``'s dtype, the others in
     the caches'; fp32 accumulation. ``splits``: programs per phase (default
     ``plan_splits``)."""
-    o_cmp, o_slc, o_win, _ = nsa_decode_with_selection(
-        q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, block, stride, select_block, num_selected,
-        num_initial, num_local, scale, splits)
+    o_cmp, o_slc, o_win, _ = _decode(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, block, stride,
+                                     select_block, num_selected, num_initial, num_local, scale, splits)
     return o_cmp, o_slc, o_win
+
+
+def nsa_decode_gated(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: torch.Tensor,
+                     v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, pos: torch.Tensor,
+                     gate_logits: torch.Tensor, block: int, stride: int, select_block: int, num_selected: int,
+                     num_initial: int, num_local: int, scale: float | None = None,
+                     splits: DecodeSplits | None = None) -> torch.Tensor:
+    """``gated_combine_logits(gate_logits, *nsa_decode_branches(...))`` with the gated sum
+    inside the branches' last launch (one launch fewer per layer and token; the selected
+    branch's output never rounded to the cache dtype): ``[B, 1, H, D]`` in ``v_cmp``'s dtype.
+    ``gate_logits [B, 1, H, 3]``: each sequence's ``H x 3`` contiguous (the step's slice of
+    its joint projection is)."""
+    _, o, _, _ = _decode(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, block, stride, select_block,
+                         num_selected, num_initial, num_local, scale, splits, gate_logits)
+    return o

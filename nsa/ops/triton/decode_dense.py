@@ -126,6 +126,6 @@ def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
     if not final:
         cm = min(32, max(1, 512 // R), triton.next_power_of_2(sp))
         ca = max(1, min(8, cm, 2048 // (R * BD)))
-        _decode_combine[(B * G,)](pm, pl, pacc, out, *so, G, hpg, sp, 0, sp, R=R, D=D, BD=BD, CM=cm, CA=ca,
-                                  num_warps=4)
+        _decode_combine[(B * G,)](pm, pl, pacc, out, out, out, out, *so, 0, G, hpg, sp, 0, sp,
+                                  R=R, D=D, BD=BD, CM=cm, CA=ca, GATED=False, num_warps=4)
     return out
