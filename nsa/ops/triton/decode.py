@@ -561,7 +561,10 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
         sp.cmp + sp.win,
         R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR,
         SSP=triton.next_power_of_2(sp.scores), FINAL=final, GATED=gated, PREC=prec,
-        num_warps=warps)
+        # maxnreg: on sm_80 ptxas held the 8-warp variant (64 heads per group, D 128) to 128
+        # registers and spilled 8 B once the gated store joined it (Triton 3.9); a decode
+        # launch has too few programs to need the occupancy, as _decode_scores above
+        num_warps=warps, maxnreg=255)
     if not final:
         _decode_combine[(B * G,)](pm, pl, pacc, o_slc, o_cmp, o_win, logits, *so, sgb, G, hpg, slots,
                                   sp.cmp + sp.win, slots, R=R, D=D, BD=BD, CM=cm, CA=ca, GATED=gated,
