@@ -271,6 +271,13 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
             for name, n in (("whole", 1), ("split", 2), ("wide", 256)):  # wide: batch 1 at 64k
                 step["op"] = f"dense decode {name}"
                 T.dense_decode(q1, k, v, pos, splits=n)
+            raw = torch.empty(s.B, s.block, s.G, s.D, device="meta", dtype=torch.bfloat16)
+            hid = 4 * s.D  # phi's MLP, K's and V's stacked: pos, fc1, its bias, fc2, its bias
+            sizes = ((2, s.block, s.D), (2, hid, s.block * s.D), (2, hid), (2, s.D, hid), (2, s.D))
+            phi = [torch.empty(*size, device="meta", dtype=torch.bfloat16) for size in sizes]
+            for name, weights in (("mlp", phi), ("avgpool", [])):
+                step["op"] = f"decode compress {name}"
+                T.decode_compress(raw, raw, pos, cos1, cos1, kc, vc, s.stride, *weights)
             step["op"] = "silu_mul"
             T.silu_mul(torch.empty(s.B, 1, 2 * 4 * s.H * s.D, device="meta", dtype=torch.bfloat16))
     finally:

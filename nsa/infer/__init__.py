@@ -3,7 +3,8 @@
 See docs/inference.md.
 """
 
-from nsa.infer.cache import DenseCache, NSACache, make_cache
+from nsa.infer.cache import NSACache, make_cache
+from nsa.infer.cache_dense import DenseCache
 from nsa.infer.decode import DecodeState, decode_step, prefill
 from nsa.infer.sample import generate, sample_next, stream
 

@@ -1,4 +1,4 @@
-"""Per-layer KV caches for incremental decoding, NSA and dense.
+"""Per-layer KV caches for incremental decoding: NSA's here, the shared pieces, ``make_cache``.
 
 Layout: a batch of B sequences, each with its own length (right padding): sequence b
 holds its tokens at positions ``0 .. lengths[b] - 1`` and its next token goes to position
@@ -37,11 +37,14 @@ data and no branch on a device value, and the index tensors it needs are built o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from nsa.infer import fused
+from nsa.infer.cache_dense import DenseCache
 from nsa.model.attention import Angles, DenseAttention, NSAAttention
-from nsa.model.layers import add_linear_, upcast_dtype
+from nsa.model.layers import upcast_dtype
 from nsa.ops.reference import (
     _acc_dtype,
     _attend,
@@ -112,6 +115,7 @@ class NSACache:
         self.tensors: dict[str, torch.Tensor] = {}
         self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
         self.joint = fused.JointProjection([attn.q_proj, attn.kv_proj, attn.gate])
+        self.phi_weights: list[torch.Tensor] | None = None  # phi's, stacked for decode_compress
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
         """Zeroed cache tensors (prefill calls this with its K/V's dtype; a benchmark may
@@ -142,6 +146,8 @@ class NSACache:
             "block_tok": torch.arange(c.select_block, device=device),  # [l']: offsets in a block
             "win_slots": torch.arange(sizes["win"], device=device),  # [w]: the window ring's slots
         }
+        if fused.fused_op(c.backend, self.tensors["k_raw"], "decode_compress") is not None:
+            self._stacked_phi()  # before any step: a CUDA graph's capture must not build them
 
     def cache_tensors(self) -> list[torch.Tensor]:
         """Everything the cache holds (for memory accounting)."""
@@ -179,8 +185,12 @@ class NSACache:
         inside the projection's GEMM, in place: ``NSAAttention.mix``). Device work only: no
         host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
         a, t = self.attn, self.tensors
-        slots = self._slots(pos, shared, compress)
         write = fused.fused_op(a.cfg.backend, x, "decode_write")
+        phi = fused.fused_op(a.cfg.backend, x, "decode_compress")
+        # the rings' slots and the block order, for the torch writes and phi (the kernels
+        # compute their own from pos)
+        torch_ops = write is None or phi is None
+        slots = self._slots(pos, shared, compress and phi is None) if torch_ops else {}
         logits = None
         if write is not None:  # one GEMM for q, K/V and gates; RoPE and the six writes in one kernel
             H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
@@ -194,7 +204,10 @@ class NSACache:
             q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
             new = (u[:, 0] for u in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
             self._append(pos, slots, *new)
-        self._append_compressed(pos, angles, slots)
+        if phi is not None and compress and t["k_cmp"].shape[1]:
+            self._compress_fused(phi, pos, angles)
+        else:
+            self._append_compressed(pos, angles, slots)
         gated = fused.fused_op(a.cfg.backend, x, "nsa_decode_gated")
         if gated is not None and logits is not None and a.gate_override is None:
             # the three branches and their gated sum in the attention's own launches
@@ -260,6 +273,28 @@ class NSACache:
         t["k_cmp"][rows, i] = torch.where(done, new_k[:, 0], t["k_cmp"][rows, i])
         t["v_cmp"][rows, i] = torch.where(done, new_v[:, 0], t["v_cmp"][rows, i])
 
+    def _compress_fused(self, phi: Callable[..., None], pos: torch.Tensor, angles: Angles | None) -> None:
+        """``_append_compressed`` in five launches (``decode_compress``, on CUDA): the block
+        from the raw ring, phi with K's and V's weights stacked (built on the first call: they
+        do not change while a cache decodes), the key's RoPE and the writes where a block
+        completes."""
+        a, t = self.attn, self.tensors
+        cos, sin = angles if angles is not None else rope_angles(pos, a.head_dim, a.rope_theta)
+        phi(t["k_raw"], t["v_raw"], pos, cos, sin, t["k_cmp"], t["v_cmp"], a.cfg.compress_stride,
+            *self._stacked_phi())
+
+    def _stacked_phi(self) -> list[torch.Tensor]:
+        """phi's weights for ``decode_compress``, K's and V's stacked (none: average pooling);
+        built once (``allocate`` does it where the kernel will run)."""
+        if self.phi_weights is None:
+            ck, cv = self.attn.compress_k, self.attn.compress_v
+            with torch.no_grad():
+                self.phi_weights = [] if ck.mode != "mlp" else [
+                    torch.stack([ck.pos, cv.pos]), torch.stack([ck.fc1.weight, cv.fc1.weight]),
+                    torch.stack([ck.fc1.bias, cv.fc1.bias]), torch.stack([ck.fc2.weight, cv.fc2.weight]),
+                    torch.stack([ck.fc2.bias, cv.fc2.bias])]
+        return self.phi_weights
+
     def _branches(self, q: torch.Tensor, pos: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The three branches' attention for the one new query per sequence, ``q [B, 1, H, D]``
@@ -308,86 +343,6 @@ class NSACache:
         o_win = _attend(qg, keys, vals, held[:, None, None, :].expand(B, 1, G, size))
         o_win = o_win.reshape(B, 1, H, D).to(q.dtype)
         return o_cmp, o_slc, o_win
-
-
-class DenseCache:
-    """One dense layer's cache: rotated K and V ``[B, S, G, D]`` at their positions."""
-
-    def __init__(self, attn: DenseAttention, batch: int, capacity: int) -> None:
-        self.attn = attn
-        self.batch = batch
-        self.capacity = capacity
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
-        self.joint = fused.JointProjection([attn.q_proj, attn.kv_proj])
-
-    def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The layer's own forward over ``x [B, T, dim]``, keeping its K/V."""
-        T = x.shape[1]
-        if T > self.capacity:
-            raise ValueError(f"prompt of {T} tokens exceeds the cache's capacity {self.capacity}")
-        q, k, v = self.attn.project(x, torch.arange(T, device=x.device))
-        if self.k is None or self.v is None:
-            self.allocate(k.dtype, k.device)
-        kc, vc = self._kv()
-        kc[:, :T], vc[:, :T] = k, v
-        return self.attn.attend(q, k, v, None)
-
-    def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
-        """Zeroed K/V ``[B, S, G, D]`` (prefill calls this; a benchmark may fill them) and the
-        step's constant index tensors (a step builds none)."""
-        a = self.attn
-        shape = (self.batch, self.capacity, a.n_kv_heads, a.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.consts = {"rows": torch.arange(self.batch, device=device),
-                       "key_pos": torch.arange(self.capacity, device=device)[None, :]}
-
-    def cache_tensors(self) -> list[torch.Tensor]:
-        """Everything the cache holds (for memory accounting)."""
-        return [t for t in (self.k, self.v) if t is not None]
-
-    def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k is None or self.v is None:
-            raise RuntimeError("the cache is empty: prefill first")
-        return self.k, self.v
-
-    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
-             shared: StepShared | None = None, compress: bool = True, residual: torch.Tensor | None = None
-             ) -> torch.Tensor:
-        """One new token per sequence at positions ``pos [B]`` (``angles``: RoPE's of ``pos``):
-        attention over keys ``<= pos``, projected (``residual``: plus it, in the projection's
-        GEMM on the kernel's path). Device work only, as ``NSACache.step``. On CUDA one
-        ``dense_decode`` kernel attends (two when split); else SDPA under a mask that the
-        step's first layer of this capacity computes and the others reuse from ``shared``.
-        ``compress``: NSA's, nothing here."""
-        kc, vc = self._kv()
-        a = self.attn
-        write = fused.fused_op("auto", x, "decode_write")
-        if write is not None:  # one GEMM for q and K/V; RoPE of q and k and both writes in one kernel
-            H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
-            cos, sin = angles if angles is not None else \
-                rope_angles(pos, D, a.rope_theta, upcast_dtype(x.dtype))
-            q_in, kv_in = self.joint.project(x, [(H, D), (2, G, D)])
-            q = write(q_in, kv_in, cos, sin, pos, [(kc, vc, True)])
-        else:
-            rows = self.consts["rows"]
-            q, k, v = a.project(x, pos[:, None], angles)
-            kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
-        attend = fused.fused_op("auto", x, "dense_decode")
-        if attend is not None:  # flash-decoding in 1-2 launches, where masked GQA SDPA takes a dozen
-            o = attend(q, kc, vc, pos).reshape(x.shape[0], 1, a.n_heads * a.head_dim)
-            return a.o_proj(o) if residual is None else add_linear_(residual, o, a.o_proj)
-        key = ("dense", self.capacity)
-        if shared is not None and key in shared:
-            mask = shared[key]["mask"]
-        else:
-            mask = (self.consts["key_pos"] <= pos[:, None])[:, None, None, :]
-            if shared is not None:
-                shared[key] = {"mask": mask}
-        out = self.attn.attend(q, kc, vc, mask)
-        return out if residual is None else residual + out
 
 
 LayerCache = NSACache | DenseCache

@@ -142,17 +142,19 @@ def test_triton_path_decoding_equals_forward(kind: str, ties: bool) -> None:
             torch.nn.init.zeros_(block.attn.q_proj.weight)
     _check(model, 33, [5, 13])
 
-# the fused ops each kind of step asks for: NSA's attention and gated sum in the branches'
-# launches (``nsa_decode_gated``), or with forced gates the branches then the combine
-FUSED_OPS = {"nsa": {"nsa_decode_gated"},
-             "nsa, forced gates": {"nsa_decode_gated", "nsa_decode_branches", "gated_combine_logits"},
+# the fused ops each kind of step asks for: NSA's compression, its attention and gated sum in
+# the branches' launches (``nsa_decode_gated``), or with forced gates the branches then the combine
+FUSED_OPS = {"nsa": {"decode_compress", "nsa_decode_gated"},
+             "nsa, forced gates": {"decode_compress", "nsa_decode_gated", "nsa_decode_branches",
+                                   "gated_combine_logits"},
              "dense": {"dense_decode"}}
 
 
 @pytest.mark.parametrize("kind", list(FUSED_OPS))
 def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """The kernels a step runs on CUDA (``fused.fused_op``: the rotations and cache writes in
-    one ``decode_write``, NSA's branches and their gated sum or dense's ``dense_decode``,
+    one ``decode_write``, NSA's compression of a completed block (``decode_compress``), its
+    branches and their gated sum or dense's ``dense_decode``,
     SwiGLU's ``silu_mul`` and the residual adds inside the GEMMs), run here by the
     interpreter on CPU tensors: decoding still equals the forward at every position, across
     compression blocks and the window ring's wrap-around (short: the interpreter is slow).

@@ -33,6 +33,7 @@ from .decode_dense import dense_decode
 from .glue import GatedCombine, Rope, silu_mul
 from .glue import gated_combine_logits as _combine_logits
 from .selected import selected_backward, selected_forward
+from .step_compress import decode_compress
 from .step_write import decode_write
 from .topn import scores_from_lse, selection_from_lse
 
@@ -41,6 +42,7 @@ __all__ = [
     "compressed_attention_and_scores",
     "compressed_attention_and_selection",
     "apply_rope",
+    "decode_compress",
     "decode_write",
     "dense_decode",
     "gated_combine",

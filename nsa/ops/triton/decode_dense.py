@@ -1,6 +1,6 @@
 """Dense decode attention: one new query per sequence over its whole KV cache, in 1-2 launches.
 
-``DenseCache.step`` (nsa/infer/cache.py) attends each sequence's query at ``pos[b]`` to the
+``DenseCache.step`` (nsa/infer/cache_dense.py) attends each sequence's query at ``pos[b]`` to the
 cache's keys ``0 .. pos[b]`` with ``F.scaled_dot_product_attention`` under a boolean mask.
 On CUDA that case (a mask and GQA) is refused by SDPA's flash kernel (no mask) and, in the
 torch releases checked (2.11, 2.14), by its memory-efficient one (equal head counts only);

@@ -10,7 +10,7 @@ whole cost. ``decode_write`` does all of it in one launch with the maths of
 ``glue.py``'s ``_rope_kernel`` (fp32 inside, the result in the cache's dtype), so it writes
 what the separate ops write.
 
-The reference is the ops it replaces: ``NSACache``/``DenseCache`` (nsa/infer/cache.py)
+The reference is the ops it replaces: ``NSACache``/``DenseCache`` (nsa/infer/cache*.py)
 keep them for the CPU, and tests compare the two.
 """
 

@@ -1,0 +1,76 @@
+"""A decode step's compression kernel (nsa/ops/triton/step_compress.py) against the step's
+torch ops (``NSACache._append_compressed``), on the same rings and positions.
+
+CPU interpreter, fp32, relative error <= 1e-5 (kernel_testlib.TOL): sequences that complete
+a compressed block at their position and sequences that do not (their rows stay as they
+were), several KV groups, phi as an MLP and as average pooling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nsa.infer.cache import NSACache
+from nsa.model import build_model
+from nsa.ops.rope import rope_angles
+from nsa.ops.triton import step_compress as DC
+from nsa.syncs import HostSyncs
+from tests.model.nsa_model_testlib import small_cfg
+from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
+
+
+def _cache(mode: str, block: int, stride: int, batch: int) -> NSACache:
+    cfg = small_cfg("nsa", compress_block=block, compress_stride=stride, select_block=16, window=16)
+    attention = dataclasses.replace(cfg.attention, compress_mode=mode)
+    cfg = dataclasses.replace(cfg, init_std=0.2, attention=attention)
+    model = build_model(cfg).eval()
+    cache = NSACache(model.blocks[0].attn, batch, 96)
+    cache.allocate(torch.float32, torch.device("cpu"))
+    for t in cache.tensors.values():
+        t.normal_()
+    return cache
+
+
+@pytest.mark.parametrize("mode", ["mlp", "avgpool"])
+@pytest.mark.parametrize("block,stride", [(8, 4), (16, 16), (6, 3)])
+def test_equals_the_steps_torch_ops(mode: str, block: int, stride: int) -> None:
+    seed = fresh_seed()
+    cache = _cache(mode, block, stride, batch=4)
+    a, t = cache.attn, cache.tensors
+    # completes a block, too early for any, completes one, between two blocks
+    pos = torch.tensor([block - 1, block - 2, block - 1 + 5 * stride, block + 1 + 5 * stride])
+    angles = rope_angles(pos, a.head_dim, a.rope_theta)
+    before = {k: t[k].clone() for k in ("k_cmp", "v_cmp")}
+    cache._append_compressed(pos, angles, cache._slots(pos, None))
+    want = {k: t[k].clone() for k in ("k_cmp", "v_cmp")}
+    for k in before:
+        t[k].copy_(before[k])
+    cache.phi_weights = None
+    with torch.no_grad(), HostSyncs() as syncs:
+        cache._compress_fused(DC.decode_compress, pos, angles)
+    assert not syncs.events, syncs.report()
+    start = pos - (block - 1)
+    done = (start >= 0) & (start % stride == 0)
+    assert done.tolist() == [True, False, True, False]
+    for k in want:
+        got = t[k]
+        assert rel_err(got, want[k]) <= TOL, f"seed={seed} {k}"
+        assert torch.equal(got[~done], before[k][~done]), f"seed={seed}: a row was written without a block"
+        assert not torch.equal(got[done], before[k][done]), "the completed blocks were not written"
+
+
+def test_refusals() -> None:
+    """Mismatched shapes and half a set of phi's weights are refused, naming what is wrong."""
+    cache = _cache("mlp", 8, 4, batch=2)
+    t, pos = cache.tensors, torch.tensor([7, 11])
+    cos = sin = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="want \\[B, l, G, D\\]"):
+        DC.decode_compress(t["k_raw"], t["v_raw"][:1], pos, cos, sin, t["k_cmp"], t["v_cmp"], 4)
+    with pytest.raises(ValueError, match="head dim 8"):
+        DC.decode_compress(t["k_raw"], t["v_raw"], pos, cos[:, :3], sin, t["k_cmp"], t["v_cmp"], 4)
+    with pytest.raises(ValueError, match="all of pos_emb"):
+        DC.decode_compress(t["k_raw"], t["v_raw"], pos, cos, sin, t["k_cmp"], t["v_cmp"], 4,
+                           w1=torch.zeros(2, 32, 64))
