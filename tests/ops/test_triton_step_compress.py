@@ -22,13 +22,14 @@ from tests.model.nsa_model_testlib import small_cfg
 from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
 
-def _cache(mode: str, block: int, stride: int, batch: int) -> NSACache:
+def _cache(mode: str, block: int, stride: int, batch: int, device: str = "cpu",
+           dtype: torch.dtype = torch.float32, head_dim: int = 8) -> NSACache:
     cfg = small_cfg("nsa", compress_block=block, compress_stride=stride, select_block=16, window=16)
     attention = dataclasses.replace(cfg.attention, compress_mode=mode)
-    cfg = dataclasses.replace(cfg, init_std=0.2, attention=attention)
-    model = build_model(cfg).eval()
+    cfg = dataclasses.replace(cfg, init_std=0.2, attention=attention, head_dim=head_dim)
+    model = build_model(cfg).to(device, dtype).eval()
     cache = NSACache(model.blocks[0].attn, batch, 96)
-    cache.allocate(torch.float32, torch.device("cpu"))
+    cache.allocate(dtype, torch.device(device))
     for t in cache.tensors.values():
         t.normal_()
     return cache
@@ -37,11 +38,23 @@ def _cache(mode: str, block: int, stride: int, batch: int) -> NSACache:
 @pytest.mark.parametrize("mode", ["mlp", "avgpool"])
 @pytest.mark.parametrize("block,stride", [(8, 4), (16, 16), (6, 3)])
 def test_equals_the_steps_torch_ops(mode: str, block: int, stride: int) -> None:
+    _check(_cache(mode, block, stride, batch=4), block, stride, TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_on_gpu() -> None:
+    """nsa-125m's phi (l 32, d 16, head dim 64) in bf16 on CUDA against the torch ops: 1e-2."""
+    _check(_cache("mlp", 32, 16, batch=4, device="cuda", dtype=torch.bfloat16, head_dim=64), 32, 16, 1e-2)
+
+
+def _check(cache: NSACache, block: int, stride: int, tol: float) -> None:
+    """The kernel's compressed rows against ``_append_compressed``'s on the cache's rings."""
     seed = fresh_seed()
-    cache = _cache(mode, block, stride, batch=4)
     a, t = cache.attn, cache.tensors
     # completes a block, too early for any, completes one, between two blocks
-    pos = torch.tensor([block - 1, block - 2, block - 1 + 5 * stride, block + 1 + 5 * stride])
+    pos = torch.tensor([block - 1, block - 2, block - 1 + 5 * stride, block + 1 + 5 * stride],
+                       device=t["k_raw"].device)
     angles = rope_angles(pos, a.head_dim, a.rope_theta)
     before = {k: t[k].clone() for k in ("k_cmp", "v_cmp")}
     cache._append_compressed(pos, angles, cache._slots(pos, None))
@@ -57,7 +70,7 @@ def test_equals_the_steps_torch_ops(mode: str, block: int, stride: int) -> None:
     assert done.tolist() == [True, False, True, False]
     for k in want:
         got = t[k]
-        assert rel_err(got, want[k]) <= TOL, f"seed={seed} {k}"
+        assert rel_err(got, want[k]) <= tol, f"seed={seed} {k}"
         assert torch.equal(got[~done], before[k][~done]), f"seed={seed}: a row was written without a block"
         assert not torch.equal(got[done], before[k][done]), "the completed blocks were not written"
 
