@@ -2,7 +2,7 @@
 measured decode speed and memory with the KV-cache decoder (nsa/infer/).
 
     python -m bench.decode --analytic                  # the loaded-token table alone
-    python -m bench.decode [--contexts 4096 ... 65536] [--steps 32] [--batch 1]
+    python -m bench.decode [--contexts 4096 ... 65536] [--steps 32] [--batch 1] [--stagger]
                            [--device cpu|cuda] [--dtype fp32|bf16] [--threads N] [--eager]
                            [--json OUT]
 
@@ -29,7 +29,9 @@ warm-up steps and replayed (``--eager``: no graph), on CPU it runs eagerly; ever
 the JSON say which (``decode_path``). NSA's steps come in two kinds, each its own graph: 1
 in d (16) completes a compressed block and runs the compression, the others skip it; the
 warm-up goes on until both are captured, and the default 32 timed steps hold them in that
-proportion. The warm-up steps and the captures are not timed.
+proportion. With ``--stagger`` sequence b starts at ``context - (b % d)``: from a batch of d
+on, some sequence completes a block at every step, so every step compresses, as in a batch
+of prompts of their own lengths. The warm-up steps and the captures are not timed.
 tokens/s = batch * steps / time: wall time on CUDA; on CPU the process's CPU time (steadier
 on a shared machine; with one thread, ``--threads 1``, it is the work done). Memory: the
 caches' bytes, and on CUDA the peak allocated during the steps over what was allocated
@@ -94,17 +96,26 @@ def analytic_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def staggered_lengths(batch: int, context: int, stagger: int) -> list[int]:
+    """Sequence b's length: ``context`` less ``b % stagger`` (0 or 1: all at ``context``). With
+    ``stagger`` = d and a batch of at least d, some sequence completes a compression block at
+    every step, as in a batch of prompts of their own lengths."""
+    return [context - (b % max(1, stagger)) for b in range(batch)]
+
+
 def filled_state(model: torch.nn.Module, batch: int, context: int, extra: int, dtype: torch.dtype,
-                 device: torch.device) -> DecodeState:
-    """Caches at ``context`` tokens per sequence holding random K/V (room for ``extra`` more)."""
+                 device: torch.device, stagger: int = 0) -> DecodeState:
+    """Caches at ``context`` tokens per sequence (``stagger``: ``staggered_lengths``) holding
+    random K/V (room for ``extra`` more)."""
     caches = [make_cache(b.attn, batch, context + extra) for b in model.blocks]
     gen = torch.Generator(device=device).manual_seed(0)
     for c in caches:
         c.allocate(dtype, device)
         for t in c.cache_tensors():
             t.copy_(torch.randn(t.shape, generator=gen, device=device, dtype=torch.float32).to(dtype))
-    lengths = torch.full((batch,), context, dtype=torch.long, device=device)
-    return DecodeState(caches, lengths, context, caches[0].capacity, [context] * batch)
+    lens = staggered_lengths(batch, context, stagger)
+    lengths = torch.tensor(lens, dtype=torch.long, device=device)
+    return DecodeState(caches, lengths, context, caches[0].capacity, lens)
 
 
 def step_ops(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> str:
@@ -114,16 +125,17 @@ def step_ops(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> str:
 
 
 def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch.dtype,
-            device: torch.device, graph: bool | None = None) -> dict[str, Any]:
+            device: torch.device, graph: bool | None = None, stagger: int = 0) -> dict[str, Any]:
     """Decode ``steps`` tokens per sequence after ``context`` tokens: speed and memory.
-    ``graph``: as ``DecodeRunner``'s (None: a CUDA graph on CUDA)."""
+    ``graph``: as ``DecodeRunner``'s (None: a CUDA graph on CUDA); ``stagger``: the
+    sequences' lengths spread below ``context`` (``staggered_lengths``)."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device=device, dtype=dtype).eval()
     # eager warm-up steps, then (CUDA graph) the one that captures; an NSA step comes in two
     # kinds (one completes a compressed block, d - 1 of every d do not), each with its graph
     kinds = 2 if cfg.attention.kind == "nsa" else 1
     most = (WARMUP + 1) * (cfg.attention.compress_stride if kinds == 2 else 1) + 1
-    state = filled_state(model, batch, context, steps + most, dtype, device)
+    state = filled_state(model, batch, context, steps + most, dtype, device, stagger)
     cache_bytes = sum(t.numel() * t.element_size() for c in state.caches for t in c.cache_tensors())
     runner = DecodeRunner(model, state, graph=graph)
     tok = torch.zeros(batch, dtype=torch.long, device=device)
@@ -148,7 +160,7 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
            "tokens_per_s": batch * steps / clock, "clock": "process CPU" if device.type == "cpu" else "wall",
            "wall_ms_per_step": 1000 * dt / steps, "cpu_ms_per_step": 1000 * cpu / steps,
            "cache_bytes": cache_bytes, "step_peak_bytes": None, "decode_path": runner.path,
-           "replays": runner.replays, "step_ops": step_ops(cfg, dtype, device)}
+           "replays": runner.replays, "step_ops": step_ops(cfg, dtype, device), "stagger": stagger}
     if device.type == "cuda":
         row["step_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     del model, state
@@ -185,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU")
     ap.add_argument("--eager", action="store_true", help="no CUDA graph: every step eagerly")
+    ap.add_argument("--stagger", action="store_true",
+                    help="sequence b at context - (b %% d): with a batch of d or more, some sequence "
+                         "completes a compression block at every step, as prompts of their own lengths do")
     ap.add_argument("--json", type=Path, default=None, help="also write every row here")
     args = ap.parse_args(argv)
 
@@ -204,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in args.contexts:
             for cfg in (dense_cfg, nsa_cfg):
                 measured.append(measure(cfg, s, args.steps, args.batch, dtype, device,
-                                        graph=False if args.eager else None))
+                                        graph=False if args.eager else None,
+                                        stagger=nsa_cfg.attention.compress_stride if args.stagger else 0))
                 row = measured[-1]
                 print(f"  measured {cfg.attention.kind} at {s}: {row['tokens_per_s']:.2f} tok/s "
                       f"({row['decode_path']}, {row['step_ops']})", file=sys.stderr, flush=True)
@@ -212,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
             f"CPU, {torch.get_num_threads()} threads, tokens per second of process CPU time"
         paths = sorted({r["decode_path"] for r in measured})
-        print(f"\nMeasured decode, nsa-125m vs dense-125m, batch {args.batch}, {dtype}, {where}, "
+        spread = f", lengths context - (b % {nsa_cfg.attention.compress_stride})" if args.stagger else ""
+        print(f"\nMeasured decode, nsa-125m vs dense-125m, batch {args.batch}{spread}, {dtype}, {where}, "
               f"decode path {', '.join(paths)}\n")
         print(measured_table(measured, ratios))
         result["measured"] = measured

@@ -70,6 +70,26 @@ def test_measured_json_says_which_decode_path(tmp_path: Path, capsys: pytest.Cap
     assert "decode path eager" in capsys.readouterr().out
 
 
+def test_staggered_lengths_compress_at_every_step(tmp_path: Path) -> None:
+    """``--stagger``: from a batch of d on, some sequence completes a compression block at every
+    step (nsa-125m: l 32, d 16), and the rows say how the lengths were spread; without it
+    all sequences share the context and 1 step in d compresses."""
+    from bench.decode import staggered_lengths
+
+    block, d = 32, 16
+    for batch, every in ((16, True), (20, True), (8, False)):
+        lens = staggered_lengths(batch, 4096, d)
+        assert max(lens) == 4096 and len(set(lens)) == min(batch, d)
+        compressing = [any(p + k >= block - 1 and (p + k - block + 1) % d == 0 for p in lens)
+                       for k in range(2 * d)]
+        assert all(compressing) == every and any(compressing)
+    assert staggered_lengths(4, 100, 0) == [100] * 4
+    out = tmp_path / "decode.json"
+    assert main(["--contexts", "128", "--steps", "1", "--batch", "2", "--stagger", "--device", "cpu",
+                 "--threads", "1", "--json", str(out)]) == 0
+    assert [r["stagger"] for r in json.loads(out.read_text())["measured"]] == [d, d]
+
+
 def test_the_decode_kernel_sweep_plans_valid_splits_around_the_planned_ones() -> None:
     """``bench.decode_kernel --sweep``'s plans at 8k for a GPU of 132 SMs: the planned splits
     (what tests/ops/test_triton_decode.py checks for an H100), none, and each phase's scaled
