@@ -148,6 +148,20 @@ def _flash(q, kbase, vbase, skt, lo, hi, m_i, l_i, acc, qk_scale, offs_d,
 
 
 @triton.jit
+def _flash_chunk(q, kbase, vbase, skt, n, part, parts, qk_scale, offs_d, R: tl.constexpr, D: tl.constexpr,
+                 BD: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    """Chunk ``part`` of ``parts`` equal BN-aligned chunks of the key rows ``[0, n)``, from a
+    fresh running softmax: its (max, sum, unnormalised output), a flash-decoding partial."""
+    per = tl.cdiv(tl.cdiv(n, BN), parts) * BN
+    lo = tl.minimum(part * per, n)
+    hi = tl.minimum(lo + per, n)
+    m_i = tl.full([R], NEG, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BD], tl.float32)
+    return _flash(q, kbase, vbase, skt, lo, hi, m_i, l_i, acc, qk_scale, offs_d, D, BN, PREC)
+
+
+@triton.jit
 def _online(q, kbase, vbase, skt, offs_n, nmask, m_i, l_i, acc, qk_scale, offs_d,
             D: tl.constexpr, PREC: tl.constexpr):
     """One tile of keys ``offs_n`` (``nmask``: those that count) into the running softmax
@@ -260,13 +274,7 @@ def _decode_partials(Q, KC, VC, KW, VW, POS, PM, PL, PACC,
         kbase = KW + b * swb + g * swh
         vbase = VW + b * swb + g * swh
         skt = swt
-    per = tl.cdiv(tl.cdiv(n, BN), parts) * BN
-    lo = tl.minimum(part * per, n)
-    hi = tl.minimum(lo + per, n)
-    m_i = tl.full([R], NEG, tl.float32)
-    l_i = tl.zeros([R], tl.float32)
-    acc = tl.zeros([R, BD], tl.float32)
-    m_i, l_i, acc = _flash(q, kbase, vbase, skt, lo, hi, m_i, l_i, acc, qk_scale, offs_d, D, BN, PREC)
+    m_i, l_i, acc = _flash_chunk(q, kbase, vbase, skt, n, part, parts, qk_scale, offs_d, R, D, BD, BN, PREC)
     _store_partial(PM, PL, PACC, bg * SP + pid, m_i, l_i, acc, r, offs_d, R, BD)
 
 

@@ -26,11 +26,11 @@ import triton.language as tl
 
 from nsa.ops import poison
 
-from .band import LOG2E, NEG, _prec
+from .band import LOG2E, _prec
 from .decode import (
     PROGRAMS_PER_SM,
     _decode_combine,
-    _flash,
+    _flash_chunk,
     _group_of_program,
     _group_queries,
     _sm_count,
@@ -65,15 +65,9 @@ def _dense_partials(Q, K, V, POS, PM, PL, PACC, OUT,
     pid = tl.program_id(0)
     bg, b, g, p = _group_of_program(POS, G)
     r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
-    n = tl.minimum(p + 1, S)
-    per = tl.cdiv(tl.cdiv(n, BN), SPLITS) * BN
-    lo = tl.minimum(pid * per, n)
-    hi = tl.minimum(lo + per, n)
-    m_i = tl.full([R], NEG, tl.float32)
-    l_i = tl.zeros([R], tl.float32)
-    acc = tl.zeros([R, BD], tl.float32)
-    m_i, l_i, acc = _flash(q, K + b * skb + g * skh, V + b * skb + g * skh, skt, lo, hi, m_i, l_i, acc,
-                           qk_scale, offs_d, D, BN, PREC)
+    kv = b * skb + g * skh
+    m_i, l_i, acc = _flash_chunk(q, K + kv, V + kv, skt, tl.minimum(p + 1, S), pid, SPLITS, qk_scale, offs_d,
+                                 R, D, BD, BN, PREC)
     if FINAL:
         _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
     else:
