@@ -275,9 +275,8 @@ class NSACache:
 
     def _compress_fused(self, phi: Callable[..., None], pos: torch.Tensor, angles: Angles | None) -> None:
         """``_append_compressed`` in five launches (``decode_compress``, on CUDA): the block
-        from the raw ring, phi with K's and V's weights stacked (built on the first call: they
-        do not change while a cache decodes), the key's RoPE and the writes where a block
-        completes."""
+        from the raw ring, phi with K's and V's weights stacked (``_stacked_phi``: they do not
+        change while a cache decodes), the key's RoPE and the writes where a block completes."""
         a, t = self.attn, self.tensors
         cos, sin = angles if angles is not None else rope_angles(pos, a.head_dim, a.rope_theta)
         phi(t["k_raw"], t["v_raw"], pos, cos, sin, t["k_cmp"], t["v_cmp"], a.cfg.compress_stride,

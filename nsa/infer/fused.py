@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from nsa.model.layers import add_linear_
 from nsa.ops import get_ops
@@ -75,5 +74,5 @@ def decode_block(block: Block, x: torch.Tensor, step: Step, backend: str) -> tor
     if silu_mul is None:
         return block(x, lambda h: step(h, None))
     x = step(block.attn_norm(x), x.contiguous())  # x + attention: the add in o_proj's GEMM
-    hidden = silu_mul(F.linear(block.ffn_norm(x), block.ffn.gate_up.weight, block.ffn.gate_up.bias))
+    hidden = silu_mul(block.ffn.gate_up(block.ffn_norm(x)))
     return add_linear_(x, hidden, block.ffn.down)
