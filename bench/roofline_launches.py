@@ -101,11 +101,11 @@ def _tiles(kernel: Any, **kwargs: Any) -> tuple[dict[str, Any], int]:
     return dict(config.kwargs), config.num_warps
 
 
-def cmp_split(n_cmp: int, B: int, G: int, sms: int) -> int:
+def cmp_split(n_cmp: int, B: int, G: int, D: int, sms: int) -> int:
     """``nsa.ops.triton._cmp_split`` for a device with ``sms`` SMs (0: not a GPU)."""
     if sms == 0:
         return 1
-    tiles = max(1, _cdiv(n_cmp, band.BWD_BN)) * B * G
+    tiles = max(1, _cdiv(n_cmp, band.dkdv_key_tile(D))) * B * G
     return max(1, min(16, _cdiv(2 * sms, tiles)))
 
 
@@ -470,7 +470,7 @@ def nsa_launches(s: Shape, sms: int, sel: Selection | None = None, union: str = 
     R, P = selected._sizes(s.hpg, s.D, s.select_block, None)[:2]
     sel = sel or selection_model(s, P, union)
     cmp = _band_launches(s, "compressed", s.nc, s.stride, s.block - 1, s.T + 1,
-                         cmp_split(s.nc, s.B, s.G, sms))
+                         cmp_split(s.nc, s.B, s.G, s.D, sms))
     win = _band_launches(s, "window", s.T, 1, 0, s.window, 1)
     sel_fwd, sel_bwd = _selected_launches(s, sel)
     comb = _combine(s)

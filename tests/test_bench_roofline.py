@@ -204,12 +204,14 @@ def test_selection_from_a_real_idx() -> None:
     assert sel.pairs == 1 + 2 + 3 + 4  # keys <= t inside the chosen blocks
 
 
+@pytest.mark.parametrize("d", [32, 64, 128])
 @pytest.mark.parametrize("nc,b,g", [(127, 1, 1), (1023, 4, 1), (4095, 1, 4), (3, 32, 1), (0, 1, 1)])
-def test_compressed_split_is_the_wrappers(nc: int, b: int, g: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    q = torch.empty(b, 16, 16, 64, device="meta")
+def test_compressed_split_is_the_wrappers(nc: int, b: int, g: int, d: int,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    q = torch.empty(b, 16, 16, d, device="meta")
     monkeypatch.setattr(T, "_sm_count", lambda device: SMS)
-    assert rll.cmp_split(nc, b, g, SMS) == T._cmp_split(q, nc, g)
-    assert rll.cmp_split(nc, b, g, 0) == 1
+    assert rll.cmp_split(nc, b, g, d, SMS) == T._cmp_split(q, nc, g)
+    assert rll.cmp_split(nc, b, g, d, 0) == 1
 
 
 def test_residency_and_balance() -> None:

@@ -6,7 +6,8 @@ and the compile gate only proves that those compile without spills. Here each co
 ``band.FWD_TILES``, ``DQ_TILES`` and ``DKDV_TILES`` (head-dim tiles up to 128, those the
 shipped configs use) is made the only one its prune keeps, and window attention, forward
 and backward, is checked against the reference ops in the interpreter, on a sequence long
-enough for far-edge, interior and diagonal tiles.
+enough for far-edge, interior and diagonal tiles; each dK/dV config also on the compressed
+branch, whole and split.
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ def test_each_band_tile_config_matches_the_reference(monkeypatch: pytest.MonkeyP
     kept = kernel.early_config_prune(kernel.configs, {}, BD=bd)
     assert [(c.kwargs["BM"], c.kwargs["BN"], c.num_warps) for c in kept] == [tile]
     seed = fresh_seed()
-    B, T, H, G, D, window = 1, 200, 2, 1, bd, 90  # D = bd: the launch's head-dim tile is bd
+    bm, bn = tile[0], tile[1]
+    # a window wider than a query tile plus a key tile: every kernel takes its far-edge,
+    # interior and diagonal loops; two key tiles past the window's reach
+    B, H, G, D = 1, 2, 1, bd  # D = bd: the launch's head-dim tile is bd
+    window = bm + bn + bm + 13
+    T = window + 2 * bn + 37
     q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
     k, v = torch.randn(B, T, G, D), torch.randn(B, T, G, D)
     mine = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -47,3 +53,28 @@ def test_each_band_tile_config_matches_the_reference(monkeypatch: pytest.MonkeyP
     assert rel_err(out, ref) <= TOL, f"seed={seed} {name} {tile} out"
     for x, y, g in zip(mine, theirs, "qkv"):
         assert rel_err(x.grad, y.grad) <= TOL, f"seed={seed} {name} {tile} d{g}"
+
+
+DKDV = [(bd, t) for bd, ts in band.DKDV_TILES.items() if bd <= 128 for t in ts]
+
+
+@pytest.mark.parametrize("nsplit", [1, 3])
+@pytest.mark.parametrize("bd,tile", DKDV, ids=[f"BD{bd}-{'x'.join(map(str, t))}" for bd, t in DKDV])
+def test_each_dkdv_tile_config_on_the_compressed_branch(monkeypatch: pytest.MonkeyPatch, bd: int,
+                                                        tile: tuple[int, int, int], nsplit: int) -> None:
+    """The compressed branch is where the dK/dV tiles matter most (its keys are few, its
+    queries all later ones): each config, whole and split over query ranges, against the
+    reference, with more than two key tiles of compressed tokens."""
+    monkeypatch.setitem(band.DKDV_TILES, bd, [tile])
+    seed = fresh_seed()
+    B, H, G, D, blk, d = 1, 2, 1, bd, 8, 2
+    T = 2 * (2 * tile[1] + 21)
+    nc = R.num_compressed(T, blk, d)
+    q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
+    k, v = torch.randn(B, nc, G, D), torch.randn(B, nc, G, D)
+    o, lse = band.band_forward(q, k, v, d, blk - 1, T + 1, D**-0.5)
+    got = band.band_backward(q, k, v, o, lse, do, d, blk - 1, T + 1, D**-0.5, nsplit)
+    theirs = [x.clone().requires_grad_() for x in (q, k, v)]
+    R.compressed_attention(*theirs, blk, d)[0].backward(do)
+    for g, y, name in zip(got, theirs, "qkv"):
+        assert rel_err(g, y.grad) <= TOL, f"seed={seed} {tile} split {nsplit} d{name}"

@@ -134,12 +134,19 @@ def _configs(table: dict[int, list[tuple[int, int, int]]]) -> list[triton.Config
 # on 4 warps; at D = 64, 64 x 64 on 4 warps spilled 4 B, 128 x 64 on 4 warps 116-140 B on sm_80).
 FWD_TILES = {64: [(128, 64, 8), (64, 32, 4)], 128: [(64, 32, 4), (64, 64, 4), (32, 32, 4)],
              256: [(32, 32, 4)]}
-# Backward dQ (one program per BM queries stepping over BN keys) and dK/dV (one program
-# per BN keys stepping over BM queries): 64 x 32 on 8 warps (the forward's 64 x 64 on 4
-# warps spilled in both on sm_80 at D = 64; dK/dV 64 x 64 on 8 warps spilled 92-152 B;
-# at D = 32 dK/dV 64 x 32 spilled 8 B on sm_90, 64 x 16 on 4 warps needs 120 registers).
+# Backward dQ (one program per BM queries stepping over BN keys): 64 x 32 on 8 warps (the
+# forward's 64 x 64 on 4 warps spilled on sm_80 at D = 64).
 DQ_TILES = {64: [(64, 32, 8), (128, 32, 8)], 128: [(64, 32, 8)], 256: [(32, 32, 4)]}
-DKDV_TILES = {32: [(64, 16, 4), (32, 32, 4)], 64: [(64, 32, 8)], 128: [(64, 32, 8)], 256: [(32, 32, 4)]}
+# dK/dV (one program per BN keys stepping over BM queries). Every step reloads a Q and a dO
+# tile, so the query and dO traffic is (keys / BN) times their size: at 64k the compressed
+# branch's re-reads need more time at HBM bandwidth than its FLOPs need at peak
+# (bench.roofline). Hence wide key tiles and thin query steps, the dots' rows being keys
+# (128 or 64: sm_90's wgmma) and the accumulators [BN, D]: D <= 64: 128 keys x 16 queries on
+# 8 warps (210 / 252 registers sm_90 / sm_80); D = 128: 64 x 16 on 8 warps (128 x 16 spilled
+# 152 B on sm_80). The former 32-key tiles stay as alternatives (64 x 32 on 8 warps: 64
+# keys on 8 warps spilled 92-152 B on sm_80; at D = 32, 64 x 32 spilled 8 B on sm_90).
+DKDV_TILES = {32: [(64, 16, 4), (32, 32, 4)], 64: [(16, 128, 8), (64, 32, 8), (16, 64, 4)],
+              128: [(16, 64, 8), (64, 32, 8)], 256: [(32, 32, 4)]}
 BAND_KEY = ["T", "NK", "HPG", "STRIDE", "OFF", "WIN", "D"]
 
 
@@ -335,8 +342,11 @@ def _bd(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-# The dK/dV key tile of the default config (sizes the compressed split, _cmp_split).
-BWD_BN = 32
+def dkdv_key_tile(d: int) -> int:
+    """Keys per program of the default dK/dV config at head dim ``d`` (sizes the compressed
+    branch's split, ``_cmp_split``)."""
+    bd = _bd(d)
+    return DKDV_TILES[min(t for t in DKDV_TILES if t >= bd)][0][1]
 
 
 def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stride: int, off: int, win: int,
