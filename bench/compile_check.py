@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compile_check: dense configs (SDPA, no Triton kernel): {', '.join(dense)}")
 
     # launches per arch: the split of the compressed dK/dV depends on the GPU's SM count
-    launches = {cap: [x for s in shapes for x in drive_ops(s, ARCHS[cap].sms)] for cap in args.arch}
+    launches = {cap: [x for s in shapes for x in drive_ops(s, ARCHS[cap].sms, cap)] for cap in args.arch}
     failed = False
     missing = uncovered(kernels, [x.kernel for xs in launches.values() for x in xs])
     for name in missing:

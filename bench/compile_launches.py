@@ -196,15 +196,17 @@ def capture(case: Callable[[], str] = lambda: "") -> Iterator[list[Launch]]:
         JITFunction.run, tuning.Tunable.run, tuning.AUTOTUNE = saved
 
 
-def drive_ops(shape: Shape, sms: int) -> list[Launch]:
+def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
     """Run the ops of ``nsa.ops.triton`` (the model's attention ops, the contract's scores
     and ``select_blocks``, the gated combine and RoPE), forward and backward, in bf16 on
     meta tensors of ``shape`` (nothing is computed or allocated) and return their kernel
-    launches."""
+    launches, with the configs and splits the wrappers choose on a GPU of ``sms`` SMs and
+    that compute ``capability`` (80, 90)."""
     import torch
 
     import nsa.ops.triton as T
     from nsa.ops.reference import num_compressed
+    from nsa.ops.triton import tuning
 
     s = shape
     step = {"op": ""}
@@ -226,7 +228,8 @@ def drive_ops(shape: Shape, sms: int) -> list[Launch]:
     saved = T._sm_count
     T._sm_count = lambda device: sms
     try:
-        with capture(lambda: f"{shape.label} {step['op']}") as launches:
+        case = lambda: f"{shape.label} {step['op']}"  # noqa: E731
+        with tuning.assumed_capability(capability), capture(case) as launches:
             run("compressed+scores", lambda: T.compressed_attention_and_scores(
                 q, kc, vc, s.block, s.stride, s.select_block, s.G)[0])
             run("compressed+selection", lambda: T.compressed_attention_and_selection(

@@ -81,7 +81,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.roofline_launches import UNIONS, Launch, Shape, _cdiv, dense_flash, nsa_launches  # noqa: E402
+from bench.roofline_launches import CAPABILITY, UNIONS, Launch, Shape, _cdiv, dense_flash, nsa_launches  # noqa: E402
 from bench.run import EXTRA_LAYOUTS, LAYOUTS  # noqa: E402
 
 RECORDS = ROOT / "bench" / "results"
@@ -264,7 +264,7 @@ def mma_kinds(layout: str, s: Shape, sms: int) -> dict[tuple[str, str], str]:
               "gated combine": "combine"}
     gate = GateShape(layout, s.B, s.T, s.H, s.G, s.D, s.block, s.stride, s.select_block, s.n, s.window)
     out: dict[tuple[str, str], str] = {}
-    for la in drive_ops(gate, sms):
+    for la in drive_ops(gate, sms, CAPABILITY):
         key = (la.name, branch.get(la.case[len(layout) + 1:].rsplit(" ", 1)[0], ""))
         if not key[1] or la.config.startswith("alt") or key in out:
             continue

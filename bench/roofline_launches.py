@@ -24,6 +24,7 @@ import numpy as np
 from bench.core import NSA
 from nsa.ops.triton import band, glue, selected, topn, tuning
 
+CAPABILITY = 90  # the devices modelled (H100, H200) are sm_90: the configs the wrappers choose there
 E = 2  # bytes per element of q, k, v, o and their gradients (bf16, as bench.run)
 F32 = 4
 I64 = 8
@@ -96,8 +97,10 @@ def _np2(x: int) -> int:
 
 
 def _tiles(kernel: Any, **kwargs: Any) -> tuple[dict[str, Any], int]:
-    """The default config of a tunable kernel for these constexprs: what ``tuning.launch`` runs."""
-    config = tuning.candidates(kernel, (), kwargs)[0]
+    """The default config of a tunable kernel for these constexprs: what ``tuning.launch`` runs
+    on an H100 or H200."""
+    with tuning.assumed_capability(CAPABILITY):
+        config = tuning.candidates(kernel, (), kwargs)[0]
     return dict(config.kwargs), config.num_warps
 
 
@@ -105,7 +108,7 @@ def cmp_split(n_cmp: int, B: int, G: int, D: int, sms: int) -> int:
     """``nsa.ops.triton._cmp_split`` for a device with ``sms`` SMs (0: not a GPU)."""
     if sms == 0:
         return 1
-    tiles = max(1, _cdiv(n_cmp, band.dkdv_key_tile(D))) * B * G
+    tiles = max(1, _cdiv(n_cmp, band.dkdv_key_tile(D, CAPABILITY))) * B * G
     return max(1, min(16, _cdiv(2 * sms, tiles)))
 
 

@@ -20,9 +20,9 @@ keeps and reports:
 
 Where a run trains the window branch on FlexAttention (CUDA, bf16, a gradient wanted) the
 band kernel's window launches do not happen and are not listed; ``NSA_FLEX_WINDOW=0`` puts
-them back. ``--device meta`` (the default without CUDA) only lists the launches and their
-configs: nothing runs. A GPU's result says which config to make the default: the first
-entry of its table in the kernel's module.
+them back. ``--device meta`` (the default without CUDA) only lists the launches and the
+configs an sm_90 GPU (H100, H200) would try: nothing runs. A GPU's result says which
+config to make the default: the first entry of its table in the kernel's module.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from bench.core import attention_inputs, nsa_attention  # noqa: E402
 from bench.run import LAYOUTS, time_cuda  # noqa: E402
 from nsa.ops.triton import tuning  # noqa: E402
 
-FORWARD = {"_band_fwd", "_sel_fwd", "_scores_topn"}
+META_CAPABILITY = 90  # --device meta lists the configs an H100 or H200 would launch
 
 
 class TunedLaunch:
@@ -53,6 +53,8 @@ class TunedLaunch:
 
     def __init__(self, kernel: tuning.Tunable, grid: Any, args: tuple, kwargs: dict) -> None:
         self.kernel, self.grid, self.args, self.kwargs = kernel, grid, args, kwargs
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        self.capability = tuning.capability(device)  # the prunes' view when it was launched
 
     @property
     def name(self) -> str:
@@ -69,7 +71,8 @@ class TunedLaunch:
         return "window" if stride == 1 else "compressed"
 
     def configs(self) -> list[Any]:
-        return tuning.candidates(self.kernel, self.args, self.kwargs)
+        with tuning.assumed_capability(self.capability):
+            return tuning.candidates(self.kernel, self.args, self.kwargs)
 
     def run(self, config: Any) -> None:
         self.kernel.fn[self.grid](*self.args, **self.kwargs, **config.all_kwargs())
@@ -144,7 +147,8 @@ def capture(layout: str, T: int, tokens: int, device: str) -> tuple[list[TunedLa
     xs = [x.requires_grad_() for x in attention_inputs("nsa", B, T, H, G, D, where, dt)]
     if device == "meta":
         xs = [torch.empty_like(x, device="meta").requires_grad_() for x in xs]
-    with recording(execute=device != "meta") as launches:
+    arch = tuning.assumed_capability(META_CAPABILITY) if device == "meta" else contextlib.nullcontext()
+    with arch, recording(execute=device != "meta") as launches:
         out = nsa_attention(ops, *xs)
         out.backward(torch.ones_like(out) if device == "meta" else torch.randn_like(out))
     return launches, B

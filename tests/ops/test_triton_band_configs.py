@@ -3,8 +3,9 @@
 The launches take the first config their prune keeps (tuning.launch); with
 ``NSA_TRITON_AUTOTUNE=1`` on a GPU the autotuner may pick any other one the prune keeps,
 and the compile gate only proves that those compile without spills. Here each config of
-``band.FWD_TILES``, ``DQ_TILES`` and ``DKDV_TILES`` (head-dim tiles up to 128, those the
-shipped configs use) is made the only one its prune keeps, and window attention, forward
+``band.FWD_TILES``, ``DQ_TILES``, ``DKDV_TILES`` and ``DKDV_TILES_SM90`` (head-dim tiles up
+to 128, those the shipped configs use) is made the only one its prune keeps (off a GPU the
+prune reads the tables every architecture uses), and window attention, forward
 and backward, is checked against the reference ops in the interpreter, on a sequence long
 enough for far-edge, interior and diagonal tiles; each dK/dV config also on the compressed
 branch, whole and split.
@@ -21,8 +22,9 @@ from nsa.ops.triton import band
 from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
 TABLES = {"fwd": band.FWD_TILES, "dq": band.DQ_TILES, "dkdv": band.DKDV_TILES}
-CASES = [(name, bd, tile) for name, table in TABLES.items() for bd, tiles in table.items() if bd <= 128
-         for tile in tiles]
+LISTED = {"fwd": [band.FWD_TILES], "dq": [band.DQ_TILES], "dkdv": [band.DKDV_TILES, band.DKDV_TILES_SM90]}
+CASES = list(dict.fromkeys((name, bd, tile) for name, tables in LISTED.items() for table in tables
+                           for bd, tiles in table.items() if bd <= 128 for tile in tiles))
 
 
 IDS = [f"{n}-BD{bd}-{'x'.join(map(str, t))}" for n, bd, t in CASES]
@@ -55,7 +57,7 @@ def test_each_band_tile_config_matches_the_reference(monkeypatch: pytest.MonkeyP
         assert rel_err(x.grad, y.grad) <= TOL, f"seed={seed} {name} {tile} d{g}"
 
 
-DKDV = [(bd, t) for bd, ts in band.DKDV_TILES.items() if bd <= 128 for t in ts]
+DKDV = [(bd, t) for name, bd, t in CASES if name == "dkdv"]
 
 
 @pytest.mark.parametrize("nsplit", [1, 3])

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from triton.runtime.autotuner import Autotuner
 
 from nsa.ops.triton import band, selected, topn, tuning
@@ -58,3 +59,32 @@ def test_without_autotuning_a_launch_takes_the_first_config_its_prune_keeps() ->
     for bd in (16, 64, 128):
         kept = tuning.candidates(kernel, tuple(args), {"BD": bd})
         assert kept and all(c in kernel.configs for c in kept)
+
+
+def _tiles(cap: int | None, d: int, device: str = "meta") -> list[tuple[int, int, int]]:
+    kernel = band._band_bwd_dkdv
+    args = dict.fromkeys(kernel.arg_names)
+    args["Q"] = torch.empty(1, device=device)
+    bd = max(16, d)
+    if cap is None:
+        kept = tuning.candidates(kernel, tuple(args.values()), {"BD": bd})
+    else:
+        with tuning.assumed_capability(cap):
+            kept = tuning.candidates(kernel, tuple(args.values()), {"BD": bd})
+    return [(c.kwargs["BM"], c.kwargs["BN"], c.num_warps) for c in kept]
+
+
+def test_dkdv_tiles_follow_the_architecture() -> None:
+    """sm_90 gets its own dK/dV tiles where it lists the head dim; sm_80 and anything off a
+    GPU (the interpreter, meta tensors) the ones every architecture compiles."""
+    assert tuning.capability(torch.device("cpu")) == 0
+    assert _tiles(None, 64, "cpu") == _tiles(80, 64) == band.DKDV_TILES[64]
+    assert _tiles(90, 64) == band.DKDV_TILES_SM90[64]
+    assert _tiles(90, 128) == band.DKDV_TILES_SM90[128]
+    assert _tiles(80, 128) == band.DKDV_TILES[128]
+    assert _tiles(90, 32) == _tiles(80, 32) == band.DKDV_TILES[32]
+    assert band.dkdv_key_tile(64, 90) == band.DKDV_TILES_SM90[64][0][1]
+    assert band.dkdv_key_tile(64, 80) == band.DKDV_TILES[64][0][1]
+    with tuning.assumed_capability(90):
+        assert tuning.capability(torch.device("cpu")) == 90
+    assert tuning.capability(None) == 0

@@ -26,7 +26,7 @@ import torch
 
 from nsa.ops.reference import selection_scores
 
-from . import topn
+from . import topn, tuning
 from .band import LN2, band_backward, band_forward, dkdv_key_tile
 from .decode import nsa_decode_branches, nsa_decode_gated
 from .decode_dense import dense_decode
@@ -142,7 +142,8 @@ def _cmp_split(q: torch.Tensor, n_cmp: int, n_groups: int) -> int:
     sms = _sm_count(q.device)
     if sms == 0:
         return 1
-    tiles = max(1, -(-n_cmp // dkdv_key_tile(q.shape[-1]))) * q.shape[0] * n_groups
+    key_tile = dkdv_key_tile(q.shape[-1], tuning.capability(q.device))
+    tiles = max(1, -(-n_cmp // key_tile)) * q.shape[0] * n_groups
     return max(1, min(16, -(-2 * sms // tiles)))
 
 

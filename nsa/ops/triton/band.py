@@ -31,6 +31,7 @@ import triton.language as tl
 
 from nsa.ops import poison
 
+from . import tuning
 from .glue import row_delta
 from .tuning import launch, tunable
 
@@ -113,17 +114,28 @@ def _fwd_tile(q, kbase, vbase, s0, offs_m, offs_d, m_i, l_i, acc, skt, NK, qk_sc
     return m_new, l_i, acc
 
 
-def _tiles_for(table: dict[int, list[tuple[int, int, int]]]):
-    """An autotune prune: the (BM, BN, warps) configs listed for the launch's head-dim tile BD."""
+Tiles = dict[int, list[tuple[int, int, int]]]
+
+
+def _table(table: Tiles, sm90: Tiles | None, cap: int) -> Tiles:
+    """``table``, with ``sm90``'s head dims in its place on sm_90 or newer."""
+    return {**table, **sm90} if sm90 and cap >= 90 else table
+
+
+def _tiles_for(table: Tiles, sm90: Tiles | None = None):
+    """An autotune prune: the (BM, BN, warps) configs listed for the launch's head-dim tile BD
+    (``sm90``'s where it lists that head dim and the GPU is sm_90 or newer)."""
     def prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
-        allowed = table[min(t for t in table if t >= kwargs["BD"])]
+        q = nargs.get("Q")
+        chosen = _table(table, sm90, tuning.capability(q.device if q is not None else None))
+        allowed = chosen[min(t for t in chosen if t >= kwargs["BD"])]
         by_tiles = {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps): c for c in configs}
         return [by_tiles[t] for t in allowed]
     return prune
 
 
-def _configs(table: dict[int, list[tuple[int, int, int]]]) -> list[triton.Config]:
-    tiles = dict.fromkeys(t for ts in table.values() for t in ts)
+def _configs(*tables: Tiles | None) -> list[triton.Config]:
+    tiles = dict.fromkeys(t for table in tables if table for ts in table.values() for t in ts)
     return [triton.Config({"BM": bm, "BN": bn}, num_warps=w) for bm, bn, w in tiles]
 
 
@@ -141,12 +153,15 @@ DQ_TILES = {64: [(64, 32, 8), (128, 32, 8)], 128: [(64, 32, 8)], 256: [(32, 32, 
 # tile, so the query and dO traffic is (keys / BN) times their size: at 64k the compressed
 # branch's re-reads need more time at HBM bandwidth than its FLOPs need at peak
 # (bench.roofline). Hence wide key tiles and thin query steps, the dots' rows being keys
-# (128 or 64: sm_90's wgmma) and the accumulators [BN, D]: D <= 64: 128 keys x 16 queries on
-# 8 warps (210 / 252 registers sm_90 / sm_80); D = 128: 64 x 16 on 8 warps (128 x 16 spilled
-# 152 B on sm_80). The former 32-key tiles stay as alternatives (64 x 32 on 8 warps: 64
-# keys on 8 warps spilled 92-152 B on sm_80; at D = 32, 64 x 32 spilled 8 B on sm_90).
-DKDV_TILES = {32: [(64, 16, 4), (32, 32, 4)], 64: [(16, 128, 8), (64, 32, 8), (16, 64, 4)],
+# (64 or 128: sm_90's wgmma), the accumulators [BN, D]. Everywhere: 64 x 16 on 4 warps at
+# D <= 64, on 8 at D = 128. On sm_90: 128 x 16 on 8 warps at D 64 and 128 (on sm_80 it spilled
+# 8-24 B at D 64 under Triton 3.6, 92-152 B at D 128). The former 32-key tiles stay as
+# alternatives (64 x 32 on 8 warps: 64 keys on 8 warps spilled 92-152 B on sm_80; at
+# D = 32, 64 x 32 spilled 8 B on sm_90).
+DKDV_TILES = {32: [(64, 16, 4), (32, 32, 4)], 64: [(16, 64, 4), (64, 32, 8)],
               128: [(16, 64, 8), (64, 32, 8)], 256: [(32, 32, 4)]}
+DKDV_TILES_SM90 = {64: [(16, 128, 8), (16, 64, 4), (64, 32, 8)],
+                   128: [(16, 128, 8), (16, 64, 8), (64, 32, 8)]}
 BAND_KEY = ["T", "NK", "HPG", "STRIDE", "OFF", "WIN", "D"]
 
 
@@ -275,7 +290,7 @@ def _dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, it, b, h, offs_n, offs_d, e, sqb
     return dk, dv
 
 
-@tunable(_configs(DKDV_TILES), BAND_KEY, _tiles_for(DKDV_TILES))
+@tunable(_configs(DKDV_TILES, DKDV_TILES_SM90), BAND_KEY, _tiles_for(DKDV_TILES, DKDV_TILES_SM90))
 @triton.jit
 def _band_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    sqb, sqt, sqh, skb, skt, skh, spart, spb, spt, sph,
@@ -342,11 +357,11 @@ def _bd(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def dkdv_key_tile(d: int) -> int:
-    """Keys per program of the default dK/dV config at head dim ``d`` (sizes the compressed
-    branch's split, ``_cmp_split``)."""
-    bd = _bd(d)
-    return DKDV_TILES[min(t for t in DKDV_TILES if t >= bd)][0][1]
+def dkdv_key_tile(d: int, capability: int) -> int:
+    """Keys per program of the default dK/dV config at head dim ``d`` on a GPU of that
+    ``capability`` (sizes the compressed branch's split, ``_cmp_split``)."""
+    table = _table(DKDV_TILES, DKDV_TILES_SM90, capability)
+    return table[min(t for t in table if t >= _bd(d))][0][1]
 
 
 def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stride: int, off: int, win: int,

@@ -18,15 +18,22 @@ tests). Launches go through ``launch``:
 
 The compile gate (bench/compile_check.py) compiles every surviving config of every
 launch, so whichever the autotuner picks has passed ptxas without spills.
+
+A prune may also depend on the GPU's architecture (``capability``): a tile that compiles
+cleanly for sm_90 may spill on sm_80. Off a GPU (the interpreter, meta tensors) the
+capability is 0, the configs every architecture compiles; the compile gate and the
+roofline stand in their target's with ``assumed_capability``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import triton
 from triton.runtime.jit import KernelInterface
 
@@ -35,6 +42,30 @@ AUTOTUNE = os.environ.get("NSA_TRITON_AUTOTUNE", "0") == "1"
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+_ASSUMED: list[int] = []
+
+
+def capability(device: torch.device | None) -> int:
+    """10 * major + minor of a CUDA device's compute capability (90: H100, H200), 0 for
+    anything else; inside ``assumed_capability(c)``, ``c`` whatever the device."""
+    if _ASSUMED:
+        return _ASSUMED[-1]
+    if device is None or device.type != "cuda" or _interpreting():
+        return 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+@contextlib.contextmanager
+def assumed_capability(cap: int) -> Iterator[None]:
+    """Prunes choose configs as on a GPU of capability ``cap`` (the compile gate, the roofline)."""
+    _ASSUMED.append(cap)
+    try:
+        yield
+    finally:
+        _ASSUMED.pop()
 
 
 class Tunable(KernelInterface):
