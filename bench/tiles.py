@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu" and not tuning._interpreting():
         ap.error("--device cpu runs the kernels in Triton's interpreter: "
                  "set TRITON_INTERPRET=1 before starting")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    meta = dict(device=where, torch=torch.__version__, triton=_triton_version())
     rows: list[dict[str, Any]] = []
     for layout in args.layouts:
         for T in args.seqs:
@@ -250,18 +252,16 @@ def main(argv: list[str] | None = None) -> int:
                     r.update(layout=layout, T=T, batch=B, launch=n)
                 rows += got
                 print("\n".join(format_table(got)[2:]), flush=True)
+                if args.json:  # after every launch: a run stopped by its time limit keeps its rows
+                    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
             del launches
             if args.device == "cuda":
                 torch.cuda.empty_cache()
-    where = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"\n## Tile configs, {where}\n")
     print("\n".join(format_table(rows)))
     lines = fastest(rows)
     if lines:
         print("\nFaster than the default:\n" + "\n".join(lines))
-    if args.json:
-        meta = dict(device=where, torch=torch.__version__, triton=_triton_version())
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -61,8 +61,8 @@ def test_without_autotuning_a_launch_takes_the_first_config_its_prune_keeps() ->
         assert kept and all(c in kernel.configs for c in kept)
 
 
-def _tiles(cap: int | None, d: int, device: str = "meta") -> list[tuple[int, int, int]]:
-    kernel = band._band_bwd_dkdv
+def _tiles(cap: int | None, d: int, device: str = "meta", kernel: tuning.Tunable = band._band_bwd_dkdv
+           ) -> list[tuple[int, int, int]]:
     args = dict.fromkeys(kernel.arg_names)
     args["Q"] = torch.empty(1, device=device)
     bd = max(16, d)
@@ -75,8 +75,8 @@ def _tiles(cap: int | None, d: int, device: str = "meta") -> list[tuple[int, int
 
 
 def test_dkdv_tiles_follow_the_architecture() -> None:
-    """sm_90 gets its own dK/dV tiles where it lists the head dim; sm_80 and anything off a
-    GPU (the interpreter, meta tensors) the ones every architecture compiles."""
+    """sm_90 gets its own band tiles where it lists the head dim; sm_80 and anything
+    off a GPU (the interpreter, meta tensors) the ones every architecture compiles."""
     assert tuning.capability(torch.device("cpu")) == 0
     assert _tiles(None, 64, "cpu") == _tiles(80, 64) == band.DKDV_TILES[64]
     assert _tiles(90, 64) == band.DKDV_TILES_SM90[64]
@@ -85,6 +85,13 @@ def test_dkdv_tiles_follow_the_architecture() -> None:
     assert _tiles(90, 32) == _tiles(80, 32) == band.DKDV_TILES[32]
     assert band.dkdv_key_tile(64, 90) == band.DKDV_TILES_SM90[64][0][1]
     assert band.dkdv_key_tile(64, 80) == band.DKDV_TILES[64][0][1]
+    dq = band._band_bwd_dq
+    assert _tiles(90, 128, kernel=dq) == band.DQ_TILES_SM90[128]
+    assert _tiles(80, 128, kernel=dq) == _tiles(None, 128, "cpu", dq) == band.DQ_TILES[128]
+    assert _tiles(90, 64, kernel=dq) == _tiles(80, 64, kernel=dq) == band.DQ_TILES[64]
+    fwd = band._band_fwd
+    assert _tiles(90, 128, kernel=fwd) == band.FWD_TILES_SM90[128]
+    assert _tiles(80, 128, kernel=fwd) == band.FWD_TILES[128]
     with tuning.assumed_capability(90):
         assert tuning.capability(torch.device("cpu")) == 90
     assert tuning.capability(None) == 0

@@ -139,16 +139,24 @@ def _configs(*tables: Tiles | None) -> list[triton.Config]:
     return [triton.Config({"BM": bm, "BN": bn}, num_warps=w) for bm, bn, w in tiles]
 
 
-# Tiles (query rows BM, keys BN, warps) per head-dim tile BD, the default first; every
-# entry for BD <= 128 compiles for sm_80 and sm_90 without spills (bench/compile_check.py
+# Tiles (query rows BM, keys BN, warps) per head-dim tile BD, the default first. The *_SM90
+# tables replace a head dim's list on sm_90 and newer (tuning.capability). Every entry for
+# BD <= 128 compiles without spills for each arch that uses it (bench/compile_check.py
 # compiles all of them; no shipped config has D > 128). Forward: 128-row tiles on 8 warps
 # where D allows (D <= 64; at D = 128, 128 x 32 on 8 warps spilled 24-28 B on sm_80, so 64 x 32
 # on 4 warps; at D = 64, 64 x 64 on 4 warps spilled 4 B, 128 x 64 on 4 warps 116-140 B on sm_80).
 FWD_TILES = {64: [(128, 64, 8), (64, 32, 4)], 128: [(64, 32, 4), (64, 64, 4), (32, 32, 4)],
              256: [(32, 32, 4)]}
-# Backward dQ (one program per BM queries stepping over BN keys): 64 x 32 on 8 warps (the
-# forward's 64 x 64 on 4 warps spilled on sm_80 at D = 64).
-DQ_TILES = {64: [(64, 32, 8), (128, 32, 8)], 128: [(64, 32, 8)], 256: [(32, 32, 4)]}
+# On sm_90 at D = 128, 128 x 32 on 8 warps (189-193 registers, no spill; 4-24 B of spill on
+# sm_80): each K/V tile serves twice the queries, halving the compressed branch's K/V traffic.
+FWD_TILES_SM90 = {128: [(128, 32, 8), (64, 32, 4), (64, 64, 4), (32, 32, 4)]}
+# Backward dQ (one program per BM queries stepping over BN keys). Every step reloads a K and
+# a V tile, so their traffic is (queries / BM) times their size (the compressed branch's
+# reaches twice its FLOP bound at 64k): 128 x 32 on 8 warps at D <= 64, and at D = 128 on
+# sm_90 (it spilled 76-216 B on sm_80 there: 64 x 32 on 8). The forward's 64 x 64 on 4 warps
+# spilled on sm_80 at D = 64.
+DQ_TILES = {64: [(128, 32, 8), (64, 32, 8)], 128: [(64, 32, 8)], 256: [(32, 32, 4)]}
+DQ_TILES_SM90 = {128: [(128, 32, 8), (64, 32, 8)]}
 # dK/dV (one program per BN keys stepping over BM queries). Every step reloads a Q and a dO
 # tile, so the query and dO traffic is (keys / BN) times their size: at 64k the compressed
 # branch's re-reads need more time at HBM bandwidth than its FLOPs need at peak
@@ -165,7 +173,7 @@ DKDV_TILES_SM90 = {64: [(16, 128, 8), (16, 64, 4), (64, 32, 8)],
 BAND_KEY = ["T", "NK", "HPG", "STRIDE", "OFF", "WIN", "D"]
 
 
-@tunable(_configs(FWD_TILES), BAND_KEY, _tiles_for(FWD_TILES))
+@tunable(_configs(FWD_TILES, FWD_TILES_SM90), BAND_KEY, _tiles_for(FWD_TILES, FWD_TILES_SM90))
 @triton.jit
 def _band_fwd(Q, K, V, OUT, LSE,
               sqb, sqt, sqh, skb, skt, skh, sob, sot, soh,
@@ -224,7 +232,7 @@ def _dq_tile(q, do, lse, delta, dq, kbase, vbase, s0, offs_m, offs_d, skt, NK, q
     return dq + tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC)
 
 
-@tunable(_configs(DQ_TILES), BAND_KEY, _tiles_for(DQ_TILES))
+@tunable(_configs(DQ_TILES, DQ_TILES_SM90), BAND_KEY, _tiles_for(DQ_TILES, DQ_TILES_SM90))
 @triton.jit
 def _band_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  sqb, sqt, sqh, skb, skt, skh,
