@@ -143,10 +143,7 @@ def capture(layout: str, T: int, tokens: int, device: str) -> tuple[list[TunedLa
     B = max(1, tokens // T)
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
-    where = "cpu" if device == "meta" else device
-    xs = [x.requires_grad_() for x in attention_inputs("nsa", B, T, H, G, D, where, dt)]
-    if device == "meta":
-        xs = [torch.empty_like(x, device="meta").requires_grad_() for x in xs]
+    xs = [x.requires_grad_() for x in attention_inputs("nsa", B, T, H, G, D, device, dt)]
     arch = tuning.assumed_capability(META_CAPABILITY) if device == "meta" else contextlib.nullcontext()
     with arch, recording(execute=device != "meta") as launches:
         out = nsa_attention(ops, *xs)
