@@ -43,6 +43,7 @@ class SampleScreen(ModalScreen[None]):
         super().__init__()
         self._run_name, self._sample = run_name, sample
         self.answer = ""  # the generated text so far (tests read it)
+        self.shown: list[str] = []  # the answer as each piece put it on the screen (tests read it)
         self.done = False  # the last answer is complete
         self.result: Any = None  # its SampleDone
 
@@ -67,18 +68,19 @@ class SampleScreen(ModalScreen[None]):
     async def _generate(self, prompt: str) -> None:
         """One answer: replaces the previous one; a new enter cancels one under way."""
         area = self.query_one("#sample-text", TextArea)
-        self.answer, self.done, self.result = "", False, None
+        self.answer, self.shown, self.done, self.result = "", [], False, None
         area.load_text(shown(prompt))
         self._status("loading the checkpoint...")
         try:
             async for ev in self._sample(prompt):
                 if ev.kind == "sample_start":  # again after a reconnect: the answer starts over
                     d = ev.data
-                    self.answer = ""
+                    self.answer, self.shown = "", []
                     area.load_text(shown(prompt))
                     self._status(f"{d.checkpoint} on {d.device}, seed {d.seed}: generating...   esc: close")
                 elif ev.kind == "sample_text" and ev.data.text:
                     self.answer += ev.data.text
+                    self.shown.append(self.answer)
                     area.load_text(shown(prompt + self.answer))
                     area.scroll_end(animate=False)
                 elif ev.kind == "sample_done":
