@@ -264,9 +264,19 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
             step["op"] = "decode write"
             kv1 = torch.empty(s.B, 1, 6, s.G, s.D, device="meta", dtype=torch.bfloat16)
             raw = torch.empty(s.B, s.block, s.G, s.D, device="meta", dtype=torch.bfloat16)
-            cos1 = torch.empty(s.B, s.D // 2, device="meta")
-            T.decode_write(q1, kv1, cos1, cos1, pos, [(raw, raw, False), (k, v, True), (ring, ring, True)])
+            cos1 = torch.empty(s.T, s.D // 2, device="meta")  # RoPE's tables, a row per position
+            nsa_pairs = [(raw, raw, False), (k, v, True), (ring, ring, True)]
+            T.decode_write(q1, kv1, cos1, cos1, pos, nsa_pairs)
             T.decode_write(q1, kv1[:, :, :2], cos1, cos1, pos, [(k, v, True)])  # dense attention's
+            # the block's RMSNorm folded into the joint GEMM: the views of its raw output, the
+            # norm's input (the model's dim), the gates' logits finished in place with their bias
+            dim_x = torch.empty(s.B, 1, s.H * s.D, device="meta", dtype=torch.bfloat16)
+            q_in = joint[..., :s.H * s.D].view(s.B, 1, s.H, s.D)
+            kv_in = joint[..., s.H * s.D:s.H * s.D + 6 * s.G * s.D].view(s.B, 1, 6, s.G, s.D)
+            gate_bias = torch.empty(3 * s.H, device="meta", dtype=torch.bfloat16)
+            T.decode_write(q_in, kv_in, cos1, cos1, pos, nsa_pairs, norm=(dim_x, 1e-5),
+                           gates=(gate_logits, gate_bias))
+            T.decode_write(q_in, kv_in[:, :, :2], cos1, cos1, pos, [(k, v, True)], norm=(dim_x, 1e-5))
             step["op"] = "decode combine"
             logits = torch.empty(s.B, 1, s.H, 3, device="meta", dtype=torch.bfloat16)
             T.gated_combine_logits(logits, q1, q1, q1)
@@ -282,7 +292,9 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
                 step["op"] = f"decode compress {name}"
                 T.decode_compress(raw, raw, pos, cos1, cos1, kc, vc, s.stride, *weights)
             step["op"] = "silu_mul"
-            T.silu_mul(torch.empty(s.B, 1, 2 * 4 * s.H * s.D, device="meta", dtype=torch.bfloat16))
+            gate_up = torch.empty(s.B, 1, 2 * 4 * s.H * s.D, device="meta", dtype=torch.bfloat16)
+            T.silu_mul(gate_up)
+            T.silu_mul(gate_up, norm=(dim_x, 1e-5))  # the feed-forward's norm folded into its GEMM
     finally:
         T._sm_count = saved
     return launches

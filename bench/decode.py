@@ -58,7 +58,9 @@ from nsa.infer import DecodeState, make_cache  # noqa: E402
 from nsa.infer.fused import fused_op  # noqa: E402
 from nsa.infer.graph import CUDA_GRAPH, WARMUP, DecodeRunner  # noqa: E402
 from nsa.model import build_model  # noqa: E402
+from nsa.model.layers import upcast_dtype  # noqa: E402
 from nsa.ops.reference import num_compressed, num_select_blocks  # noqa: E402
+from nsa.ops.rope import rope_table  # noqa: E402
 
 CONTEXTS = [4096, 8192, 16384, 32768, 65536]
 PAPER = AttentionConfig(kind="nsa", compress_block=32, compress_stride=16, select_block=64, num_selected=16,
@@ -107,7 +109,9 @@ def filled_state(model: torch.nn.Module, batch: int, context: int, extra: int, d
                  device: torch.device, stagger: int = 0) -> DecodeState:
     """Caches at ``context`` tokens per sequence (``stagger``: ``staggered_lengths``) holding
     random K/V (room for ``extra`` more)."""
-    caches = [make_cache(b.attn, batch, context + extra) for b in model.blocks]
+    cfg = model.cfg
+    rope = rope_table(context + extra, cfg.head_dim, cfg.rope_theta, upcast_dtype(dtype), device)  # prefill's
+    caches = [make_cache(b.attn, batch, context + extra, rope) for b in model.blocks]
     gen = torch.Generator(device=device).manual_seed(0)
     for c in caches:
         c.allocate(dtype, device)

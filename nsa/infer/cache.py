@@ -37,14 +37,13 @@ data and no branch on a device value, and the index tensors it needs are built o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from nsa.infer import fused
 from nsa.infer.cache_dense import DenseCache
+from nsa.infer.step_shared import StepShared, angles_at
 from nsa.model.attention import Angles, DenseAttention, NSAAttention
-from nsa.model.layers import upcast_dtype
+from nsa.model.layers import RMSNorm, upcast_dtype
 from nsa.ops.reference import (
     _acc_dtype,
     _attend,
@@ -53,11 +52,7 @@ from nsa.ops.reference import (
     num_select_blocks,
     select_blocks_at,
 )
-from nsa.ops.rope import rope_angles
-
-# One decode step's index tensors that depend only on the positions and a cache's sizes,
-# keyed by those sizes: computed by the first layer that needs them, reused by the others.
-StepShared = dict[tuple[object, ...], dict[str, torch.Tensor]]
+from nsa.ops.rope import rope_table
 
 
 def overlap_band(T: int, block: int, stride: int, select_block: int, device: torch.device
@@ -107,14 +102,18 @@ def _ring_fill(ring: torch.Tensor, src: torch.Tensor, lengths: torch.Tensor) -> 
 class NSACache:
     """One NSA layer's cache (see the module docstring) and its prefill and one-token step."""
 
-    def __init__(self, attn: NSAAttention, batch: int, capacity: int) -> None:
+    def __init__(self, attn: NSAAttention, batch: int, capacity: int, rope: Angles | None = None) -> None:
         c = attn.cfg
         self.attn = attn
         self.batch = batch
         self.capacity = num_select_blocks(capacity, c.select_block) * c.select_block
         self.tensors: dict[str, torch.Tensor] = {}
         self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
-        self.joint = fused.JointProjection([attn.q_proj, attn.kv_proj, attn.gate])
+        # RoPE's tables over every position a step may write (shared by a model's layers; built
+        # by allocate when not given)
+        self.rope = rope
+        self.joint: fused.JointProjection | None = None  # q, K/V and gates as one GEMM (CUDA)
+        self.folds: dict[str, fused.JointProjection] = {}  # the block's other folded GEMMs (decode_block)
         self.phi_weights: list[torch.Tensor] | None = None  # phi's, stacked for decode_compress
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
@@ -132,6 +131,8 @@ class NSACache:
         cols, vals = overlap_band(S, c.compress_block, c.compress_stride, c.select_block, device)
         self.band_cols, self.band_vals = cols, vals.to(_acc_dtype(self.tensors["k_slc"]))
         self.n_blocks = num_select_blocks(S, c.select_block)
+        if self.rope is None:
+            self.rope = rope_table(S, D, a.rope_theta, upcast_dtype(dtype), device)
         rows = torch.arange(B, device=device)
         bl = c.compress_block
         self.consts = {
@@ -173,20 +174,25 @@ class NSACache:
             _ring_fill(t["v_" + name], v, lengths)
         return out
 
-    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
-             shared: StepShared | None = None, compress: bool = True, residual: torch.Tensor | None = None
+    def step(self, x: torch.Tensor, pos: torch.Tensor, shared: StepShared | None = None,
+             compress: bool = True, residual: torch.Tensor | None = None, norm: RMSNorm | None = None
              ) -> torch.Tensor:
-        """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]`` (``angles``:
-        RoPE's cos and sin of ``pos``, computed once per step for every layer; ``shared``: the
-        step's index tensors, computed by its first layer for the others, see ``_slots``):
-        write its keys (and, with ``compress``, the compressed token whose block it completes:
-        the host passes False when no sequence completes one), then the three branches for
-        its query (``_branches``), gated and projected -> ``[B, 1, dim]`` (``residual``: added
-        inside the projection's GEMM, in place: ``NSAAttention.mix``). Device work only: no
-        host sync, no host data, no branch on a device value (a CUDA graph captures it)."""
+        """One new token per sequence, ``x [B, 1, dim]`` at positions ``pos [B]`` (``shared``:
+        the step's index tensors and RoPE's angles, computed by its first layer for the others,
+        see ``_slots``): write its keys (and, with ``compress``, the compressed token whose block
+        it completes: the host passes False when no sequence completes one), then the three
+        branches for its query (``_branches``), gated and projected -> ``[B, 1, dim]``
+        (``residual``: added inside the projection's GEMM, in place: ``NSAAttention.mix``).
+        ``norm``: x is the block's raw input and this its attention norm (on CUDA folded into
+        the projection's GEMM and finished by ``decode_write``); None: x is normed already.
+        Device work only: no host sync, no host data, no branch on a device value (a CUDA
+        graph captures it)."""
         a, t = self.attn, self.tensors
         write = fused.fused_op(a.cfg.backend, x, "decode_write")
         phi = fused.fused_op(a.cfg.backend, x, "decode_compress")
+        if norm is not None and write is None:
+            x, norm = norm(x), None
+        rope = self._rope()
         # the rings' slots and the block order, for the torch writes and phi (the kernels
         # compute their own from pos)
         torch_ops = write is None or phi is None
@@ -194,20 +200,22 @@ class NSACache:
         logits = None
         if write is not None:  # one GEMM for q, K/V and gates; RoPE and the six writes in one kernel
             H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
-            cos, sin = angles if angles is not None else \
-                rope_angles(pos, D, a.rope_theta, upcast_dtype(x.dtype))
-            q_in, kv_in, logits = self.joint.project(x, [(H, D), (6, G, D), (H, 3)])
-            q = write(q_in, kv_in, cos, sin, pos, [(t["k_raw"], t["v_raw"], False),
-                                                   (t["k_slc"], t["v_slc"], True),
-                                                   (t["k_win"], t["v_win"], True)])
+            joint = self._joint(norm)
+            q_in, kv_in, logits = joint.project(x, [(H, D), (6, G, D), (H, 3)])
+            fold = {} if norm is None else {"norm": (x, norm.eps), "gates": (logits, a.gate.bias)}
+            pairs = [(t["k_raw"], t["v_raw"], False), (t["k_slc"], t["v_slc"], True),
+                     (t["k_win"], t["v_win"], True)]
+            q = write(q_in, kv_in, *rope, pos, pairs, **fold)
         else:
+            angles = angles_at(rope, pos, shared)
             q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = a.project(x, pos[:, None], angles)
             new = (u[:, 0] for u in (k_raw, v_raw, k_slc, v_slc, k_win, v_win))  # each [B, G, D]
             self._append(pos, slots, *new)
         if phi is not None and compress and t["k_cmp"].shape[1]:
-            self._compress_fused(phi, pos, angles)
+            phi(t["k_raw"], t["v_raw"], pos, *rope, t["k_cmp"], t["v_cmp"], a.cfg.compress_stride,
+                *self._stacked_phi())
         else:
-            self._append_compressed(pos, angles, slots)
+            self._append_compressed(pos, rope, shared, slots)
         gated = fused.fused_op(a.cfg.backend, x, "nsa_decode_gated")
         if gated is not None and logits is not None and a.gate_override is None:
             # the three branches and their gated sum in the attention's own launches
@@ -220,6 +228,18 @@ class NSACache:
         return a.mix(x, o_cmp, o_slc, o_win, track=False,
                      from_logits=fused.fused_op(a.cfg.backend, x, "gated_combine_logits"), gate_logits=logits,
                      residual=residual)
+
+    def _rope(self) -> Angles:
+        if self.rope is None:
+            raise RuntimeError("the cache is empty: prefill (or allocate) first")
+        return self.rope
+
+    def _joint(self, norm: RMSNorm | None) -> fused.JointProjection:
+        """q, K/V and the gates as one GEMM, with ``norm`` folded in (built once per cache)."""
+        if self.joint is None or self.joint.norm is not norm:
+            a = self.attn
+            self.joint = fused.JointProjection([a.q_proj, a.kv_proj, a.gate], norm)
+        return self.joint
 
     def _slots(self, pos: torch.Tensor, shared: StepShared | None, compress: bool = True
                ) -> dict[str, torch.Tensor]:
@@ -255,10 +275,11 @@ class NSACache:
         for name, kn, vn in (("win", k_win, v_win), ("raw", k_raw, v_raw)):
             t["k_" + name][rows, slots[name]], t["v_" + name][rows, slots[name]] = kn, vn
 
-    def _append_compressed(self, pos: torch.Tensor, angles: Angles | None, slots: dict[str, torch.Tensor]
-                           ) -> None:
+    def _append_compressed(self, pos: torch.Tensor, rope: Angles, shared: StepShared | None,
+                           slots: dict[str, torch.Tensor]) -> None:
         """Compressed token ``i`` when the token at ``pos`` (already in the raw ring) completes
-        its block."""
+        its block; what ``decode_compress`` does in five launches on CUDA (phi's weights
+        stacked by ``_stacked_phi``)."""
         a, t, k = self.attn, self.tensors, self.consts
         rows = k["rows"]
         # phi runs for every sequence of a step that completes a block in any, and the write
@@ -269,18 +290,10 @@ class NSACache:
             return
         order, done, i = slots["order"], slots["done"], slots["i"]
         blk_k, blk_v = t["k_raw"][k["rows_col"], order], t["v_raw"][k["rows_col"], order]  # [B, l, G, D]
-        new_k, new_v = a.compress(blk_k, blk_v, pos[:, None], angles)  # [B, 1, G, D]: one block each
+        # [B, 1, G, D] each: one block per sequence
+        new_k, new_v = a.compress(blk_k, blk_v, pos[:, None], angles_at(rope, pos, shared))
         t["k_cmp"][rows, i] = torch.where(done, new_k[:, 0], t["k_cmp"][rows, i])
         t["v_cmp"][rows, i] = torch.where(done, new_v[:, 0], t["v_cmp"][rows, i])
-
-    def _compress_fused(self, phi: Callable[..., None], pos: torch.Tensor, angles: Angles | None) -> None:
-        """``_append_compressed`` in five launches (``decode_compress``, on CUDA): the block
-        from the raw ring, phi with K's and V's weights stacked (``_stacked_phi``: they do not
-        change while a cache decodes), the key's RoPE and the writes where a block completes."""
-        a, t = self.attn, self.tensors
-        cos, sin = angles if angles is not None else rope_angles(pos, a.head_dim, a.rope_theta)
-        phi(t["k_raw"], t["v_raw"], pos, cos, sin, t["k_cmp"], t["v_cmp"], a.cfg.compress_stride,
-            *self._stacked_phi())
 
     def _stacked_phi(self) -> list[torch.Tensor]:
         """phi's weights for ``decode_compress``, K's and V's stacked (none: average pooling);
@@ -347,10 +360,12 @@ class NSACache:
 LayerCache = NSACache | DenseCache
 
 
-def make_cache(attn: object, batch: int, capacity: int) -> LayerCache:
-    """The cache for one layer's attention module (NSAAttention or DenseAttention)."""
+def make_cache(attn: object, batch: int, capacity: int, rope: Angles | None = None) -> LayerCache:
+    """The cache for one layer's attention module (NSAAttention or DenseAttention); ``rope``:
+    RoPE's tables over at least ``capacity`` positions, shared by the model's layers (None:
+    the cache builds its own)."""
     if isinstance(attn, NSAAttention):
-        return NSACache(attn, batch, capacity)
+        return NSACache(attn, batch, capacity, rope)
     if isinstance(attn, DenseAttention):
-        return DenseCache(attn, batch, capacity)
+        return DenseCache(attn, batch, capacity, rope)
     raise TypeError(f"no KV cache for {type(attn).__name__}")

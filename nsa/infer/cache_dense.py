@@ -7,30 +7,28 @@ padding never seen); a step attends the new query to the keys ``<= pos``: on CUD
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from nsa.infer import fused
+from nsa.infer.step_shared import StepShared, angles_at
 from nsa.model.attention import Angles, DenseAttention
-from nsa.model.layers import add_linear_, upcast_dtype
-from nsa.ops.rope import rope_angles
-
-if TYPE_CHECKING:
-    from nsa.infer.cache import StepShared
+from nsa.model.layers import RMSNorm, add_linear_, upcast_dtype
+from nsa.ops.rope import rope_table
 
 
 class DenseCache:
     """One dense layer's cache: rotated K and V ``[B, S, G, D]`` at their positions."""
 
-    def __init__(self, attn: DenseAttention, batch: int, capacity: int) -> None:
+    def __init__(self, attn: DenseAttention, batch: int, capacity: int, rope: Angles | None = None) -> None:
         self.attn = attn
         self.batch = batch
         self.capacity = capacity
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.consts: dict[str, torch.Tensor] = {}  # index tensors every step uses (allocate)
-        self.joint = fused.JointProjection([attn.q_proj, attn.kv_proj])
+        self.rope = rope  # RoPE's tables, as NSACache's
+        self.joint: fused.JointProjection | None = None  # q and K/V as one GEMM (CUDA)
+        self.folds: dict[str, fused.JointProjection] = {}  # the block's other folded GEMMs (decode_block)
 
     def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The layer's own forward over ``x [B, T, dim]``, keeping its K/V."""
@@ -53,6 +51,8 @@ class DenseCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.consts = {"rows": torch.arange(self.batch, device=device),
                        "key_pos": torch.arange(self.capacity, device=device)[None, :]}
+        if self.rope is None:
+            self.rope = rope_table(self.capacity, a.head_dim, a.rope_theta, upcast_dtype(dtype), device)
 
     def cache_tensors(self) -> list[torch.Tensor]:
         """Everything the cache holds (for memory accounting)."""
@@ -63,27 +63,32 @@ class DenseCache:
             raise RuntimeError("the cache is empty: prefill first")
         return self.k, self.v
 
-    def step(self, x: torch.Tensor, pos: torch.Tensor, angles: Angles | None = None,
-             shared: StepShared | None = None, compress: bool = True, residual: torch.Tensor | None = None
+    def step(self, x: torch.Tensor, pos: torch.Tensor, shared: StepShared | None = None,
+             compress: bool = True, residual: torch.Tensor | None = None, norm: RMSNorm | None = None
              ) -> torch.Tensor:
-        """One new token per sequence at positions ``pos [B]`` (``angles``: RoPE's of ``pos``):
-        attention over keys ``<= pos``, projected (``residual``: plus it, in the projection's
-        GEMM on the kernel's path). Device work only, as ``NSACache.step``. On CUDA one
-        ``dense_decode`` kernel attends (two when split); else SDPA under a mask that the
-        step's first layer of this capacity computes and the others reuse from ``shared``.
-        ``compress``: NSA's, nothing here."""
+        """One new token per sequence at positions ``pos [B]``: attention over keys ``<= pos``,
+        projected (``residual``: plus it, in the projection's GEMM on the kernel's path).
+        Device work only, as ``NSACache.step``, whose ``shared`` and ``norm`` these are. On
+        CUDA one ``dense_decode`` kernel attends (two when split); else SDPA under a mask
+        that the step's first layer of this capacity computes and the others reuse from
+        ``shared``. ``compress``: NSA's, nothing here."""
         kc, vc = self._kv()
         a = self.attn
         write = fused.fused_op("auto", x, "decode_write")
+        if norm is not None and write is None:
+            x, norm = norm(x), None
+        if self.rope is None:
+            raise RuntimeError("the cache is empty: prefill first")
         if write is not None:  # one GEMM for q and K/V; RoPE of q and k and both writes in one kernel
             H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
-            cos, sin = angles if angles is not None else \
-                rope_angles(pos, D, a.rope_theta, upcast_dtype(x.dtype))
+            if self.joint is None or self.joint.norm is not norm:
+                self.joint = fused.JointProjection([a.q_proj, a.kv_proj], norm)
             q_in, kv_in = self.joint.project(x, [(H, D), (2, G, D)])
-            q = write(q_in, kv_in, cos, sin, pos, [(kc, vc, True)])
+            q = write(q_in, kv_in, *self.rope, pos, [(kc, vc, True)],
+                      norm=None if norm is None else (x, norm.eps))
         else:
             rows = self.consts["rows"]
-            q, k, v = a.project(x, pos[:, None], angles)
+            q, k, v = a.project(x, pos[:, None], angles_at(self.rope, pos, shared))
             kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
         attend = fused.fused_op("auto", x, "dense_decode")
         if attend is not None:  # flash-decoding in 1-2 launches, where masked GQA SDPA takes a dozen

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 import torch
 
 from nsa.infer import fused
-from nsa.infer.cache import LayerCache, StepShared, make_cache
-from nsa.model.layers import upcast_dtype
+from nsa.infer.cache import LayerCache, make_cache
+from nsa.infer.step_shared import StepShared
+from nsa.model.layers import RMSNorm, upcast_dtype
 from nsa.model.transformer import Block, Transformer
-from nsa.ops.rope import rope_angles
+from nsa.ops.rope import rope_table
 
 
 @dataclasses.dataclass
@@ -70,9 +71,11 @@ def prefill(model: Transformer, tokens: torch.Tensor, lengths: Sequence[int] | t
     lens = _lengths(tokens, lengths)
     B = tokens.shape[0]
     capacity = max(tokens.shape[1], max(lens) + max_new_tokens)
-    caches = [make_cache(block.attn, B, capacity) for block in model.blocks]
     lt = torch.tensor(lens, device=tokens.device)
     x = model.tok_emb(tokens)
+    # RoPE's angles of every position the caches hold, once: each step reads its rows
+    rope = rope_table(capacity, model.cfg.head_dim, model.cfg.rope_theta, upcast_dtype(x.dtype), x.device)
+    caches = [make_cache(block.attn, B, capacity, rope) for block in model.blocks]
     for block, cache in zip(model.blocks, caches):
         x = block(x, lambda h, cache=cache: cache.prefill(h, lt))
     if last_only:  # the norm is per position: taking the positions first changes nothing
@@ -111,17 +114,17 @@ def advance(model: Transformer, caches: Sequence[LayerCache], lengths: torch.Ten
     the host), so NSA layers skip the compression; the logits are the same."""
     pos = lengths
     x = model.tok_emb(tokens[:, None])
-    # RoPE's angles of the new positions, once for every layer (same head dim and theta)
-    angles = rope_angles(pos, model.cfg.head_dim, model.cfg.rope_theta, upcast_dtype(x.dtype))
-    shared: StepShared = {}  # the step's ring slots and masks, once for every layer
+    # the step's ring slots, masks and RoPE angles (rows of the caches' tables), once for every layer
+    shared: StepShared = {}
     backend = model.cfg.attention.backend
     for block, cache in zip(model.blocks, caches):
         assert isinstance(block, Block)  # for the type checker: a ModuleList yields nn.Module
 
-        def step(h: torch.Tensor, residual: torch.Tensor | None, cache: LayerCache = cache) -> torch.Tensor:
-            return cache.step(h, pos, angles, shared, compress, residual)
+        def step(h: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm | None,
+                 cache: LayerCache = cache) -> torch.Tensor:
+            return cache.step(h, pos, shared, compress, residual, norm)
 
-        x = fused.decode_block(block, x, step, backend)
+        x = fused.decode_block(block, x, step, backend, cache.folds)
     lengths.add_(1)
     return model.lm_head(model.norm(x))[:, 0]
 

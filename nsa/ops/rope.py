@@ -21,6 +21,14 @@ def rope_angles(
     return ang.cos(), ang.sin()
 
 
+def rope_table(n: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[n, D/2]`` of positions ``0 .. n-1``: row p is ``rope_angles`` of p, the
+    angles the forward uses at p. A decoder computes it once for every position its caches
+    hold, and each step reads its rows instead of computing them."""
+    return rope_angles(torch.arange(n, device=device), head_dim, theta, dtype)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [B, T, heads, D]`` pairwise (half-split layout) by the angles of its position."""
     half = x.shape[-1] // 2

@@ -19,6 +19,7 @@ from nsa_model_testlib import peaked_model, set_gates
 from nsa.infer import cache as cache_mod
 from nsa.infer import decode_step, prefill
 from nsa.infer import fused as fused_mod
+from nsa.model.layers import RMSNorm
 from nsa.ops import reference
 
 SEQ = 53
@@ -155,10 +156,12 @@ def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.Monke
     """The kernels a step runs on CUDA (``fused.fused_op``: the rotations and cache writes in
     one ``decode_write``, NSA's compression of a completed block (``decode_compress``), its
     branches and their gated sum or dense's ``dense_decode``,
-    SwiGLU's ``silu_mul`` and the residual adds inside the GEMMs), run here by the
-    interpreter on CPU tensors: decoding still equals the forward at every position, across
-    compression blocks and the window ring's wrap-around (short: the interpreter is slow).
-    Forced gates (a test's override) take the branches, then the model's own combine."""
+    SwiGLU's ``silu_mul``, the norms folded into the GEMMs after them and the residual adds
+    inside the GEMMs), run here by the interpreter on CPU tensors: decoding still equals the
+    forward at every position, across compression blocks and the window ring's wrap-around
+    (short: the interpreter is slow). The norms' gains are not ones and the gates' biases not
+    zeros (a fold that dropped either would pass with those). Forced gates (a test's
+    override) take the branches, then the model's own combine."""
     triton_ops = pytest.importorskip("nsa.ops.triton")
     used: set[str] = set()
 
@@ -168,10 +171,45 @@ def test_the_steps_fused_kernels_decode_as_the_forward(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(fused_mod, "fused_op", on_cpu)
     model = peaked_model(kind.split(",")[0], backend="triton")
+    _uneven_norms_and_biases(model)
     if kind == "nsa, forced gates":
         set_gates(model, (0.2, 0.5, 0.3))
     _check(model, 27, [5])
     assert used == {"decode_write", "silu_mul"} | FUSED_OPS[kind]
+
+
+def _uneven_norms_and_biases(model: torch.nn.Module) -> None:
+    """Gains that are not ones and biases that are not zeros: a fold that dropped either would
+    pass on a freshly initialised model."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, RMSNorm):
+                m.weight.uniform_(0.5, 1.5)
+            elif isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.uniform_(-1.0, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_bf16_fused_decoding_is_as_close_to_the_forward_as_the_torch_ops(monkeypatch: pytest.MonkeyPatch,
+                                                                         kind: str) -> None:
+    """bf16 on CUDA, where a step's norms are folded into its GEMMs and the kernels round
+    where the torch ops do not: the fused step's logits stay within twice the distance of the
+    same model's torch-ops decoding from the bf16 forward (1e-2 at least), at every position."""
+    pytest.importorskip("triton")
+    model = peaked_model(kind, backend="triton")
+    _uneven_norms_and_biases(model)
+    model = model.to("cuda", torch.bfloat16)
+    torch.manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (2, 27), device="cuda")
+    with torch.no_grad():
+        full = model(tokens).float()
+    fused = decoded_logits(model, tokens, 5).float()
+    monkeypatch.setattr(fused_mod, "fused_op", lambda backend, x, name: None)
+    torch_ops = decoded_logits(model, tokens, 5).float()
+    got, theirs = rel_err(fused, full), rel_err(torch_ops, full)
+    assert got <= max(2 * theirs, 1e-2), f"fused {got:.2e}, torch ops {theirs:.2e}"
 
 
 def test_a_joint_projection_is_its_linears_side_by_side() -> None:
@@ -186,6 +224,25 @@ def test_a_joint_projection_is_its_linears_side_by_side() -> None:
             assert got.shape == (3, 1, *shape)
             torch.testing.assert_close(got.reshape(3, 1, -1), m(x), rtol=1e-6, atol=1e-6)
         assert views[0].untyped_storage().data_ptr() == views[1].untyped_storage().data_ptr()
+
+
+def test_a_joint_projection_folds_the_norm_before_it() -> None:
+    """With the RMSNorm folded in, the GEMM takes the raw input and its views lack only the
+    row's ``1 / rms(x)`` and the last linear's bias (what ``decode_write`` and ``silu_mul``
+    add); a bias on another linear is refused (nothing would add it)."""
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(12, 8, bias=False), torch.nn.Linear(12, 9)]
+    norm = RMSNorm(12)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = 3.0 * torch.randn(3, 1, 12)
+    rms = x.pow(2).mean(-1, keepdim=True).add(norm.eps).sqrt()
+    views = fused_mod.JointProjection(linears, norm).project(x, [(8,), (9,)])
+    for m, got in zip(linears, views, strict=True):
+        want = (m(norm(x)) - (0.0 if m.bias is None else m.bias)) * rms
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="only the last linear"):
+        fused_mod.JointProjection(linears[::-1], norm)
 
 
 @pytest.mark.parametrize("block,d,lp", [(8, 4, 8), (8, 4, 16), (32, 16, 64), (16, 4, 8), (6, 3, 4),

@@ -113,3 +113,20 @@ def test_silu_mul_is_swiglus_activation(hidden):
     assert rel_err(got, torch.nn.functional.silu(gate) * up) <= TOL, f"seed={seed}"
     with pytest.raises(ValueError, match="gate and up halves"):
         T_OPS.silu_mul(torch.randn(2, 7))
+
+
+@pytest.mark.parametrize("dim", [12, 1500])
+def test_silu_mul_finishes_a_folded_norm(dim):
+    """With ``norm=(xn, eps)`` the input is SwiGLU's joint matmul of the raw ``xn`` by weights
+    holding the RMSNorm's gain: ``silu_mul`` equals the activation of the normed input's matmul
+    (a row longer than one program's chunk, 1,500, too); a mismatched ``xn`` is refused."""
+    seed = fresh_seed()
+    hidden, eps = 24, 1e-5
+    xn = 4.0 * torch.randn(3, 1, dim)
+    gain, w = torch.rand(dim) + 0.5, torch.randn(2 * hidden, dim) / dim**0.5
+    normed = xn * torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + eps) * gain
+    gate, up = (normed @ w.t()).split(hidden, dim=-1)
+    got = T_OPS.silu_mul(xn @ (w * gain).t(), norm=(xn, eps))
+    assert rel_err(got, torch.nn.functional.silu(gate) * up) <= TOL, f"seed={seed}"
+    with pytest.raises(ValueError, match="the norm's input"):
+        T_OPS.silu_mul(xn @ (w * gain).t(), norm=(xn[:2], eps))

@@ -15,7 +15,6 @@ import torch
 
 from nsa.infer.cache import NSACache
 from nsa.model import build_model
-from nsa.ops.rope import rope_angles
 from nsa.ops.triton import step_compress as DC
 from nsa.syncs import HostSyncs
 from tests.model.nsa_model_testlib import small_cfg
@@ -28,7 +27,7 @@ def _cache(mode: str, block: int, stride: int, batch: int, device: str = "cpu",
     attention = dataclasses.replace(cfg.attention, compress_mode=mode)
     cfg = dataclasses.replace(cfg, init_std=0.2, attention=attention, head_dim=head_dim)
     model = build_model(cfg).to(device, dtype).eval()
-    cache = NSACache(model.blocks[0].attn, batch, 96)
+    cache = NSACache(model.blocks[0].attn, batch, 128)  # room for every position _check writes
     cache.allocate(dtype, torch.device(device))
     for t in cache.tensors.values():
         t.normal_()
@@ -51,19 +50,20 @@ def test_bf16_on_gpu() -> None:
 def _check(cache: NSACache, block: int, stride: int, tol: float) -> None:
     """The kernel's compressed rows against ``_append_compressed``'s on the cache's rings."""
     seed = fresh_seed()
-    a, t = cache.attn, cache.tensors
+    t = cache.tensors
     # completes a block, too early for any, completes one, between two blocks
     pos = torch.tensor([block - 1, block - 2, block - 1 + 5 * stride, block + 1 + 5 * stride],
                        device=t["k_raw"].device)
-    angles = rope_angles(pos, a.head_dim, a.rope_theta)
+    assert cache.rope is not None
     before = {k: t[k].clone() for k in ("k_cmp", "v_cmp")}
-    cache._append_compressed(pos, angles, cache._slots(pos, None))
+    cache._append_compressed(pos, cache.rope, None, cache._slots(pos, None))
     want = {k: t[k].clone() for k in ("k_cmp", "v_cmp")}
     for k in before:
         t[k].copy_(before[k])
     cache.phi_weights = None
     with torch.no_grad(), HostSyncs() as syncs:
-        cache._compress_fused(DC.decode_compress, pos, angles)
+        DC.decode_compress(t["k_raw"], t["v_raw"], pos, *cache.rope, t["k_cmp"], t["v_cmp"], stride,
+                           *cache._stacked_phi())
     assert not syncs.events, syncs.report()
     start = pos - (block - 1)
     done = (start >= 0) & (start % stride == 0)
@@ -79,11 +79,13 @@ def test_refusals() -> None:
     """Mismatched shapes and half a set of phi's weights are refused, naming what is wrong."""
     cache = _cache("mlp", 8, 4, batch=2)
     t, pos = cache.tensors, torch.tensor([7, 11])
-    cos = sin = torch.zeros(2, 4)
+    cos = sin = torch.zeros(96, 4)  # RoPE's tables: a row per position
     with pytest.raises(ValueError, match="want \\[B, l, G, D\\]"):
         DC.decode_compress(t["k_raw"], t["v_raw"][:1], pos, cos, sin, t["k_cmp"], t["v_cmp"], 4)
     with pytest.raises(ValueError, match="head dim 8"):
         DC.decode_compress(t["k_raw"], t["v_raw"], pos, cos[:, :3], sin, t["k_cmp"], t["v_cmp"], 4)
+    with pytest.raises(ValueError, match="tables"):
+        DC.decode_compress(t["k_raw"], t["v_raw"], pos, cos[0], sin[0], t["k_cmp"], t["v_cmp"], 4)
     with pytest.raises(ValueError, match="all of pos_emb"):
         DC.decode_compress(t["k_raw"], t["v_raw"], pos, cos, sin, t["k_cmp"], t["v_cmp"], 4,
                            w1=torch.zeros(2, 32, 64))

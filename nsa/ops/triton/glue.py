@@ -227,28 +227,59 @@ class Rope(torch.autograd.Function):
 
 
 @triton.jit
-def _silu_mul_kernel(X, Y, HID, sxr, syr, BH: tl.constexpr):
+def _inv_rms(XROW, DIM, EPS, BX: tl.constexpr):
+    """``1 / sqrt(mean(x**2) + eps)`` of the row at ``XROW`` (fp32, DIM values, BX at a time):
+    RMSNorm's scale, for a decode step whose GEMM has the norm's gain folded into its weights
+    (``decode_write``, ``silu_mul``)."""
+    acc = tl.zeros([BX], tl.float32)
+    for d0 in range(0, DIM, BX):
+        d = d0 + tl.arange(0, BX)
+        x = tl.load(XROW + d, mask=d < DIM, other=0.0).to(tl.float32)
+        acc += x * x
+    return tl.rsqrt(tl.sum(acc, 0) / DIM + EPS)
+
+
+@triton.jit
+def _silu_mul_kernel(X, Y, XN, HID, sxr, syr, sxn, DIM, EPS, BH: tl.constexpr, NORM: tl.constexpr,
+                     BX: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     m = cols < HID
     g = tl.load(X + row * sxr + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(X + row * sxr + HID + cols, mask=m, other=0.0).to(tl.float32)
+    if NORM:
+        scale = _inv_rms(XN + row * sxn, DIM, EPS, BX)
+        g *= scale
+        u *= scale
     tl.store(Y + row * syr + cols, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=m)
 
 
-def silu_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_mul(x: torch.Tensor, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """``silu(gate) * up`` of ``x [..., 2 * hidden]`` (gate then up, SwiGLU's joint matmul)
     -> ``[..., hidden]`` in x's dtype, fp32 inside, one launch and no gradient (decoding:
-    torch's two ops rounded a bf16 temporary between them)."""
+    torch's two ops rounded a bf16 temporary between them). ``norm = (xn, eps)``: x is the
+    projection of the raw ``xn [..., dim]`` (same rows) by weights with the RMSNorm's gain
+    folded in; gate and up are first scaled by ``1 / sqrt(mean(xn**2) + eps)`` (no norm
+    launch before the GEMM)."""
     if x.shape[-1] % 2:
         raise ValueError(f"the last dim holds gate and up halves, got {x.shape[-1]}")
     hid = x.shape[-1] // 2
     rows = x.reshape(-1, x.shape[-1]) if x.numel() else x.new_empty(0, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
+    xn, eps = norm if norm is not None else (rows, 0.0)  # rows: an unused pointer without the norm
+    if norm is not None:
+        if xn.shape[:-1] != x.shape[:-1]:
+            raise ValueError(f"the norm's input {tuple(xn.shape)} for rows {tuple(x.shape[:-1])}")
+        xn = xn.reshape(-1, xn.shape[-1]) if xn.numel() else xn.new_empty(0, xn.shape[-1])
+        if xn.stride(-1) != 1:
+            xn = xn.contiguous()
     y = poison.empty(rows.shape[0], hid, device=x.device, dtype=x.dtype)
     if rows.shape[0] and hid:
         bh = min(1024, max(16, triton.next_power_of_2(hid)))
         grid = (rows.shape[0], triton.cdiv(hid, bh))
-        _silu_mul_kernel[grid](rows, y, hid, rows.stride(0), y.stride(0), BH=bh)
+        dim = xn.shape[-1] if norm is not None else 1
+        bx = min(1024, max(16, triton.next_power_of_2(dim)))
+        _silu_mul_kernel[grid](rows, y, xn, hid, rows.stride(0), y.stride(0), xn.stride(0), dim, float(eps),
+                               BH=bh, NORM=norm is not None, BX=bx)
     return y.view(*x.shape[:-1], hid)

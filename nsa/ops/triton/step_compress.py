@@ -15,8 +15,8 @@ always. Here:
 2. phi's two matmuls for K and V together (``torch.baddbmm`` on the stacked weights) and
    the GELU between them (three launches; ``avgpool`` mode has none);
 3. ``_compress_finish``: mean + MLP rounded to the cache dtype as torch's sum is, the key
-   rotated at p (fp32, ``_rope_kernel``'s maths), both written at row i where p completes
-   a block, nothing elsewhere.
+   rotated at p (fp32, ``_rope_kernel``'s maths, the angles row p of RoPE's tables), both
+   written at row i where p completes a block, nothing elsewhere.
 
 Positions are read on the device and the grids depend on shapes alone: no host sync, a
 CUDA graph holds it. The torch ops stay the reference (the CPU's path) and the tests
@@ -85,8 +85,8 @@ def _compress_finish(MLPOUT, MEAN, POS, COS, SIN, KC, VC, BG, G, NC, L, STRIDE, 
     if kv == 0:
         x1 = x1.to(KC.dtype.element_ty).to(tl.float32)
         x2 = x2.to(KC.dtype.element_ty).to(tl.float32)
-        cos = tl.load(COS + b * HALF + c, mask=m, other=0.0)
-        sin = tl.load(SIN + b * HALF + c, mask=m, other=0.0)
+        cos = tl.load(COS + p * HALF + c, mask=m, other=0.0)  # row p of RoPE's tables
+        sin = tl.load(SIN + p * HALF + c, mask=m, other=0.0)
         tl.store(KC + dst, (x1 * cos - x2 * sin).to(KC.dtype.element_ty), mask=m)
         tl.store(KC + dst + HALF, (x1 * sin + x2 * cos).to(KC.dtype.element_ty), mask=m)
     else:
@@ -101,7 +101,8 @@ def decode_compress(k_raw: torch.Tensor, v_raw: torch.Tensor, pos: torch.Tensor,
                     b2: torch.Tensor | None = None) -> None:
     """Write, for each sequence b whose token at ``pos[b]`` completes compressed token
     ``i = (pos - l + 1) / stride``, phi of that block into row i of ``k_cmp, v_cmp [B, Nc, G,
-    D]`` (the key rotated by ``cos, sin [B, D/2]``, RoPE's angles of ``pos``); other rows and
+    D]`` (the key rotated at ``pos`` by RoPE's tables ``cos, sin [N, D/2]``, row p the angles of
+    position p, every ``pos`` below N); other rows and
     sequences are left as they are. ``k_raw, v_raw [B, l, G, D]``: the raw rings (position p
     in slot ``p % l``, this step's token already written). phi's weights stacked for K then
     V: ``pos_emb [2, l, D]``, ``w1 [2, hidden, l*D]``, ``b1 [2, hidden]``, ``w2 [2, D,
@@ -111,9 +112,11 @@ def decode_compress(k_raw: torch.Tensor, v_raw: torch.Tensor, pos: torch.Tensor,
     if v_raw.shape != k_raw.shape or k_cmp.shape != (B, NC, G, D) or v_cmp.shape != k_cmp.shape:
         raise ValueError(f"rings {tuple(k_raw.shape)}, {tuple(v_raw.shape)} and compressed caches "
                          f"{tuple(k_cmp.shape)}, {tuple(v_cmp.shape)}: want [B, l, G, D] and [B, Nc, G, D]")
-    if D % 2 or pos.shape != (B,) or cos.shape != (B, D // 2) or sin.shape != cos.shape:
-        raise ValueError(f"pos {tuple(pos.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)} for "
-                         f"{B} sequences of head dim {D} (even)")
+    tables_ok = cos.dim() == 2 and cos.shape[1] == D // 2 and sin.shape == cos.shape
+    if D % 2 or pos.shape != (B,) or not tables_ok:
+        raise ValueError(f"pos {tuple(pos.shape)}, RoPE tables cos {tuple(cos.shape)}, sin "
+                         f"{tuple(sin.shape)} for {B} sequences of head dim {D} (even; tables "
+                         "[positions, D/2])")
     mlp = w1 is not None
     if mlp != (pos_emb is not None and b1 is not None and w2 is not None and b2 is not None):
         raise ValueError("phi's weights: all of pos_emb, w1, b1, w2, b2, or none (average pooling)")
