@@ -4,7 +4,7 @@ measured decode speed and memory with the KV-cache decoder (nsa/infer/).
     python -m bench.decode --analytic                  # the loaded-token table alone
     python -m bench.decode [--contexts 4096 ... 65536] [--steps 32] [--batch 1] [--stagger]
                            [--device cpu|cuda] [--dtype fp32|bf16] [--threads N] [--eager]
-                           [--json OUT]
+                           [--kernels] [--json OUT]
 
 Loaded tokens (per layer and KV group, for the one query of a decoded token whose context
 holds s tokens, itself included):
@@ -35,7 +35,11 @@ of prompts of their own lengths. The warm-up steps and the captures are not time
 tokens/s = batch * steps / time: wall time on CUDA; on CPU the process's CPU time (steadier
 on a shared machine; with one thread, ``--threads 1``, it is the work done). Memory: the
 caches' bytes, and on CUDA the peak allocated during the steps over what was allocated
-before them (the model and caches excluded).
+before them (the model and caches excluded). ``--kernels`` (CUDA): before the timed run,
+the kernels one eager step launches, counted by ``torch.profiler`` on the second step of each
+kind (the first compiles), in every row as ``kernels_per_step`` (``plain`` and ``compressing``
+for NSA, ``step`` for dense) with the names of the most launched: what a replayed step pays
+about one launch latency each for, and what docs/kernels.md's counts predict.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nsa.config import AttentionConfig, ModelConfig, load_config  # noqa: E402
-from nsa.infer import DecodeState, make_cache  # noqa: E402
+from nsa.infer import DecodeState, decode_step, make_cache  # noqa: E402
+from nsa.infer.decode import compresses  # noqa: E402
 from nsa.infer.fused import fused_op  # noqa: E402
 from nsa.infer.graph import CUDA_GRAPH, WARMUP, DecodeRunner  # noqa: E402
 from nsa.model import build_model  # noqa: E402
@@ -128,19 +134,60 @@ def step_ops(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> str:
     return "fused kernels" if fused_op(cfg.attention.backend, probe, "silu_mul") is not None else "torch ops"
 
 
+def _step_kind(model: torch.nn.Module, state: DecodeState) -> str:
+    if model.cfg.attention.kind != "nsa":
+        return "step"
+    return "compressing" if compresses(model, state) else "plain"
+
+
+def kernels_per_step(model: torch.nn.Module, state: DecodeState, kinds: int, most: int
+                     ) -> dict[str, Any]:
+    """CUDA kernels of one eager decode step of each kind (NSA: ``plain`` and ``compressing``;
+    dense: ``step``), counted by ``torch.profiler`` on the second step of a kind (the first
+    compiles kernels and initialises libraries), and the ten kernels launched most often in
+    each. Real steps: the state moves on (at most ``most`` of them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seen: dict[str, int] = {}
+    counts: dict[str, Any] = {}
+    tok = torch.zeros(state.lengths.shape[0], dtype=torch.long, device=state.lengths.device)
+    for _ in range(most):
+        if len(counts) == kinds:
+            break
+        kind = _step_kind(model, state)
+        seen[kind] = seen.get(kind, 0) + 1
+        if seen[kind] != 2 or kind in counts:
+            decode_step(model, state, tok)
+            continue
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            decode_step(model, state, tok)
+            torch.cuda.synchronize()
+        names: Counter[str] = Counter(e.name for e in prof.events()
+                                      if e.device_type == torch.autograd.DeviceType.CUDA)
+        counts[kind] = sum(names.values())
+        counts[kind + "_top"] = dict(names.most_common(10))
+    return counts
+
+
 def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch.dtype,
-            device: torch.device, graph: bool | None = None, stagger: int = 0) -> dict[str, Any]:
+            device: torch.device, graph: bool | None = None, stagger: int = 0,
+            kernels: bool = False) -> dict[str, Any]:
     """Decode ``steps`` tokens per sequence after ``context`` tokens: speed and memory.
     ``graph``: as ``DecodeRunner``'s (None: a CUDA graph on CUDA); ``stagger``: the
-    sequences' lengths spread below ``context`` (``staggered_lengths``)."""
+    sequences' lengths spread below ``context`` (``staggered_lengths``); ``kernels`` (CUDA):
+    first count each kind of step's kernels (``kernels_per_step``)."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device=device, dtype=dtype).eval()
     # eager warm-up steps, then (CUDA graph) the one that captures; an NSA step comes in two
     # kinds (one completes a compressed block, d - 1 of every d do not), each with its graph
     kinds = 2 if cfg.attention.kind == "nsa" else 1
     most = (WARMUP + 1) * (cfg.attention.compress_stride if kinds == 2 else 1) + 1
-    state = filled_state(model, batch, context, steps + most, dtype, device, stagger)
+    counting = kernels and device.type == "cuda"
+    count_steps = 2 * (cfg.attention.compress_stride if kinds == 2 else 1) + 1 if counting else 0
+    state = filled_state(model, batch, context, steps + most + count_steps, dtype, device, stagger)
     cache_bytes = sum(t.numel() * t.element_size() for c in state.caches for t in c.cache_tensors())
+    per_step = kernels_per_step(model, state, kinds, count_steps) if counting else None
     runner = DecodeRunner(model, state, graph=graph)
     tok = torch.zeros(batch, dtype=torch.long, device=device)
     for i in range(most):
@@ -164,7 +211,8 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
            "tokens_per_s": batch * steps / clock, "clock": "process CPU" if device.type == "cpu" else "wall",
            "wall_ms_per_step": 1000 * dt / steps, "cpu_ms_per_step": 1000 * cpu / steps,
            "cache_bytes": cache_bytes, "step_peak_bytes": None, "decode_path": runner.path,
-           "replays": runner.replays, "step_ops": step_ops(cfg, dtype, device), "stagger": stagger}
+           "replays": runner.replays, "step_ops": step_ops(cfg, dtype, device), "stagger": stagger,
+           "kernels_per_step": per_step}
     if device.type == "cuda":
         row["step_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     del model, state
@@ -204,8 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stagger", action="store_true",
                     help="sequence b at context - (b %% d): with a batch of d or more, some sequence "
                          "completes a compression block at every step, as prompts of their own lengths do")
+    ap.add_argument("--kernels", action="store_true",
+                    help="on CUDA, first count the kernels of one eager step of each kind (torch.profiler)")
     ap.add_argument("--json", type=Path, default=None, help="also write every row here")
     args = ap.parse_args(argv)
+    if args.kernels and args.device != "cuda":
+        ap.error("--kernels counts CUDA kernels: it needs --device cuda")
 
     nsa_cfg = load_config(ROOT / "configs" / "nsa-125m.yaml").model
     dense_cfg = load_config(ROOT / "configs" / "dense-125m.yaml").model
@@ -224,10 +276,14 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in (dense_cfg, nsa_cfg):
                 measured.append(measure(cfg, s, args.steps, args.batch, dtype, device,
                                         graph=False if args.eager else None,
-                                        stagger=nsa_cfg.attention.compress_stride if args.stagger else 0))
+                                        stagger=nsa_cfg.attention.compress_stride if args.stagger else 0,
+                                        kernels=args.kernels))
                 row = measured[-1]
+                counted = row["kernels_per_step"]
+                per = "" if counted is None else ", CUDA kernels per eager step: " + ", ".join(
+                    f"{k} {v}" for k, v in counted.items() if not k.endswith("_top"))
                 print(f"  measured {cfg.attention.kind} at {s}: {row['tokens_per_s']:.2f} tok/s "
-                      f"({row['decode_path']}, {row['step_ops']})", file=sys.stderr, flush=True)
+                      f"({row['decode_path']}, {row['step_ops']}{per})", file=sys.stderr, flush=True)
         ratios = {r["context"]: r["ratio_exact"] for r in rows if r["config"] == "nsa-125m"}
         where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
             f"CPU, {torch.get_num_threads()} threads, tokens per second of process CPU time"

@@ -67,7 +67,29 @@ def test_measured_json_says_which_decode_path(tmp_path: Path, capsys: pytest.Cap
     assert data["decode_path"] == "eager"
     assert [(r["kind"], r["decode_path"], r["replays"]) for r in data["measured"]] == \
         [("dense", "eager", 0), ("nsa", "eager", 0)]
+    assert all(r["kernels_per_step"] is None for r in data["measured"])  # counted on CUDA only
     assert "decode path eager" in capsys.readouterr().out
+
+
+def test_counting_kernels_needs_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--contexts", "128", "--device", "cpu", "--kernels"])
+    assert "--kernels counts CUDA kernels" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kernels_per_step_are_counted_for_each_kind_of_step(tmp_path: Path) -> None:
+    """``--kernels`` on CUDA: each kind of step's kernels, NSA's compressing step above its
+    plain one, and at least seven per layer (docs/kernels.md counts 9-10 for an NSA layer and
+    7-8 for a dense one at batch 1); the JSON names the most launched."""
+    out = tmp_path / "decode.json"
+    assert main(["--contexts", "1024", "--steps", "2", "--kernels", "--json", str(out)]) == 0
+    rows = {r["kind"]: r["kernels_per_step"] for r in json.loads(out.read_text())["measured"]}
+    layers = 12  # nsa-125m and dense-125m
+    assert rows["nsa"]["compressing"] > rows["nsa"]["plain"] >= 7 * layers, rows
+    assert rows["nsa"]["plain"] > rows["dense"]["step"] >= 7 * layers, rows
+    assert rows["dense"]["step_top"] and rows["nsa"]["plain_top"]
 
 
 def test_staggered_lengths_compress_at_every_step(tmp_path: Path) -> None:
