@@ -116,12 +116,23 @@ async def test_a_panel_over_its_budget_spaces_data_redraws_but_not_the_users_key
                                "three data redraws")
                 gaps = [b - a for a, b in zip(decided_at, decided_at[1:])]
                 assert all(g >= 2.5 for g in gaps), gaps  # every 3 s (a tick early at most), not every 1 s
-                before = app.state.selected
-                t = time.monotonic()
-                await pilot.press("down")  # the other run: the user's choice waits for no cap
-                await wait_for(pilot, lambda: app.state.selected != before, 5, "the next run selected")
-                await wait_for(pilot, lambda: header_at[-1] > t, 5, "the header drawn for the new run")
-                assert header_at[-1] - t < 1.0, (header_at[-1] - t, start)
+                # the other run: the user's choice waits for no cap. Told apart by the screen's own
+                # decisions, not by a latency bound (under CI's load a tick came 1.9 s late): the key,
+                # pressed just after a data redraw, is redrawn sooner after it than the cap allows
+                # data (2.5 s, as above). A tick so late that the gap reaches the cap anyway proves
+                # nothing either way: press again, up to 6 times.
+                keyed = []
+                for key in ("down", "up") * 3:
+                    seen = len(decided_at)
+                    await wait_for(pilot, lambda n=seen: len(decided_at) > n, 10, "a data redraw")
+                    prev, before, t = decided_at[-1], app.state.selected, time.monotonic()
+                    await pilot.press(key)
+                    await wait_for(pilot, lambda b=before: app.state.selected != b, 10, "the other run")
+                    await wait_for(pilot, lambda s=t: header_at[-1] > s, 10, "the header drawn for it")
+                    keyed.append(min(d for d in decided_at if d >= t) - prev)
+                    if keyed[-1] < 2.5:
+                        break
+                assert keyed[-1] < 2.5, ("a key's redraw waited for the cap", keyed, start)
                 await app.action_quit_panel()
     finally:
         for w in writers:

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from textual.widgets import Label
 
@@ -24,6 +25,29 @@ REPO = Path(__file__).resolve().parents[2]
 NAME = "x[/link]"  # short: the run list shows it whole (a long name is clipped, and hid the bug)
 
 
+def _toast(app: NsaApp) -> bool:
+    return any(NAME in str(n.message) and "nothing to stop" in str(n.message) for n in app._notifications)
+
+
+async def nothing_to_stop(pilot: Any, app: NsaApp) -> None:
+    """``k`` once the crashed run has no process left: the toast names the run. The crash shows
+    before torchrun has torn its processes down (under load, seconds before): until then ``k``
+    asks to stop what is left, in a dialog that names the run too; answer no and ask again."""
+    for _ in range(30):
+        await pilot.press("k")
+        def answered() -> Any:
+            return _toast(app) or (isinstance(app.screen, ConfirmScreen) and app.screen)
+
+        got = await wait_for(pilot, answered, 30, "the toast or the stop dialog")
+        if got is True:
+            return
+        assert NAME in plain(got.query_one(Label))
+        await pilot.press("n")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen), 10)
+        await pilot.pause(1.0)  # the processes' teardown: ask the host again
+    raise AssertionError("the crashed run still had processes after 30 tries")
+
+
 async def look_at(run_id: str) -> None:
     """Open the panel, watch the run until it crashed and its alert shows, open its stop dialog, quit."""
     app = NsaApp(["local"], offer_demo=False)
@@ -34,9 +58,7 @@ async def look_at(run_id: str) -> None:
         assert run.name == NAME
         await wait_for(pilot, lambda: run.status.value in ("failed", "crashed") and app.state.shown_alerts(),
                        120, "the crash and its alert")
-        await pilot.press("k")  # nothing to stop any more: the toast names the run
-        await wait_for(pilot, lambda: any(NAME in str(n.message) and "nothing to stop" in str(n.message)
-                                          for n in app._notifications), 30, "the toast")
+        await nothing_to_stop(pilot, app)
         await pilot.press("r")  # the resume dialog names the run (the host's plan: from step-6)
         dialog = await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, 30)
         assert NAME in plain(dialog.query_one(Label))
