@@ -200,8 +200,8 @@ class NSACache:
         logits = None
         if write is not None:  # one GEMM for q, K/V and gates; RoPE and the six writes in one kernel
             H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
-            joint = self._joint(norm)
-            q_in, kv_in, logits = joint.project(x, [(H, D), (6, G, D), (H, 3)])
+            self.joint = fused.joint_for(self.joint, [a.q_proj, a.kv_proj, a.gate], norm)
+            q_in, kv_in, logits = self.joint.project(x, [(H, D), (6, G, D), (H, 3)])
             fold = {} if norm is None else {"norm": (x, norm.eps), "gates": (logits, a.gate.bias)}
             pairs = [(t["k_raw"], t["v_raw"], False), (t["k_slc"], t["v_slc"], True),
                      (t["k_win"], t["v_win"], True)]
@@ -233,13 +233,6 @@ class NSACache:
         if self.rope is None:
             raise RuntimeError("the cache is empty: prefill (or allocate) first")
         return self.rope
-
-    def _joint(self, norm: RMSNorm | None) -> fused.JointProjection:
-        """q, K/V and the gates as one GEMM, with ``norm`` folded in (built once per cache)."""
-        if self.joint is None or self.joint.norm is not norm:
-            a = self.attn
-            self.joint = fused.JointProjection([a.q_proj, a.kv_proj, a.gate], norm)
-        return self.joint
 
     def _slots(self, pos: torch.Tensor, shared: StepShared | None, compress: bool = True
                ) -> dict[str, torch.Tensor]:

@@ -81,8 +81,7 @@ class DenseCache:
             raise RuntimeError("the cache is empty: prefill first")
         if write is not None:  # one GEMM for q and K/V; RoPE of q and k and both writes in one kernel
             H, G, D = a.n_heads, a.n_kv_heads, a.head_dim
-            if self.joint is None or self.joint.norm is not norm:
-                self.joint = fused.JointProjection([a.q_proj, a.kv_proj], norm)
+            self.joint = fused.joint_for(self.joint, [a.q_proj, a.kv_proj], norm)
             q_in, kv_in = self.joint.project(x, [(H, D), (2, G, D)])
             q = write(q_in, kv_in, *self.rope, pos, [(kc, vc, True)],
                       norm=None if norm is None else (x, norm.eps))

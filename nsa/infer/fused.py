@@ -62,7 +62,7 @@ class JointProjection:
             if self.norm is not None:  # the gain scales the input's columns: fold it into W's
                 weight = (weight.float() * self.norm.weight.float()[None, :]).to(weight.dtype)
             self._weight = weight
-            if any(m.bias is not None for m in self.linears):
+            if self.norm is None and any(m.bias is not None for m in self.linears):
                 self._bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias
                                         for m in self.linears])
 
@@ -83,6 +83,15 @@ class JointProjection:
         return views
 
 
+def joint_for(current: JointProjection | None, linears: list[torch.nn.Linear], norm: RMSNorm | None
+              ) -> JointProjection:
+    """``current`` when it already projects with ``norm`` folded in (or none), else a new
+    projection that does: a cache builds its joint weights once, on its first step."""
+    if current is not None and current.norm is norm:
+        return current
+    return JointProjection(linears, norm)
+
+
 def decode_block(block: Block, x: torch.Tensor, step: Step, backend: str,
                  folds: dict[str, JointProjection]) -> torch.Tensor:
     """``block(x)`` for one new token per sequence, ``x [B, 1, dim]``, with the layer's cached
@@ -96,9 +105,7 @@ def decode_block(block: Block, x: torch.Tensor, step: Step, backend: str,
         return block(x, lambda h: step(h, None, None))
     x = x.contiguous()
     x = step(x, x, block.attn_norm)  # x + attention: the norm in the projection's GEMM, the add in o_proj's
-    ffn = folds.get("ffn")
-    if ffn is None:
-        ffn = folds["ffn"] = JointProjection([block.ffn.gate_up], block.ffn_norm)
+    ffn = folds["ffn"] = joint_for(folds.get("ffn"), [block.ffn.gate_up], block.ffn_norm)
     (gate_up,) = ffn.project(x, [(2 * block.ffn.hidden,)])
     hidden = silu_mul(gate_up, norm=(x, block.ffn_norm.eps))
     return add_linear_(x, hidden, block.ffn.down)
