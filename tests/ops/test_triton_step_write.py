@@ -105,6 +105,8 @@ def test_refuses_what_it_cannot_write() -> None:
         T_OPS.decode_write(q, kv, cos[:, :2], sin[:, :2], pos, [(k, v, True)])
     with pytest.raises(ValueError, match="only with the norm"):
         T_OPS.decode_write(q, kv, cos, sin, pos, [(k, v, True)], gates=(torch.zeros(B, 1, H, 3), None))
+    with pytest.raises(ValueError, match="the norm's input"):
+        T_OPS.decode_write(q, kv, cos, sin, pos, [(k, v, True)], norm=(torch.randn(2 * B, 1, 16), 1e-5))
     with pytest.raises(ValueError, match="gate bias"):
         T_OPS.decode_write(q, kv, cos, sin, pos, [(k, v, True)], norm=(torch.randn(B, 1, 16), 1e-5),
                            gates=(torch.zeros(B, 1, H, 3), torch.zeros(5)))

@@ -155,9 +155,11 @@ def decode_write(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torc
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("q and kv need a unit last stride")
     x, eps = norm if norm is not None else (q, 0.0)  # q: an unused pointer without the norm
-    x = x.reshape(B, -1) if norm is not None else x
-    if norm is not None and x.stride(-1) != 1:
-        raise ValueError("the norm's input x needs a unit last stride")
+    if norm is not None:
+        if x.shape[0] != B or x.numel() != B * x.shape[-1] or x.stride(-1) != 1:
+            raise ValueError(f"the norm's input x of shape {tuple(x.shape)}: want [{B}, 1, dim], unit last "
+                             "stride")
+        x = x.reshape(B, -1)
     logits, bias = gates if gates is not None else (q, None)
     if gates is not None:
         if norm is None:
