@@ -156,7 +156,7 @@ def kernels_per_step(model: torch.nn.Module, state: DecodeState, kinds: int, mos
             break
         kind = _step_kind(model, state)
         seen[kind] = seen.get(kind, 0) + 1
-        if seen[kind] != 2 or kind in counts:
+        if seen[kind] != 2:
             decode_step(model, state, tok)
             continue
         torch.cuda.synchronize()
@@ -182,9 +182,10 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
     # eager warm-up steps, then (CUDA graph) the one that captures; an NSA step comes in two
     # kinds (one completes a compressed block, d - 1 of every d do not), each with its graph
     kinds = 2 if cfg.attention.kind == "nsa" else 1
-    most = (WARMUP + 1) * (cfg.attention.compress_stride if kinds == 2 else 1) + 1
+    cycle = cfg.attention.compress_stride if kinds == 2 else 1  # steps until each kind has come
+    most = (WARMUP + 1) * cycle + 1
     counting = kernels and device.type == "cuda"
-    count_steps = 2 * (cfg.attention.compress_stride if kinds == 2 else 1) + 1 if counting else 0
+    count_steps = 2 * cycle + 1 if counting else 0
     state = filled_state(model, batch, context, steps + most + count_steps, dtype, device, stagger)
     cache_bytes = sum(t.numel() * t.element_size() for c in state.caches for t in c.cache_tensors())
     per_step = kernels_per_step(model, state, kinds, count_steps) if counting else None
