@@ -35,11 +35,14 @@ of prompts of their own lengths. The warm-up steps and the captures are not time
 tokens/s = batch * steps / time: wall time on CUDA; on CPU the process's CPU time (steadier
 on a shared machine; with one thread, ``--threads 1``, it is the work done). Memory: the
 caches' bytes, and on CUDA the peak allocated during the steps over what was allocated
-before them (the model and caches excluded). ``--kernels`` (CUDA): before the timed run,
-the kernels one eager step launches, counted by ``torch.profiler`` on the second step of each
-kind (the first compiles), in every row as ``kernels_per_step`` (``plain`` and ``compressing``
-for NSA, ``step`` for dense) with the names of the most launched: what a replayed step pays
-about one launch latency each for, and what docs/kernels.md's counts predict.
+before them (the model and caches excluded). ``--kernels``: before the timed run, what one
+eager step of each kind runs (``torch.profiler``, on the second step of its kind: the first
+compiles), in every row as ``kernels_per_step`` (``plain`` and ``compressing`` for NSA, ``step``
+for dense): how many, their summed device time, and the ten that took the most of it with
+their calls. On CUDA these are kernels: a replayed step pays about one launch latency for
+each, and the step's wall time less their busy time is what the launches and gaps cost. On
+the CPU they are torch's operators with their self CPU time (the same accounting as
+``bench.run``'s breakdown there).
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.breakdown import kernel_breakdown, profile_kernels  # noqa: E402
 from nsa.config import AttentionConfig, ModelConfig, load_config  # noqa: E402
 from nsa.infer import DecodeState, decode_step, make_cache  # noqa: E402
 from nsa.infer.decode import compresses  # noqa: E402
@@ -142,31 +145,32 @@ def _step_kind(model: torch.nn.Module, state: DecodeState) -> str:
 
 def kernels_per_step(model: torch.nn.Module, state: DecodeState, kinds: int, most: int
                      ) -> dict[str, Any]:
-    """CUDA kernels of one eager decode step of each kind (NSA: ``plain`` and ``compressing``;
-    dense: ``step``), counted by ``torch.profiler`` on the second step of a kind (the first
-    compiles kernels and initialises libraries), and the ten kernels launched most often in
-    each. Real steps: the state moves on (at most ``most`` of them)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """What one eager decode step of each kind runs (NSA: ``plain`` and ``compressing``; dense:
+    ``step``), profiled on the second step of its kind (the first compiles kernels and
+    initialises libraries): ``<kind>`` the number of kernels (CUDA) or operators (CPU),
+    ``<kind>_us`` their summed device time (CPU: self CPU time), ``<kind>_top`` the ten that
+    took the most of it (``kernel``, ``calls``, ``us``). Real steps: the state moves on (at
+    most ``most`` of them)."""
+    device = state.lengths.device.type
     seen: dict[str, int] = {}
     counts: dict[str, Any] = {}
     tok = torch.zeros(state.lengths.shape[0], dtype=torch.long, device=state.lengths.device)
     for _ in range(most):
-        if len(counts) == kinds:
+        if len(seen) == kinds and all(n >= 2 for n in seen.values()):
             break
         kind = _step_kind(model, state)
         seen[kind] = seen.get(kind, 0) + 1
         if seen[kind] != 2:
             decode_step(model, state, tok)
             continue
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            decode_step(model, state, tok)
+        if device == "cuda":
             torch.cuda.synchronize()
-        names: Counter[str] = Counter(e.name for e in prof.events()
-                                      if e.device_type == torch.autograd.DeviceType.CUDA)
-        counts[kind] = sum(names.values())
-        counts[kind + "_top"] = dict(names.most_common(10))
+        events = profile_kernels(lambda: decode_step(model, state, tok), device)
+        by_name = kernel_breakdown(events)
+        counts[kind] = len(events)
+        counts[kind + "_us"] = round(sum(us for _, us in events), 1)
+        counts[kind + "_top"] = [dict(kernel=k["kernel"], calls=k["calls"], us=round(1e3 * k["device_ms"], 1))
+                                 for k in by_name[:10]]
     return counts
 
 
@@ -175,8 +179,8 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
             kernels: bool = False) -> dict[str, Any]:
     """Decode ``steps`` tokens per sequence after ``context`` tokens: speed and memory.
     ``graph``: as ``DecodeRunner``'s (None: a CUDA graph on CUDA); ``stagger``: the
-    sequences' lengths spread below ``context`` (``staggered_lengths``); ``kernels`` (CUDA):
-    first count each kind of step's kernels (``kernels_per_step``)."""
+    sequences' lengths spread below ``context`` (``staggered_lengths``); ``kernels``:
+    first profile one step of each kind (``kernels_per_step``)."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device=device, dtype=dtype).eval()
     # eager warm-up steps, then (CUDA graph) the one that captures; an NSA step comes in two
@@ -184,11 +188,10 @@ def measure(cfg: ModelConfig, context: int, steps: int, batch: int, dtype: torch
     kinds = 2 if cfg.attention.kind == "nsa" else 1
     cycle = cfg.attention.compress_stride if kinds == 2 else 1  # steps until each kind has come
     most = (WARMUP + 1) * cycle + 1
-    counting = kernels and device.type == "cuda"
-    count_steps = 2 * cycle + 1 if counting else 0
+    count_steps = 2 * cycle + 1 if kernels else 0
     state = filled_state(model, batch, context, steps + most + count_steps, dtype, device, stagger)
     cache_bytes = sum(t.numel() * t.element_size() for c in state.caches for t in c.cache_tensors())
-    per_step = kernels_per_step(model, state, kinds, count_steps) if counting else None
+    per_step = kernels_per_step(model, state, kinds, count_steps) if kernels else None
     runner = DecodeRunner(model, state, graph=graph)
     tok = torch.zeros(batch, dtype=torch.long, device=device)
     for i in range(most):
@@ -254,11 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="sequence b at context - (b %% d): with a batch of d or more, some sequence "
                          "completes a compression block at every step, as prompts of their own lengths do")
     ap.add_argument("--kernels", action="store_true",
-                    help="on CUDA, first count the kernels of one eager step of each kind (torch.profiler)")
+                    help="first profile one eager step of each kind: its kernels (CUDA; operators on CPU), "
+                         "their device time, the ten costliest")
     ap.add_argument("--json", type=Path, default=None, help="also write every row here")
     args = ap.parse_args(argv)
-    if args.kernels and args.device != "cuda":
-        ap.error("--kernels counts CUDA kernels: it needs --device cuda")
 
     nsa_cfg = load_config(ROOT / "configs" / "nsa-125m.yaml").model
     dense_cfg = load_config(ROOT / "configs" / "dense-125m.yaml").model
@@ -281,8 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                                         kernels=args.kernels))
                 row = measured[-1]
                 counted = row["kernels_per_step"]
-                per = "" if counted is None else ", CUDA kernels per eager step: " + ", ".join(
-                    f"{k} {v}" for k, v in counted.items() if not k.endswith("_top"))
+                what = "CUDA kernels" if device.type == "cuda" else "operators"
+                per = "" if counted is None else f", {what} per eager step: " + ", ".join(
+                    f"{k} {v} ({counted[k + '_us']:,.0f} us)" for k, v in counted.items()
+                    if not k.endswith(("_top", "_us")))
                 print(f"  measured {cfg.attention.kind} at {s}: {row['tokens_per_s']:.2f} tok/s "
                       f"({row['decode_path']}, {row['step_ops']}{per})", file=sys.stderr, flush=True)
         ratios = {r["context"]: r["ratio_exact"] for r in rows if r["config"] == "nsa-125m"}

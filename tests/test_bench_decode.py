@@ -71,10 +71,27 @@ def test_measured_json_says_which_decode_path(tmp_path: Path, capsys: pytest.Cap
     assert "decode path eager" in capsys.readouterr().out
 
 
-def test_counting_kernels_needs_cuda(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["--contexts", "128", "--device", "cpu", "--kernels"])
-    assert "--kernels counts CUDA kernels" in capsys.readouterr().err
+def test_kernels_profiles_each_kind_of_step_on_the_cpu(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``--kernels`` on the CPU: each kind of step's torch operators (NSA's compressing step runs
+    phi on top of the plain one's work), their summed self time, and the costliest ten, most
+    expensive first, each with its calls; the line printed per row says the same."""
+    out = tmp_path / "decode.json"
+    assert main(["--contexts", "128", "--steps", "1", "--device", "cpu", "--threads", "1", "--kernels",
+                 "--json", str(out)]) == 0
+    rows = {r["kind"]: r["kernels_per_step"] for r in json.loads(out.read_text())["measured"]}
+    assert set(rows["dense"]) == {"step", "step_us", "step_top"}
+    assert set(rows["nsa"]) == {k + x for k in ("plain", "compressing") for x in ("", "_us", "_top")}
+    assert rows["nsa"]["compressing"] > rows["nsa"]["plain"] > rows["dense"]["step"] > 12, rows
+    for kind, counted in [("step", rows["dense"]), ("plain", rows["nsa"]), ("compressing", rows["nsa"])]:
+        top = counted[kind + "_top"]
+        assert 0 < len(top) <= 10 and counted[kind + "_us"] > 0
+        assert [t["us"] for t in top] == sorted((t["us"] for t in top), reverse=True)
+        assert sum(t["us"] for t in top) <= counted[kind + "_us"] + 1e-6
+        assert sum(t["calls"] for t in top) <= counted[kind] and all(t["calls"] >= 1 for t in top)
+        assert all(t["kernel"].startswith("aten::") for t in top), top
+    err = capsys.readouterr().err
+    assert "operators per eager step: plain" in err and "compressing" in err
 
 
 @pytest.mark.gpu
@@ -82,7 +99,7 @@ def test_counting_kernels_needs_cuda(capsys: pytest.CaptureFixture[str]) -> None
 def test_kernels_per_step_are_counted_for_each_kind_of_step(tmp_path: Path) -> None:
     """``--kernels`` on CUDA: each kind of step's kernels, NSA's compressing step above its
     plain one, and at least seven per layer (docs/kernels.md counts 9-10 for an NSA layer and
-    7-8 for a dense one at batch 1); the JSON names the most launched."""
+    7-8 for a dense one at batch 1); the JSON names the costliest with their device time."""
     out = tmp_path / "decode.json"
     assert main(["--contexts", "1024", "--steps", "2", "--kernels", "--json", str(out)]) == 0
     rows = {r["kind"]: r["kernels_per_step"] for r in json.loads(out.read_text())["measured"]}
@@ -90,6 +107,7 @@ def test_kernels_per_step_are_counted_for_each_kind_of_step(tmp_path: Path) -> N
     assert rows["nsa"]["compressing"] > rows["nsa"]["plain"] >= 7 * layers, rows
     assert rows["nsa"]["plain"] > rows["dense"]["step"] >= 7 * layers, rows
     assert rows["dense"]["step_top"] and rows["nsa"]["plain_top"]
+    assert rows["dense"]["step_us"] > 0 and rows["nsa"]["plain_us"] > 0
 
 
 def test_staggered_lengths_compress_at_every_step(tmp_path: Path) -> None:
