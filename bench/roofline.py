@@ -83,6 +83,7 @@ if str(ROOT) not in sys.path:
 
 from bench.roofline_launches import CAPABILITY, UNIONS, Launch, Shape, _cdiv, dense_flash, nsa_launches  # noqa: E402
 from bench.run import EXTRA_LAYOUTS, LAYOUTS  # noqa: E402
+from nsa.ops.triton import selected  # noqa: E402
 
 RECORDS = ROOT / "bench" / "results"
 
@@ -498,6 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="free blocks of the positions sharing a selected forward/dQ program: independent "
                          "random picks (as bench.run's random inputs), disjoint (the most work) or shared "
                          "(the least)")
+    ap.add_argument("--sel-positions", type=int, default=None, metavar="P",
+                    help="query positions per selected forward/dQ program, as bench.run's option "
+                         "(default: the kernels' own choice)")
     ap.add_argument("--record", type=Path, default=None, help="compile-gate record for residency "
                     "(default: the newest passing bench/results/compile-triton-*.json)")
     ap.add_argument("--measured", type=Path, default=None,
@@ -511,6 +515,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--batch and --seqs must be positive")
     if args.mma and os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("--mma compiles the kernels: unset TRITON_INTERPRET")
+    if args.sel_positions is not None and not 1 <= args.sel_positions <= selected.MAX_POSITIONS:
+        ap.error(f"--sel-positions must be 1..{selected.MAX_POSITIONS} (rounded up to a power of two)")
+    before = selected.POSITIONS
+    selected.POSITIONS = args.sel_positions if args.sel_positions is not None else before
+    try:
+        return _run(args, layouts)
+    finally:
+        selected.POSITIONS = before
+
+
+def _run(args: argparse.Namespace, layouts: dict[str, tuple[int, int, int]]) -> int:
     record_path = args.record or latest_record()
     record = read_record(record_path)
     cases = []
@@ -529,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_markdown(cases, args.devices, record_path, args.union), end="")
     if args.json:
         data = dict(devices={d: dataclasses.asdict(DEVICES[d]) for d in args.devices}, union=args.union,
+                    sel_positions=selected.POSITIONS,
                     record=str(record_path) if record_path else None, cases=[case_json(c) for c in cases])
         args.json.write_text(json.dumps(data, indent=1) + "\n")
     return 0

@@ -253,6 +253,32 @@ def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Cap
     assert names >= {"_band_fwd", "_sel_bwd_dkdv", "_scores_topn"}
 
 
+def test_sel_positions_sets_the_selected_programs_and_is_restored(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``--sel-positions P``: the selected forward/dQ rows are the launches the wrapper makes with
+    P positions per program (P x 16 heads rows, T / P programs), neighbours that choose the same
+    blocks re-read less per position the more share a program, and the kernels' own choice is
+    back afterwards; out of range is refused."""
+    from nsa.ops.triton import selected
+
+    T = 2048
+    reread: dict[int, float] = {}
+    for p in (1, 4):
+        out = tmp_path / f"p{p}.json"
+        assert rl.main(["--layouts", "nsa-125m", "--seqs", str(T), "--batch", "2", "--devices", "H200",
+                        "--union", "shared", "--sel-positions", str(p), "--json", str(out)]) == 0
+        data = json.loads(out.read_text())
+        assert data["sel_positions"] == p and selected.POSITIONS is None
+        fwd = next(la for la in data["cases"][0]["launches"] if la["kernel"] == "_sel_fwd")
+        assert fwd["grid"][0] == T // p and f"R={max(16, 16 * p)} P={p}" in fwd["note"], fwd
+        reread[p] = fwd["tile_bytes"] / fwd["min_bytes"]
+    assert reread[4] < reread[1] / 2, reread
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        rl.main(["--sel-positions", "0"])
+    assert "--sel-positions must be 1..16" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_mma_reads_the_sm90_ptx_of_every_kernel(tmp_path: Path) -> None:
     """``--mma`` compiles the kernels (Triton's compiler, no GPU): the dots of fewer than 64
