@@ -1,0 +1,60 @@
+"""scripts/gpu-measure.sh: the commands a GPU session runs are ones our benchmarks accept.
+
+The script needs CUDA to measure anything; here it lists its commands (``GPU_MEASURE_DRY``)
+and each is handed to its module's own argument parser, which must accept it: a renamed or
+misspelt option would otherwise be found only on a lent GPU, whose minutes are few."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Parsed(Exception):
+    """Raised in place of running the benchmark once its arguments parsed."""
+
+
+def dry_commands(out: Path) -> list[list[str]]:
+    env = dict(os.environ, OUT=str(out), GPU_MEASURE_DRY="1")
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu-measure.sh")], env=env, check=True,
+                   capture_output=True, text=True, timeout=60)
+    return [shlex.split(line) for line in (out / "commands.txt").read_text().splitlines() if line.strip()]
+
+
+def test_every_command_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    commands = dry_commands(tmp_path)
+    assert {c[0] for c in commands} == {"bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles"}
+    assert any("--sel-positions" in c for c in commands) and any("--kernels" in c for c in commands)
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        raise Parsed(original(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    for cmd in commands:
+        module = importlib.import_module(cmd[0])
+        with pytest.raises(Parsed):
+            module.main(cmd[1:])
+        # every output lands under OUT: nothing is written into the tree
+        paths = [a for a in cmd[1:] if a.startswith("/")]
+        assert all(Path(a).is_relative_to(tmp_path) for a in paths), cmd
+
+
+def test_a_misspelt_option_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above can fail: the parser refuses an option bench.decode does not have."""
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        raise Parsed(original(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(SystemExit):
+        importlib.import_module("bench.decode").main(["--contexts", "8192", "--kernals"])
