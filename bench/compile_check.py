@@ -333,12 +333,20 @@ def compile_launch(launch: Launch, capability: int) -> Result:
 _WORK: list[tuple[int, Launch, list[str]]] = []  # what forked workers compile, by index
 
 
-def compile_isolated(launch: Launch, capability: int) -> Result:
+# Seconds one compile may take before its child is killed and the compile fails. The gate's
+# compiles take seconds; Triton 3.1 never finished some at sm_90 (the selected forward and dQ
+# on 64-row tiles at 4 and 8 heads per group, in its TTGIR passes), which held the gate.
+COMPILE_TIMEOUT_S = 300
+
+
+def compile_isolated(launch: Launch, capability: int, timeout_s: float | None = None) -> Result:
     """``compile_launch`` in a forked child: a compiler that aborts (Triton 3.1 fails a C++
-    assertion on some sm_90 layouts, which kills the process) becomes a failed result
-    naming the signal and the compiler's last words, instead of taking the gate down."""
+    assertion on some sm_90 layouts, which kills the process) or runs past ``timeout_s``
+    (default ``COMPILE_TIMEOUT_S``; the child is killed) becomes a failed result naming
+    the signal and the compiler's last words, instead of taking the gate down."""
     import faulthandler
     import pickle
+    import select
     import signal
 
     start = time.perf_counter()
@@ -359,14 +367,30 @@ def compile_isolated(launch: Launch, capability: int) -> Result:
             finally:
                 os._exit(code)
         os.close(write)
-        with os.fdopen(read, "rb") as inp:
-            data = inp.read()
+        limit = COMPILE_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        chunks: list[bytes] = []
+        timed_out = False
+        with os.fdopen(read, "rb", buffering=0) as inp:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([inp], [], [], left)[0]:
+                    timed_out = True
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                chunk = inp.read(1 << 16)
+                if not chunk:  # the child closed its end: done or dead
+                    break
+                chunks.append(chunk)
+        data = b"".join(chunks)
         _, status = os.waitpid(pid, 0)
-        if data and status == 0:
+        if data and status == 0 and not timed_out:
             return pickle.loads(data)
         err.seek(0)
         words = [line for line in err.read().decode(errors="replace").splitlines() if line.strip()]
-    if os.WIFSIGNALED(status):
+    if timed_out:
+        how = f"killed after {limit:g} s without finishing"
+    elif os.WIFSIGNALED(status):
         how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
     else:
         how = f"exited with status {os.WEXITSTATUS(status)}"

@@ -207,3 +207,25 @@ def test_a_compiler_that_aborts_is_a_failed_compile_not_a_dead_gate(monkeypatch:
     assert res.failed and res.error.startswith("compiler process killed by SIGABRT")
     assert "Assertion `n == 16' failed" in res.error
     assert cc.format_line("_k", 90, res, ["case"]).startswith("FAIL sm_90 _k")
+
+
+def test_a_compiler_that_never_finishes_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton 3.1 never finished some sm_90 compiles: past the timeout the child is killed and
+    the compile fails saying so; a compile within it still returns its result."""
+    import time as _time
+
+    import bench.compile_check as cc
+
+    def hang(launch: object, capability: int) -> None:
+        os.write(2, b"still in make_ttgir\n")
+        _time.sleep(3600)
+
+    monkeypatch.setattr(cc, "compile_launch", hang)
+    start = _time.monotonic()
+    res = cc.compile_isolated(None, 90, timeout_s=1.0)
+    assert _time.monotonic() - start < 60
+    assert res.failed, res
+    assert res.error.startswith("compiler process killed after 1 s without finishing"), res.error
+    monkeypatch.setattr(cc, "compile_launch", lambda launch, capability: cc.Result(registers=7))
+    ok = cc.compile_isolated(None, 90, timeout_s=30.0)
+    assert not ok.failed and ok.registers == 7
