@@ -99,7 +99,7 @@ def test_inverted_index_lists_every_selection_once():
                 assert got == want, f"seed={seed} b={b} g={g} j={j}"
 
 
-@pytest.mark.parametrize("positions", [1, 3])
+@pytest.mark.parametrize("positions", [1, 3, 16])
 def test_selected_positions_per_program(positions):
     """Forward/dQ tiles of several query positions (the union of their blocks under a
     per-row mask) equal pure padding (positions=1) and the reference."""

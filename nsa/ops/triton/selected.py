@@ -1,12 +1,13 @@
 """Group-centric selected attention (NSA's selection branch), forward and backward.
 
 Forward and dQ: one program per (P consecutive query positions, batch, KV group g). Its
-rows are those positions x the group's query heads (P = 1 when the group has >= 16
-heads; otherwise enough positions to fill a 16-row tensor-core tile, or zero-row padding
-with P = 1). It walks the positions' selected blocks ``idx[b, t, g, :]``, handles each
-distinct block once and loads its K/V once for all rows (the paper's group-centric
-scheme), with a per-row mask: the row's position selected the block, and keys ``s <= t``
-(causal inside the query's own block). ``-1`` slots are skipped.
+rows are those positions x the group's query heads, padded to a power of two: P = 64 /
+heads positions (1 from 64 heads per group, at most 16), or a forced P (``POSITIONS``;
+P = 1 pads a small group with zero rows). It walks the union of the positions' selected
+blocks ``idx[b, t, g, :]``, handles each distinct block once and loads its K/V once for
+all rows (the paper's group-centric scheme), with a per-row mask: the row's position
+selected the block, and keys ``s <= t`` (causal inside the query's own block). ``-1``
+slots are skipped.
 
 dK/dV: KV-block-major, no atomics. An inverted index (which query positions selected
 block j of group g) is built with torch ops (a stable sort of the flattened selection,
@@ -27,15 +28,20 @@ import triton.language as tl
 
 from nsa.ops import poison
 
+from . import tuning
 from .band import LOG2E, NEG, _prec
 from .bitonic import NO_BLOCK, _bitonic_sort
 from .glue import row_delta
 from .tuning import launch, tunable
 
-# Query positions per forward/dQ program. None: ``_positions`` (about 32 rows of positions x
-# heads); an int forces it (bench.run --sel-positions).
+# Query positions per forward/dQ program. None: ``_sizes``' choice (ROWS rows of positions x
+# heads); an int forces it (bench.run and bench.roofline --sel-positions).
 POSITIONS: int | None = None
-ROWS = 32  # forward/dQ rows a program aims at (positions x padded heads)
+# Forward/dQ rows a program aims at (positions x padded heads): 64, sm_90's wgmma height. On
+# the first GPU measurement the selected forward and dQ took 1.3-1.5x the time their tile
+# loads need at HBM bandwidth and 7-8x their dot FLOPs at peak (docs/kernels.md): more
+# positions per program share more of their blocks' loads.
+ROWS = 64
 MAX_POSITIONS = 16  # at most this many positions share one union of blocks
 
 
@@ -108,13 +114,19 @@ def _sel_configs() -> list[triton.Config]:
     return [triton.Config({"STAGES": s}, num_warps=w, maxnreg=MAXNREG) for w in (2, 4, 8) for s in (2, 3)]
 
 
-def _sel_prune(four_up_to: int):
+def _sel_prune(four_up_to: int, four_up_to_sm90: int | None = None):
     """Forward/dQ configs for a launch's tile (R rows x BD): the default warps with 2 and
     (tiles of at most 32 rows) 3 pipeline stages, then twice the warps (up to 8) with 2.
     A third stage on a 64-row tile took the dQ to 255 registers and a 36 B spill (sm_80,
-    D = 64, 8 warps: bench/compile_check.py)."""
+    D = 64, 8 warps: bench/compile_check.py). ``four_up_to_sm90``: the 4-warp limit on
+    sm_90 and newer (``tuning.capability``), where the dQ's 64 x 64 tile fits 4 warps (156
+    registers, three programs per SM) and spilled 16 B on sm_80."""
     def prune(configs: list[triton.Config], nargs: dict, **kwargs) -> list[triton.Config]:
-        w = _fwd_warps(kwargs["R"], kwargs["BD"], four_up_to)
+        q = nargs.get("Q")
+        limit = four_up_to
+        if four_up_to_sm90 is not None and tuning.capability(q.device if q is not None else None) >= 90:
+            limit = four_up_to_sm90
+        w = _fwd_warps(kwargs["R"], kwargs["BD"], limit)
         pick = [(w, 2)] + ([(w, 3)] if kwargs["R"] <= 32 else []) + ([(2 * w, 2)] if w < 8 else [])
         by = {(c.num_warps, c.kwargs["STAGES"]): c for c in configs}
         return [by[p] for p in pick]
@@ -173,7 +185,7 @@ def _sel_fwd(Q, K, V, IDX, SCR, OUT, LSE,
     tl.store(LSE + (b * T + t_r) * G * HPG + g * HPG + h_r, lse, mask=valid)
 
 
-@tunable(_sel_configs(), SEL_KEY, _sel_prune(32 * 64))
+@tunable(_sel_configs(), SEL_KEY, _sel_prune(32 * 64, 64 * 64))
 @triton.jit
 def _sel_bwd_dq(Q, K, V, IDX, SCR, DO, LSE, DELTA, DQ,
                 sqb, sqt, sqh, skb, skt, skh, sib, sit, sig,
