@@ -29,16 +29,21 @@ def dry_commands(out: Path) -> list[list[str]]:
     return [shlex.split(line) for line in (out / "commands.txt").read_text().splitlines() if line.strip()]
 
 
-def test_every_command_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    commands = dry_commands(tmp_path)
-    assert {c[0] for c in commands} == {"bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles"}
-    assert any("--sel-positions" in c for c in commands) and any("--kernels" in c for c in commands)
+@pytest.fixture
+def parse_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every argument parser parses as usual, then raises ``Parsed`` instead of returning."""
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
         raise Parsed(original(self, args, namespace))
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+
+
+def test_every_command_parses(tmp_path: Path, parse_only: None) -> None:
+    commands = dry_commands(tmp_path)
+    assert {c[0] for c in commands} == {"bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles"}
+    assert any("--sel-positions" in c for c in commands) and any("--kernels" in c for c in commands)
     for cmd in commands:
         module = importlib.import_module(cmd[0])
         with pytest.raises(Parsed):
@@ -48,13 +53,7 @@ def test_every_command_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         assert all(Path(a).is_relative_to(tmp_path) for a in paths), cmd
 
 
-def test_a_misspelt_option_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_misspelt_option_is_caught(parse_only: None) -> None:
     """The check above can fail: the parser refuses an option bench.decode does not have."""
-    original = argparse.ArgumentParser.parse_args
-
-    def parse_then_stop(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
-        raise Parsed(original(self, args, namespace))
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     with pytest.raises(SystemExit):
         importlib.import_module("bench.decode").main(["--contexts", "8192", "--kernals"])
