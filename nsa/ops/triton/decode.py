@@ -14,15 +14,17 @@ whose rows are the group's query heads, so every K/V row is loaded once for the 
 1. ``_decode_partials``: flash-decoding partials (running max, sum, unnormalised output)
    of the compressed keys and of the window ring, each cut into equal chunks of what
    ``pos`` makes visible;
-2. ``_decode_scores``: the compressed branch's per-head log-sum-exp from those partials
-   (the first and last programs also write ``o_cmp`` and ``o_win``), then the scores of
-   its share of the eligible selection blocks and their running top-n (topn.py's packed
-   keys: forced blocks +inf, higher score first, ties to the lower block), stored as a
-   candidate list;
+2. ``_decode_scores``: the compressed branch's per-head log-sum-exp from those partials,
+   each compressed token's probability summed over the group's heads (once per token, from
+   contiguous key tiles, into a scratch row), then the scores of the program's share of
+   the eligible selection blocks and their running top-n (topn.py's packed keys: forced
+   blocks +inf, higher score first, ties to the lower block), stored as a candidate list;
+   one more program per head merges ``o_cmp``'s partials, and one per head ``o_win``'s;
 3. ``_decode_selected``: the candidate lists merged give the chosen blocks (the top n that
    beat -inf: the reference's choice, -1 for slots nothing fills); attention over its
    share of them;
-4. ``_decode_combine`` (only when the selected branch is split): its partials -> ``o_slc``.
+4. ``_decode_combine`` (only when the selected branch is split): its partials -> ``o_slc``,
+   one program per (sequence, query head).
 
 Why split at all: at batch 1 a 64k context has ~4k compressed tokens and 1024 selection
 blocks per KV group, and one program per (sequence, group) would stream them through one
@@ -37,8 +39,8 @@ goes to the lower block in both.
 
 No host sync and no data-dependent shape: every bound that depends on ``pos`` is computed
 inside the kernels, the grids depend on shapes only, so a decode step can be captured as
-a CUDA graph. Scratch (the partials, the candidate lists) is allocated per call; inside a
-graph capture it comes from the graph's pool.
+a CUDA graph. Scratch (the partials, the token sums, the candidate lists) is allocated per
+call; inside a graph capture it comes from the graph's pool.
 
 Under ``TRITON_INTERPRET=1`` the kernels run on CPU in fp32 (bf16 ``tl.dot`` is wrong in
 the interpreter); fp32/fp16/bf16 inputs, not fp64.
@@ -190,12 +192,11 @@ def _store_partial(PM, PL, PACC, slot, m_i, l_i, acc, r, offs_d, R: tl.constexpr
 
 
 @triton.jit
-def _combine(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr,
-             CM: tl.constexpr, CA: tl.constexpr):
-    """Slots ``base + [c0, c1)`` of the partials merged: (max, sum, output) per row; the
-    output only with ACC (the scores programs need the log-sum-exp alone). The slots are
-    read CM (max, sum) or CA (outputs) at a time, not one by one: a chain of dependent
-    loads, one per slot, was what made this step grow with the number of splits."""
+def _combine_lse(PM, PL, base, c0, c1, r, R: tl.constexpr, CM: tl.constexpr):
+    """Slots ``base + [c0, c1)`` of the partials' (max, sum) merged per row: what each scoring
+    program needs of the compressed branch (its log-sum-exp). The slots are read CM at a
+    time, not one by one: a chain of dependent loads, one per slot, was what made this step
+    grow with the number of splits."""
     cm = tl.arange(0, CM)
     m_i = tl.full([R], NEG, tl.float32)
     for c in range(c0, c1, CM):
@@ -208,16 +209,32 @@ def _combine(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl.cons
         rows = (base + c + cm)[:, None] * R + r[None, :]
         beta = tl.where(ok, tl.exp2(tl.load(PM + rows, mask=ok, other=NEG) - m_i[None, :]), 0.0)
         l_i += tl.sum(tl.load(PL + rows, mask=ok, other=0.0) * beta, 0)
-    acc = tl.zeros([R, BD], tl.float32)
-    if ACC:
-        ca = tl.arange(0, CA)
-        for c in range(c0, c1, CA):
-            ok = (c + ca < c1)[:, None]
-            rows = (base + c + ca)[:, None] * R + r[None, :]  # [CA, R]
-            beta = tl.where(ok, tl.exp2(tl.load(PM + rows, mask=ok, other=NEG) - m_i[None, :]), 0.0)
-            part = tl.load(PACC + rows[:, :, None] * BD + offs_d[None, None, :], mask=ok[:, :, None],
-                           other=0.0)
-            acc += tl.sum(part * beta[:, :, None], 0)
+    return m_i, l_i
+
+
+@triton.jit
+def _combine_row(PM, PL, PACC, base, c0, c1, h, offs_d, R: tl.constexpr, BD: tl.constexpr,
+                 CA: tl.constexpr):
+    """Slots ``base + [c0, c1)`` of row ``h``'s partials merged in one pass, CA slots per load:
+    its (max ``[1]``, sum ``[1]``, unnormalised output ``[1, BD]``). One program per row: a
+    program merging all R rows at once held ``[slots, R, BD]`` tiles of two slots, and at
+    batch 1 its chain of loads over a long context's hundreds of partials took 128 us of an
+    H200 per layer."""
+    ca = tl.arange(0, CA)
+    m_i = tl.full([1], NEG, tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, BD], tl.float32)
+    for c in range(c0, c1, CA):
+        ok = c + ca < c1
+        rows = (base + c + ca) * R + h
+        pm = tl.load(PM + rows, mask=ok, other=NEG)
+        m_new = tl.maximum(m_i, tl.max(pm, 0))
+        alpha = tl.exp2(m_i - m_new)
+        beta = tl.where(ok, tl.exp2(pm - m_new), 0.0)
+        l_i = l_i * alpha + tl.sum(tl.load(PL + rows, mask=ok, other=0.0) * beta, 0)
+        part = tl.load(PACC + rows[:, None] * BD + offs_d[None, :], mask=ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(part * beta[:, None], 0)[None, :]
+        m_i = m_new
     return m_i, l_i, acc
 
 
@@ -319,60 +336,82 @@ def _merge_pairs(lists, N: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND,
+def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
                    sqb, sqh, scb, sct, sch, sob, soh,
-                   G, HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SW, SP, SS,
-                   R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr,
+                   G, HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SW, SP, SS, PCAP,
+                   R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr, BN: tl.constexpr,
                    M: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr, PREC: tl.constexpr):
-    """Program ``pid`` of SS: its share of the eligible blocks ``[0, pos // l']``, scored and
-    ranked; its top BJ keys (ascending) go to ``CAND[bg, pid]``."""
+    """Programs ``[0, SS)``: a share of the eligible blocks ``[0, pos // l']``, scored and
+    ranked, their top BJ keys (ascending) into ``CAND[bg, pid]``. Then one program per head
+    of the group for the compressed output ``OC``, one per head for the window's ``OW``
+    (each a merge of its branch's partials)."""
     pid = tl.program_id(0)
     bg, b, g, p = _group_of_program(POS, G)
-    r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
-    valid = r < HPG
-    dmask = offs_d < D
-    if pid == 0:  # the compressed branch's output too
-        m_c, l_c, acc_o = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, True, CM, CA)
-        _store_out(OC, acc_o, l_c, b, g, HPG, sob, soh, r, valid, offs_d, D)
+    offs_d = tl.arange(0, BD)
+    if pid >= SS:
+        h = (pid - SS) % HPG
+        rr = h + tl.zeros([1], tl.int32)
+        if pid - SS < HPG:
+            m_o, l_o, acc_o = _combine_row(PM, PL, PACC, bg * SP, 0, SC, h, offs_d, R, BD, CA)
+            _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, rr, rr < HPG, offs_d, D)
+        else:
+            m_o, l_o, acc_o = _combine_row(PM, PL, PACC, bg * SP, SC, SC + SW, h, offs_d, R, BD, CA)
+            _store_out(OW, acc_o, l_o, b, g, HPG, sob, soh, rr, rr < HPG, offs_d, D)
     else:
-        m_c, l_c, _ = _combine(PM, PL, PACC, bg * SP, 0, SC, r, offs_d, R, BD, False, CM, CA)
-    lse = tl.where(l_c > 0, m_c + tl.log2(tl.where(l_c > 0, l_c, 1.0)), float("inf"))
-    if pid == SS - 1:
-        m_w, l_w, acc_w = _combine(PM, PL, PACC, bg * SP, SC, SC + SW, r, offs_d, R, BD, True, CM, CA)
-        _store_out(OW, acc_w, l_w, b, g, HPG, sob, soh, r, valid, offs_d, D)
-    nvis = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
-    n_elig = p // SBLK + 1  # blocks that start at or before pos
-    per = tl.cdiv(tl.cdiv(n_elig, BJ), SS) * BJ
-    j_lo = tl.minimum(pid * per, n_elig)
-    j_hi = tl.minimum(j_lo + per, n_elig)
-    kbase = KC + b * scb + g * sch
-    t_p = tl.zeros([1], tl.int32) + p
-    col = tl.arange(0, BJ)
-    top = col.to(tl.int64) + (NO_KEY - BJ)  # below every real key, distinct
-    for j0 in range(j_lo, j_hi, BJ):
-        offs_j = j0 + col
-        jm = offs_j < j_hi
-        s0 = offs_j * SBLK
-        # the first compressed token that reaches into block j: i*d + l > j*l'
-        num = s0 - BLK
-        i_first = tl.where(num >= 0, tl.maximum(num, 0) // STRIDE + 1, 0)
-        score = tl.zeros([BJ], tl.float32)
-        for mm in tl.static_range(M):  # ascending tokens, one at a time (the reference's order)
-            i = i_first + mm
-            c0 = i * STRIDE
-            overlap = tl.minimum(c0 + BLK, s0 + SBLK) - tl.maximum(c0, s0)
-            ok = jm & (i < nvis) & (overlap > 0)
-            kt = tl.load(kbase + i[None, :] * sct + offs_d[:, None], mask=ok[None, :] & dmask[:, None],
+        r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
+        valid = r < HPG
+        dmask = offs_d < D
+        m_c, l_c = _combine_lse(PM, PL, bg * SP, 0, SC, r, R, CM)
+        lse = tl.where(l_c > 0, m_c + tl.log2(tl.where(l_c > 0, l_c, 1.0)), float("inf"))
+        nvis = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
+        n_elig = p // SBLK + 1  # blocks that start at or before pos
+        per = tl.cdiv(tl.cdiv(n_elig, BJ), SS) * BJ
+        j_lo = tl.minimum(pid * per, n_elig)
+        j_hi = tl.minimum(j_lo + per, n_elig)
+        kbase = KC + b * scb + g * sch
+        # 1. each compressed token that reaches into this program's blocks, once: the group's
+        # summed probability (Eq. 10 before Eq. 9's weights) into the program's scratch row.
+        # Contiguous key tiles; a block's tokens were M gathered loads and M thin dots before.
+        lo_num = j_lo * SBLK - BLK
+        t_lo = tl.where(lo_num >= 0, tl.maximum(lo_num, 0) // STRIDE + 1, 0)
+        hi_num = tl.maximum(j_hi - 1, 0) * SBLK - BLK
+        t_hi = tl.where(j_hi > j_lo, tl.where(hi_num >= 0, tl.maximum(hi_num, 0) // STRIDE + 1, 0) + M, t_lo)
+        t_hi = tl.minimum(tl.minimum(t_hi, nvis), t_lo + PCAP)
+        prow = PSUM + (bg * SS + pid) * PCAP - t_lo  # token i at prow + i
+        for i0 in range(t_lo, t_hi, BN):
+            offs_i = i0 + tl.arange(0, BN)
+            im = offs_i < t_hi
+            kt = tl.load(kbase + offs_i[None, :] * sct + offs_d[:, None], mask=im[None, :] & dmask[:, None],
                          other=0.0)
             s = tl.dot(q, kt, input_precision=PREC) * qk_scale
-            pr = tl.exp2(tl.where(valid[:, None] & ok[None, :], s - lse[:, None], float("-inf")))
-            w = tl.where(ok, overlap.to(tl.float32) / STRIDE, 0.0)  # Eq. 9
-            score += tl.sum(pr, 0) * w  # Eq. 10: the group's heads
-        key = tl.reshape(_candidates(tl.reshape(score, [1, BJ]), offs_j, t_p, NS, SBLK, NI, NL), [BJ])
-        # blocks of another program: distinct fillers below every real key
-        key = tl.where(jm, key, col.to(tl.int64) + (NO_KEY - 2 * BJ))
-        top = _merge_top(top, key, BJ)
-    tl.store(CAND + (bg * SS + pid) * BJ + col, top)
+            pr = tl.exp2(tl.where(valid[:, None] & im[None, :], s - lse[:, None], float("-inf")))
+            tl.store(prow + offs_i, tl.sum(pr, 0), mask=im)
+        tl.debug_barrier()  # the scratch row, written by all of the program's threads, read back
+        # 2. each block's score from its tokens, in ascending token order (the reference's),
+        # and the running top BJ
+        t_p = tl.zeros([1], tl.int32) + p
+        col = tl.arange(0, BJ)
+        top = col.to(tl.int64) + (NO_KEY - BJ)  # below every real key, distinct
+        for j0 in range(j_lo, j_hi, BJ):
+            offs_j = j0 + col
+            jm = offs_j < j_hi
+            s0 = offs_j * SBLK
+            # the first compressed token that reaches into block j: i*d + l > j*l'
+            num = s0 - BLK
+            i_first = tl.where(num >= 0, tl.maximum(num, 0) // STRIDE + 1, 0)
+            score = tl.zeros([BJ], tl.float32)
+            for mm in tl.static_range(M):
+                i = i_first + mm
+                c0 = i * STRIDE
+                overlap = tl.minimum(c0 + BLK, s0 + SBLK) - tl.maximum(c0, s0)
+                ok = jm & (i < t_hi) & (overlap > 0)
+                w = tl.where(ok, overlap.to(tl.float32) / STRIDE, 0.0)  # Eq. 9
+                score += tl.load(prow + i, mask=ok, other=0.0) * w
+            key = tl.reshape(_candidates(tl.reshape(score, [1, BJ]), offs_j, t_p, NS, SBLK, NI, NL), [BJ])
+            # blocks of another program: distinct fillers below every real key
+            key = tl.where(jm, key, col.to(tl.int64) + (NO_KEY - 2 * BJ))
+            top = _merge_top(top, key, BJ)
+        tl.store(CAND + (bg * SS + pid) * BJ + col, top)
 
 
 @triton.jit
@@ -443,16 +482,17 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE,
 
 @triton.jit
 def _decode_combine(PM, PL, PACC, OUT, OC, OW, GATE, sob, soh, sgb, G, HPG, SP, C0, C1,
-                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr,
+                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CA: tl.constexpr,
                     GATED: tl.constexpr):
-    """Slots ``[C0, C1)`` of a (sequence, group)'s partials -> its rows of ``OUT`` (with GATED:
-    gated with the other two branches, ``_store_gated``)."""
+    """Slots ``[C0, C1)`` of a (sequence, group)'s partials -> head ``program_id(1)``'s row of
+    ``OUT`` (with GATED: gated with the other two branches, ``_store_gated``)."""
     bg = tl.program_id(0)
+    h = tl.program_id(1)
     b = bg // G
     g = bg % G
-    r = tl.arange(0, R)
+    r = h + tl.zeros([1], tl.int32)
     offs_d = tl.arange(0, BD)
-    m_i, l_i, acc = _combine(PM, PL, PACC, bg * SP, C0, C1, r, offs_d, R, BD, True, CM, CA)
+    m_i, l_i, acc = _combine_row(PM, PL, PACC, bg * SP, C0, C1, h, offs_d, R, BD, CA)
     if GATED:
         _store_gated(OUT, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
     else:
@@ -546,16 +586,23 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     # partial slots merged at once: the (max, sum) of a branch in [CM, R] loads (32 slots, or
     # 512 floats), outputs in [CA, R, BD] tiles of at most 2k floats
     cm = min(32, max(1, 512 // R), triton.next_power_of_2(max(sp.cmp, sp.win, sp.selected)))
-    ca = max(1, min(8, cm, 2048 // (R * BD)))
+    # the per-row merges (``_combine_row``): up to 32 slots a load, tiles of at most 4k floats
+    ca = max(1, min(32, 4096 // BD, triton.next_power_of_2(max(sp.cmp, sp.win, sp.selected))))
+    m_tok = _tokens_per_block(block, stride, select_block)
+    # the scoring programs' scratch rows: the most tokens a program's share of blocks can reach
+    share = triton.cdiv(triton.cdiv(n_blocks, NR), sp.scores) * NR
+    pcap = -(-(share - 1) * select_block // stride) + m_tok + 1
+    psum = poison.empty(B * G * sp.scores * pcap, device=dev, dtype=torch.float32)
     _decode_partials[(sp.cmp + sp.win, B * G)](
         q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
         G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
         R=R, D=D, BD=BD, BN=64, PREC=prec, num_warps=warps)
-    _decode_scores[(sp.scores, B * G)](
-        q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, *sq, *sc, *so,
+    # after the scoring programs, one per head for each of o_cmp and o_win
+    _decode_scores[(sp.scores + 2 * hpg, B * G)](
+        q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, psum, *sq, *sc, *so,
         G, hpg, NC, n_blocks, qk_scale, stride, block, select_block, num_initial, num_local,
-        sp.cmp, sp.win, slots, sp.scores,
-        R=R, D=D, BD=BD, BJ=NR, M=_tokens_per_block(block, stride, select_block), CM=cm, CA=ca,
+        sp.cmp, sp.win, slots, sp.scores, pcap,
+        R=R, D=D, BD=BD, BJ=NR, BN=64, M=m_tok, CM=cm, CA=ca,
         # its group's queries stay in registers through the block loop: 8 warps from 32 x 128
         # (on 4, Triton 3.6 spilled 8 B at D 128 with 32 heads per group on sm_80); maxnreg: ptxas
         # trimmed it to 168 registers (an occupancy step) with 8 B of spill when the partials are
@@ -574,9 +621,9 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
         # launch has too few programs to need the occupancy, as _decode_scores above
         num_warps=warps, maxnreg=255)
     if not final:
-        _decode_combine[(B * G,)](pm, pl, pacc, o_slc, o_cmp, o_win, logits, *so, sgb, G, hpg, slots,
-                                  sp.cmp + sp.win, slots, R=R, D=D, BD=BD, CM=cm, CA=ca, GATED=gated,
-                                  num_warps=4)
+        _decode_combine[(B * G, hpg)](pm, pl, pacc, o_slc, o_cmp, o_win, logits, *so, sgb, G, hpg, slots,
+                                      sp.cmp + sp.win, slots, R=R, D=D, BD=BD, CA=ca, GATED=gated,
+                                      num_warps=4)
     return o_cmp, o_slc, o_win, idx
 
 

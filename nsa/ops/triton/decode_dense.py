@@ -11,7 +11,8 @@ decode kernels' own pieces (``decode.py``):
 1. ``_dense_partials``: one program per (split, sequence, KV group), the group's query
    heads as its rows (every K/V row loaded once for the group), an equal chunk of the
    visible keys ``[0, pos]``; with one split it writes the output itself;
-2. ``_decode_combine`` (more than one split): the partials' softmax merge -> the output.
+2. ``_decode_combine`` (more than one split): the partials' softmax merge -> the output, one
+   program per (sequence, query head).
 
 The chunks are cut from ``pos`` inside the kernel and the grid from shapes alone: no host
 sync, a CUDA graph holds it. fp32/fp16/bf16, fp32 accumulation; under
@@ -118,8 +119,7 @@ def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
                                  *so, G, hpg, S, qk_scale, sp,
                                  R=R, D=D, BD=BD, BN=64, FINAL=final, PREC=_prec(q), num_warps=warps)
     if not final:
-        cm = min(32, max(1, 512 // R), triton.next_power_of_2(sp))
-        ca = max(1, min(8, cm, 2048 // (R * BD)))
-        _decode_combine[(B * G,)](pm, pl, pacc, out, out, out, out, *so, 0, G, hpg, sp, 0, sp,
-                                  R=R, D=D, BD=BD, CM=cm, CA=ca, GATED=False, num_warps=4)
+        ca = max(1, min(32, 4096 // BD, triton.next_power_of_2(sp)))
+        _decode_combine[(B * G, hpg)](pm, pl, pacc, out, out, out, out, *so, 0, G, hpg, sp, 0, sp,
+                                      R=R, D=D, BD=BD, CA=ca, GATED=False, num_warps=4)
     return out
