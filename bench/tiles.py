@@ -15,8 +15,9 @@ keeps and reports:
   calls; CPU: the interpreter's wall time, not a speed);
 - the config's time over the default's, and the fastest config per launch;
 - whether the config's outputs agree with the default's (every tensor argument after the
-  launch: floating ones within 1e-2 relative in 16-bit, 1e-5 in fp32; integer ones exactly),
-  so a config that is fast because it is wrong shows up as one.
+  launch: floating ones within 1e-2 relative in 16-bit, 1e-5 in fp32; integer ones exactly;
+  a split launch's partials by their sum, ``SPLIT_PARTIALS``), so a config that is fast
+  because it is wrong shows up as one.
 
 Where a run trains the window branch on FlexAttention (CUDA, bf16, a gradient wanted) the
 band kernel's window launches do not happen and are not listed; ``NSA_FLEX_WINDOW=0`` puts
@@ -119,8 +120,17 @@ def recording(execute: bool) -> Iterator[list[TunedLaunch]]:
             m.launch = original  # type: ignore[attr-defined]
 
 
+# A split launch's fp32 partials (``[NSPLIT, ...]``), which its wrapper sums: each config
+# cuts the split at other query tiles, so only the sum is the same from config to config.
+SPLIT_PARTIALS = {"_band_bwd_dkdv": ("DK", "DV")}
+
+
 def _tensors(launch: TunedLaunch) -> list[torch.Tensor]:
-    return [a.detach() for a in (*launch.args, *launch.kwargs.values()) if isinstance(a, torch.Tensor)]
+    """The launch's tensor arguments as what follows it reads them: split partials summed."""
+    named = {**dict(zip(launch.kernel.arg_names, launch.args)), **launch.kwargs}
+    summed = SPLIT_PARTIALS.get(launch.name, ()) if launch.kwargs.get("NSPLIT", 1) > 1 else ()
+    return [a.detach().sum(0) if name in summed else a.detach()
+            for name, a in named.items() if isinstance(a, torch.Tensor)]
 
 
 def _disagreement(after: list[torch.Tensor], before: list[torch.Tensor]) -> float:
@@ -156,13 +166,12 @@ def sweep(launch: TunedLaunch, rep_ms: int) -> list[dict[str, Any]]:
     """Each config of ``launch``: milliseconds, ratio to the default, agreement with it."""
     configs = launch.configs()
     launch.run(configs[0])
-    tensors = _tensors(launch)
-    reference = [t.clone() for t in tensors]
-    bar = 1e-2 if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors) else 1e-5
+    reference = [t.clone() for t in _tensors(launch)]
+    bar = 1e-2 if any(t.dtype in (torch.float16, torch.bfloat16) for t in reference) else 1e-5
     rows = []
     for i, config in enumerate(configs):
         ms = _time(launch, config, rep_ms)
-        diff = _disagreement(tensors, reference)
+        diff = _disagreement(_tensors(launch), reference)
         rows.append(dict(kernel=launch.name, branch=launch.branch, config=describe(config),
                          default=i == 0, ms=ms, agrees=diff <= bar, rel_diff=diff))
         launch.run(configs[0])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.tiles import _disagreement, capture, describe, main
+from bench.tiles import _disagreement, capture, describe, main, sweep
 from nsa.ops.triton import band, tuning
 
 TUNED = {("_band_fwd", "compressed"), ("_scores_topn", "compressed"), ("_sel_fwd", "selected"),
@@ -65,3 +65,26 @@ def test_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch,
         main(["--device", "cpu"])
     assert exc.value.code == 2
     assert "TRITON_INTERPRET=1" in capsys.readouterr().err
+
+
+def test_a_split_launch_is_compared_by_the_sum_of_its_partials(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """The compressed dK/dV split over query tiles (as on a GPU's SMs): each config cuts the
+    split elsewhere, so its per-split partials differ while their sum, what the wrapper
+    keeps, agrees. Compared whole, every non-default config would be reported wrong."""
+    import nsa.ops.triton as ops
+
+    monkeypatch.setattr(ops, "_sm_count", lambda device: 132)
+    launches, _ = capture("nsa-125m", 96, 96, "cpu")
+    (dkdv,) = [x for x in launches if x.name == "_band_bwd_dkdv" and x.branch == "compressed"]
+    assert dkdv.kwargs["NSPLIT"] > 1
+    rows = sweep(dkdv, 1)
+    assert len(rows) == len(band.DKDV_TILES[64]) and all(r["agrees"] for r in rows), rows
+    # whole, the partials of the second config differ from the default's
+    configs = dkdv.configs()
+    named = dict(zip(dkdv.kernel.arg_names, dkdv.args))
+    dkdv.run(configs[0])
+    whole = named["DK"].clone()
+    dkdv.run(configs[1])
+    assert _disagreement([named["DK"]], [whole]) > 1e-5
+    assert _disagreement([named["DK"].sum(0)], [whole.sum(0)]) <= 1e-5

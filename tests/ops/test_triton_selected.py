@@ -11,7 +11,7 @@ import torch
 
 import nsa.ops.triton as T_OPS
 from nsa.ops import reference as R
-from nsa.ops.triton.selected import inverted_index, selected_backward, selected_forward  # noqa: E402
+from nsa.ops.triton.selected import _sizes, inverted_index, selected_backward, selected_forward  # noqa: E402
 from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
 
@@ -115,6 +115,15 @@ def test_selected_positions_per_program(positions):
     ref.backward(do)
     assert rel_err(o, ref) <= TOL, f"seed={seed} out"
     assert rel_err(dq, rs[0].grad) <= TOL, f"seed={seed} dq"
+
+
+@pytest.mark.parametrize("hpg,d,rows,positions", [(16, 64, 64, 4), (16, 128, 32, 2), (1, 64, 16, 16),
+                                                   (4, 128, 32, 8), (64, 64, 64, 1), (64, 128, 64, 1)])
+def test_positions_per_program_follow_the_head_dim(hpg: int, d: int, rows: int, positions: int) -> None:
+    """64 rows a program (positions x padded heads) up to head dim 64, 32 beyond (an H200
+    measured both ways: docs/kernels.md); at most 16 positions, at least one."""
+    got = _sizes(hpg, d, 64, None)
+    assert (got[0], got[1]) == (rows, positions)
 
 
 @pytest.mark.parametrize("chunk", [1])

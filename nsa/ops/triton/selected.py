@@ -2,10 +2,10 @@
 
 Forward and dQ: one program per (P consecutive query positions, batch, KV group g). Its
 rows are those positions x the group's query heads, padded to a power of two: P = 64 /
-heads positions (1 from 64 heads per group, at most 16), or a forced P (``POSITIONS``;
-P = 1 pads a small group with zero rows). It walks the union of the positions' selected
-blocks ``idx[b, t, g, :]``, handles each distinct block once and loads its K/V once for
-all rows (the paper's group-centric scheme), with a per-row mask: the row's position
+heads positions at a head dim up to 64, 32 / heads beyond (at least 1, at most 16), or a
+forced P (``POSITIONS``; P = 1 pads a small group with zero rows). It walks the union of
+the positions' selected blocks ``idx[b, t, g, :]``, handles each distinct block once and
+loads its K/V once for all rows (the paper's group-centric scheme), with a per-row mask: the row's position
 selected the block, and keys ``s <= t`` (causal inside the query's own block). ``-1``
 slots are skipped.
 
@@ -37,10 +37,13 @@ from .tuning import launch, tunable
 # Query positions per forward/dQ program. None: ``_sizes``' choice (ROWS rows of positions x
 # heads); an int forces it (bench.run and bench.roofline --sel-positions).
 POSITIONS: int | None = None
-# Forward/dQ rows a program aims at (positions x padded heads): 64, sm_90's wgmma height. On
-# the first GPU measurement the selected forward and dQ took 1.3-1.5x the time their tile
-# loads need at HBM bandwidth and 7-8x their dot FLOPs at peak (docs/kernels.md): more
-# positions per program share more of their blocks' loads.
+# Forward/dQ rows a program aims at (positions x padded heads) for a head dim of at most 64:
+# 64, sm_90's wgmma height. On the first GPU measurement the selected forward and dQ took
+# 1.3-1.5x the time their tile loads need at HBM bandwidth and 7-8x their dot FLOPs at peak
+# (docs/kernels.md): more positions per program share more of their blocks' loads. Measured
+# since on an H200: at D 64 (nsa-125m) 64 rows took the forward + dQ from 4.57 to 2.22 ms
+# (2k) and from 7.66 to 5.12 ms (16k); at D 128 (the paper's layout, 16k) the fwd+bwd went
+# from 141.7 to 173.9 ms, so wider heads keep half the rows (``rows_target``).
 ROWS = 64
 MAX_POSITIONS = 16  # at most this many positions share one union of blocks
 
@@ -314,14 +317,22 @@ def _sel_bwd_reduce(DKP, DVP, CHUNK_START, DK, DV, skb, skt, skh, T, G, NS,
     tl.store(DV + kvoff, dv.to(DV.dtype.element_ty), mask=kvmask)
 
 
+def rows_target(bd: int) -> int:
+    """Forward/dQ rows a program aims at for the head-dim tile ``bd``: ROWS up to 64, half
+    beyond (its [rows, bd] tiles of q, the output and dQ double with bd)."""
+    return ROWS if bd <= 64 else ROWS // 2
+
+
 def _sizes(hpg: int, d: int, block: int, positions: int | None) -> tuple[int, int, int, int, int, int]:
     """(forward/dQ rows R, positions P, padded heads HPGP, dK/dV positions per tile QC, BD, LS)."""
     hpgp = triton.next_power_of_2(hpg)
-    pos = positions if positions is not None else (POSITIONS or max(1, min(MAX_POSITIONS, ROWS // hpgp)))
+    bd = max(16, triton.next_power_of_2(d))
+    pos = positions if positions is not None else (
+        POSITIONS or max(1, min(MAX_POSITIONS, rows_target(bd) // hpgp)))
     pos = triton.next_power_of_2(pos)  # the union sorts P x NP slots: a power of two
     rows = max(16, triton.next_power_of_2(pos * hpgp))  # rows beyond pos * hpgp are zero padding
     qc = max(1, 32 // hpgp)  # dK/dV rows: QC positions x heads, 32 (64 spilled: docs/kernels.md)
-    return rows, pos, hpgp, qc, max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(block))
+    return rows, pos, hpgp, qc, bd, max(16, triton.next_power_of_2(block))
 
 
 def _dkdv_heads(hpgp: int) -> int:
