@@ -6,8 +6,8 @@
 #
 # GPU_MEASURE_S: the deadline in seconds (default 420): each step gets at most what is left,
 # a step that would get under 20 s is skipped and says so. Results and a log under $OUT
-# (default gpu-measure/): bench.run's results files (tags p4 and p2), decode JSONs with each
-# kind of step's kernels and their device time, the decode kernels' split sweep, and tiles.
+# (default gpu-measure/): bench.run's results files (tags p8, p4, 64k), tiles, the decode
+# kernels' split sweeps, and a staggered batch-64 decode with each kind of step's kernels.
 # GPU_MEASURE_DRY=1: list the commands (one per line, shell-quoted) in $OUT/commands.txt, run none.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,20 +32,19 @@ step() {  # step NAME MAX_SECONDS ARGS...: python -m ARGS, within MAX_SECONDS an
 [ -z "${GPU_MEASURE_DRY:-}" ] && { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git log --oneline -1 2>/dev/null; } >>"$LOG" 2>&1
-# 1. The selected forward/dQ default (64 rows) against the former 32 (docs/kernels.md,
-#    "Positions per selected program"): the per-kernel breakdown of each run says which is faster.
+# 1. The selected forward/dQ at head dim 64: 8 positions per program (128 rows) against the
+#    default 4 (docs/kernels.md, "Positions per selected program"; the per-kernel breakdown of
+#    each run says which is faster).
 run=(bench.run --layouts nsa-125m --seqs 2048 16384 --no-reference --no-check --no-train --out-dir "$OUT")
+step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
 step sel-p4 100 "${run[@]}" --tag p4
-step sel-p2 100 "${run[@]}" --sel-positions 2 --tag p2
-# 2. Where a decode step's time goes: kernels per step with their device time, batch 1 and 64.
-step decode-b1 80 bench.decode --contexts 8192 65536 --kernels --json "$OUT/decode-b1.json"
-step decode-b64 80 bench.decode --contexts 8192 65536 --batch 64 --kernels --json "$OUT/decode-b64.json"
-# 3. The decode kernels' splits at both batches (plan_splits' constants).
+# 2. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
+step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"
+# 3. The decode kernels' splits at both batches since the token-sum scores (plan_splits' constants).
 step decode-sweep 60 bench.decode_kernel --contexts 8192 65536 --sweep --json "$OUT/decode-sweep-b1.json"
 step decode-sweep-b64 60 bench.decode_kernel --contexts 65536 --batch 64 --sweep --json "$OUT/decode-sweep-b64.json"
-# 4. The paper layout's selected kernels, then every tunable launch's configs.
-paper=(bench.run --layouts paper --seqs 16384 --no-reference --no-check --no-train --out-dir "$OUT")
-step paper-p4 80 "${paper[@]}" --tag paper-p4
-step paper-p2 80 "${paper[@]}" --sel-positions 2 --tag paper-p2
-step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"
+# 4. Decoding where some sequence completes a compression block at every step, with its kernels.
+step decode-stagger 80 bench.decode --contexts 65536 --batch 64 --stagger --kernels --json "$OUT/decode-stagger.json"
+# 5. Both layouts at 64k, the length the training targets are set at.
+step long 150 bench.run --layouts nsa-125m paper --seqs 65536 --no-reference --no-check --no-train --out-dir "$OUT" --tag 64k
 say done
