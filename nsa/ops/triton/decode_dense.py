@@ -6,7 +6,7 @@ On CUDA that case (a mask and GQA) is refused by SDPA's flash kernel (no mask) a
 torch releases checked (2.11, 2.14), by its memory-efficient one (equal head counts only);
 what takes it was about a dozen launches per layer and token on an H200, where a decode
 step replayed from a CUDA graph pays for every launch. Here it is flash-decoding with the
-decode kernels' own pieces (``decode.py``):
+decode kernels' own pieces (``decode_flash.py``):
 
 1. ``_dense_partials``: one program per (split, sequence, KV group), the group's query
    heads as its rows (every K/V row loaded once for the group), an equal chunk of the
@@ -28,7 +28,7 @@ import triton.language as tl
 from nsa.ops import poison
 
 from .band import LOG2E, _prec
-from .decode import (
+from .decode_flash import (
     PROGRAMS_PER_SM,
     _decode_combine,
     _flash_chunk,

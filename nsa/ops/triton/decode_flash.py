@@ -1,0 +1,196 @@
+"""Flash-decoding pieces that both decoders' kernels are built from: NSA's three branches
+(``decode.py``) and dense attention (``decode_dense.py``), one new query per sequence.
+
+A program serves one (split, sequence, KV group), its rows the group's query heads, so
+each K/V row is loaded once for the group (GQA): ``_group_of_program`` and
+``_group_queries`` read that from axis 1 of the grid; ``_flash_chunk`` runs the online
+softmax over an equal chunk of the visible keys and ``_store_partial`` keeps its (max,
+sum, unnormalised output). Merging partials: ``_combine_lse`` gives each row's
+log-sum-exp (``[32, heads]`` loads), ``_combine_row`` one head's output (``[32, D]``
+tiles, one pass), and ``_decode_combine`` is that merge as a launch, one program per
+(sequence, head), writing the output or, gated, the three NSA branches' sum
+(``_store_gated``). ``PROGRAMS_PER_SM`` is what both decoders' split plans aim at.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .band import NEG
+
+PROGRAMS_PER_SM = 2
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@triton.jit
+def _group_of_program(POS, G):
+    """Axis 1 of every decode grid is (sequence, KV group): ``bg``, ``b``, ``g`` and the
+    sequence's position."""
+    bg = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    return bg, b, g, tl.load(POS + b).to(tl.int32)
+
+
+@triton.jit
+def _group_queries(Q, b, g, sqb, sqh, HPG, R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """The new query of each of group ``g``'s heads, ``[R, BD]`` (rows past HPG and columns
+    past D zero): GQA, one program serves the whole group."""
+    r = tl.arange(0, R)
+    offs_d = tl.arange(0, BD)
+    q = tl.load(Q + b * sqb + (g * HPG + r)[:, None] * sqh + offs_d[None, :],
+                mask=(r < HPG)[:, None] & (offs_d < D)[None, :], other=0.0)
+    return r, offs_d, q
+
+
+@triton.jit
+def _flash(q, kbase, vbase, skt, lo, hi, m_i, l_i, acc, qk_scale, offs_d,
+           D: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    """Online softmax of the rows ``q`` over the key rows ``[lo, hi)`` (log2 units)."""
+    for s0 in range(lo, hi, BN):
+        offs_n = s0 + tl.arange(0, BN)
+        m_i, l_i, acc = _online(q, kbase, vbase, skt, offs_n, offs_n < hi, m_i, l_i, acc, qk_scale, offs_d,
+                                D, PREC)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _flash_chunk(q, kbase, vbase, skt, n, part, parts, qk_scale, offs_d, R: tl.constexpr, D: tl.constexpr,
+                 BD: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    """Chunk ``part`` of ``parts`` equal BN-aligned chunks of the key rows ``[0, n)``, from a
+    fresh running softmax: its (max, sum, unnormalised output), a flash-decoding partial."""
+    per = tl.cdiv(tl.cdiv(n, BN), parts) * BN
+    lo = tl.minimum(part * per, n)
+    hi = tl.minimum(lo + per, n)
+    m_i = tl.full([R], NEG, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BD], tl.float32)
+    return _flash(q, kbase, vbase, skt, lo, hi, m_i, l_i, acc, qk_scale, offs_d, D, BN, PREC)
+
+
+@triton.jit
+def _online(q, kbase, vbase, skt, offs_n, nmask, m_i, l_i, acc, qk_scale, offs_d,
+            D: tl.constexpr, PREC: tl.constexpr):
+    """One tile of keys ``offs_n`` (``nmask``: those that count) into the running softmax
+    (max ``m_i``, sum ``l_i``, unnormalised output ``acc``; log2 units)."""
+    dmask = offs_d < D
+    kt = tl.load(kbase + offs_n[None, :] * skt + offs_d[:, None], mask=nmask[None, :] & dmask[:, None],
+                 other=0.0)
+    s = tl.where(nmask[None, :], tl.dot(q, kt, input_precision=PREC) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(vbase + offs_n[:, None] * skt + offs_d[None, :], mask=nmask[:, None] & dmask[None, :],
+                other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _store_partial(PM, PL, PACC, slot, m_i, l_i, acc, r, offs_d, R: tl.constexpr, BD: tl.constexpr):
+    """One partial (max, sum, unnormalised output) into its slot of the workspace."""
+    row = slot * R + r
+    tl.store(PM + row, m_i)
+    tl.store(PL + row, l_i)
+    tl.store(PACC + row[:, None] * BD + offs_d[None, :], acc)
+
+
+@triton.jit
+def _combine_lse(PM, PL, base, c0, c1, r, R: tl.constexpr, CM: tl.constexpr):
+    """Slots ``base + [c0, c1)`` of the partials' (max, sum) merged per row: what each scoring
+    program needs of the compressed branch (its log-sum-exp). The slots are read CM at a
+    time, not one by one: a chain of dependent loads, one per slot, was what made this step
+    grow with the number of splits."""
+    cm = tl.arange(0, CM)
+    m_i = tl.full([R], NEG, tl.float32)
+    for c in range(c0, c1, CM):
+        ok = (c + cm < c1)[:, None]
+        rows = (base + c + cm)[:, None] * R + r[None, :]  # [CM, R]
+        m_i = tl.maximum(m_i, tl.max(tl.load(PM + rows, mask=ok, other=NEG), 0))
+    l_i = tl.zeros([R], tl.float32)
+    for c in range(c0, c1, CM):
+        ok = (c + cm < c1)[:, None]
+        rows = (base + c + cm)[:, None] * R + r[None, :]
+        beta = tl.where(ok, tl.exp2(tl.load(PM + rows, mask=ok, other=NEG) - m_i[None, :]), 0.0)
+        l_i += tl.sum(tl.load(PL + rows, mask=ok, other=0.0) * beta, 0)
+    return m_i, l_i
+
+
+@triton.jit
+def _combine_row(PM, PL, PACC, base, c0, c1, h, offs_d, R: tl.constexpr, BD: tl.constexpr,
+                 CA: tl.constexpr):
+    """Slots ``base + [c0, c1)`` of row ``h``'s partials merged in one pass, CA slots per load:
+    its (max ``[1]``, sum ``[1]``, unnormalised output ``[1, BD]``). One program per row: a
+    program merging all R rows at once held ``[slots, R, BD]`` tiles of two slots, and at
+    batch 1 its chain of loads over a long context's hundreds of partials took 128 us of an
+    H200 per layer."""
+    ca = tl.arange(0, CA)
+    m_i = tl.full([1], NEG, tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, BD], tl.float32)
+    for c in range(c0, c1, CA):
+        ok = c + ca < c1
+        rows = (base + c + ca) * R + h
+        pm = tl.load(PM + rows, mask=ok, other=NEG)
+        m_new = tl.maximum(m_i, tl.max(pm, 0))
+        alpha = tl.exp2(m_i - m_new)
+        beta = tl.where(ok, tl.exp2(pm - m_new), 0.0)
+        l_i = l_i * alpha + tl.sum(tl.load(PL + rows, mask=ok, other=0.0) * beta, 0)
+        part = tl.load(PACC + rows[:, None] * BD + offs_d[None, :], mask=ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(part * beta[:, None], 0)[None, :]
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D: tl.constexpr):
+    """``acc / l`` (0 for a row that saw no key) into ``OUT [B, 1, H, D]``."""
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(OUT + b * sob + (g * HPG + r)[:, None] * soh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=valid[:, None] & (offs_d < D)[None, :])
+
+
+@triton.jit
+def _store_gated(OUT, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D: tl.constexpr):
+    """The selected branch's rows (``acc / l``) gated with the compressed and window outputs
+    (already in ``OC`` and ``OW``, same layout as ``OUT``) by the sigmoid of the gate logits
+    ``GATE [B, 1, H, 3]`` (a sequence's ``H x 3`` contiguous, sequences ``sgb`` apart), fp32
+    inside: ``gated_combine_logits`` of the three branches, written to ``OUT``."""
+    o_slc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    heads = g * HPG + r
+    m = valid[:, None] & (offs_d < D)[None, :]
+    off = b * sob + heads[:, None] * soh + offs_d[None, :]
+    gate = GATE + b * sgb + heads * 3
+    g0 = tl.sigmoid(tl.load(gate, mask=valid, other=0.0).to(tl.float32))
+    g1 = tl.sigmoid(tl.load(gate + 1, mask=valid, other=0.0).to(tl.float32))
+    g2 = tl.sigmoid(tl.load(gate + 2, mask=valid, other=0.0).to(tl.float32))
+    out = (g0[:, None] * tl.load(OC + off, mask=m, other=0.0).to(tl.float32) + g1[:, None] * o_slc
+           + g2[:, None] * tl.load(OW + off, mask=m, other=0.0).to(tl.float32))
+    tl.store(OUT + off, out.to(OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _decode_combine(PM, PL, PACC, OUT, OC, OW, GATE, sob, soh, sgb, G, HPG, SP, C0, C1,
+                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CA: tl.constexpr,
+                    GATED: tl.constexpr):
+    """Slots ``[C0, C1)`` of a (sequence, group)'s partials -> head ``program_id(1)``'s row of
+    ``OUT`` (with GATED: gated with the other two branches, ``_store_gated``)."""
+    bg = tl.program_id(0)
+    h = tl.program_id(1)
+    b = bg // G
+    g = bg % G
+    r = h + tl.zeros([1], tl.int32)
+    offs_d = tl.arange(0, BD)
+    m_i, l_i, acc = _combine_row(PM, PL, PACC, bg * SP, C0, C1, h, offs_d, R, BD, CA)
+    if GATED:
+        _store_gated(OUT, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
+    else:
+        _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
