@@ -221,7 +221,7 @@ def test_residency_and_balance() -> None:
     assert rl.resident(128, 0, 8) == 2 and rl.resident(129, 0, 8) == 1
     assert rl.resident(64, 120 * 1024, 4) == 1  # shared memory binds
     record = rl.read_record(rl.latest_record())
-    assert record[("_band_fwd", "nsa-125m window fwd")][2] == 8
+    assert record[("_band_fwd", "nsa-125m window fwd")][2] == 4  # sm_90: 64 x 32 (band.FWD_TILES_SM90)
     assert rl.balance(np.ones(264), SMS) == 1.0
     assert rl.balance(np.ones(133), SMS) == pytest.approx(133 / (2 * SMS))
     assert rl.balance(np.array([4.0, 1, 1, 1, 1]), 2) == pytest.approx(8 / (2 * 4))

@@ -18,8 +18,9 @@ OUTSIDE = [
     (re.compile(r"\b(?:the|this)\s+issue's\b"), "an issue by reference"),
     (re.compile(r"github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d"), "a GitHub issue"),
 ]
-# "#123" cites an issue or pull request, unless it numbers a thing: "rank #0", "GPU #1"
-HASH_NUMBER = re.compile(r"(?:(\w+)\s+)?(?<![\w&/])#\d{1,5}\b(?![\w-])")
+# "#123" cites an issue or pull request, unless it numbers a thing: "rank #0", "GPU #1", or
+# follows a bracket: a C++ lambda's name in a profiled kernel's ("{lambda()#3}")
+HASH_NUMBER = re.compile(r"(?:(\w+)\s+)?(?<![\w&/)])#\d{1,5}\b(?![\w-])")
 COUNTED = {"rank", "gpu", "node", "host", "step", "worker", "device", "process", "row", "item", "no"}
 ANCHOR_REF = re.compile(r"lessons\.md#([a-z0-9-]+)")
 
@@ -87,6 +88,7 @@ def test_the_check_catches_a_citation(line: str) -> None:
     "the next K/V load is issued while this one is computed",
     "rank #0 and step 12, GPU #3",
     "nccl/rank_1 and the 3 issues it raised",
+    '"kernel": "void at::native::elementwise_kernel<128, 4, ...{lambda()#3}::operator()() const"',
 ])
 def test_the_check_spares_ordinary_text(line: str) -> None:
     assert not outside_citations(line)
