@@ -17,6 +17,7 @@ sees the other's processes), one home and so one ``~/nsa-runs`` (tests/sshd.py `
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -55,8 +56,15 @@ def snapshot(d: Path) -> dict[str, list[tuple[str, int]]]:
 
 
 def files_under(d: Path) -> list[str]:
-    """The run's files, its checkpoints aside (the trainer prunes old ones as it goes)."""
-    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.relative_to(d).parts[0] != "checkpoints")
+    """The run's lasting files: not its checkpoints (the trainer prunes old ones as it goes, so a
+    walk into them can lose a race) nor a record's passing temporary file (``.name.*.tmp``)."""
+    found = []
+    for top, dirs, files in os.walk(d):  # a directory that vanishes mid-walk is skipped, not raised
+        if Path(top) == d:
+            dirs[:] = [x for x in dirs if x != "checkpoints"]
+        found += [str((Path(top) / f).relative_to(d)) for f in [*dirs, *files]
+                  if not (f.startswith(".") and f.endswith(".tmp"))]
+    return sorted(found)
 
 
 @pytest.fixture
