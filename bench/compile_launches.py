@@ -244,6 +244,7 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
             run("selected", lambda: T.selected_attention(q, k, v, idx, s.select_block))
             run("window", lambda: T.window_attention(q, k, v, s.window))
             from nsa.ops.triton.decode import DecodeSplits
+            from nsa.ops.triton.decode_flash import MAX_FUSED_SLOTS
 
             q1 = torch.empty(s.B, 1, s.H, s.D, device="meta", dtype=torch.bfloat16)
             ring = torch.empty(s.B, min(s.window, s.T), s.G, s.D, device="meta", dtype=torch.bfloat16)
@@ -253,8 +254,10 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
             width = s.H * s.D + 6 * s.G * s.D + 3 * s.H  # a decode step's joint projection
             joint = torch.empty(s.B, 1, width, device="meta", dtype=torch.bfloat16)
             gate_logits = joint[..., -3 * s.H:].view(s.B, 1, s.H, 3)
+            # many: the selected branch split past what its launch merges itself (the merge launch)
             for name, splits in (("whole", DecodeSplits()), ("split", DecodeSplits(2, 2, 2, 2)),
-                                 ("wide", DecodeSplits(33, 4, 64, 8))):
+                                 ("wide", DecodeSplits(33, 4, 64, 8)),
+                                 ("many", DecodeSplits(2, 2, 2, MAX_FUSED_SLOTS + 1))):
                 step["op"] = f"decode {name}"
                 T.nsa_decode_branches(q1, kc, vc, k, v, ring, ring, pos, s.block, s.stride, s.select_block,
                                       s.n, 1, 2, splits=splits)
@@ -281,7 +284,8 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
             logits = torch.empty(s.B, 1, s.H, 3, device="meta", dtype=torch.bfloat16)
             T.gated_combine_logits(logits, q1, q1, q1)
             T.gated_combine_logits(gate_logits, q1, q1, q1)  # a slice of the joint projection, in place
-            for name, n in (("whole", 1), ("split", 2), ("wide", 256)):  # wide: batch 1 at 64k
+            # split: merged by the launch's last program; wide: batch 1 at 64k, by a merge launch
+            for name, n in (("whole", 1), ("split", 2), ("wide", 256)):
                 step["op"] = f"dense decode {name}"
                 T.dense_decode(q1, k, v, pos, splits=n)
             raw = torch.empty(s.B, s.block, s.G, s.D, device="meta", dtype=torch.bfloat16)

@@ -115,6 +115,8 @@ class NSACache:
         self.joint: fused.JointProjection | None = None  # q, K/V and gates as one GEMM (CUDA)
         self.folds: dict[str, fused.JointProjection] = {}  # the block's other folded GEMMs (decode_block)
         self.phi_weights: list[torch.Tensor] | None = None  # phi's, stacked for decode_compress
+        # the decode kernels' merge counters, one per (sequence, KV group): zero between launches
+        self.tickets: torch.Tensor | None = None
 
     def allocate(self, dtype: torch.dtype, device: torch.device) -> None:
         """Zeroed cache tensors (prefill calls this with its K/V's dtype; a benchmark may
@@ -147,6 +149,7 @@ class NSACache:
             "block_tok": torch.arange(c.select_block, device=device),  # [l']: offsets in a block
             "win_slots": torch.arange(sizes["win"], device=device),  # [w]: the window ring's slots
         }
+        self.tickets = torch.zeros(B * G, dtype=torch.int32, device=device)
         if fused.fused_op(c.backend, self.tensors["k_raw"], "decode_compress") is not None:
             self._stacked_phi()  # before any step: a CUDA graph's capture must not build them
 
@@ -222,7 +225,7 @@ class NSACache:
             c = a.cfg
             o = gated(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos, logits,
                       c.compress_block, c.compress_stride, c.select_block, c.num_selected, c.num_initial,
-                      c.num_local)
+                      c.num_local, tickets=self.tickets)
             return a.project_out(o.reshape(x.shape[0], 1, a.n_heads * a.head_dim), residual)
         o_cmp, o_slc, o_win = self._branches(q, pos)
         return a.mix(x, o_cmp, o_slc, o_win, track=False,
@@ -313,7 +316,7 @@ class NSACache:
         if kernels is not None:
             return kernels(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"], pos,
                          c.compress_block, c.compress_stride, c.select_block, c.num_selected, c.num_initial,
-                         c.num_local)
+                         c.num_local, tickets=self.tickets)
         B, H, G, D = q.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
         lp = c.select_block
         n_cmp = t["k_cmp"].shape[1]

@@ -2,7 +2,7 @@
 
 The layout is ``nsa/infer/cache.py``'s (a batch of sequences of their own lengths, right
 padding never seen); a step attends the new query to the keys ``<= pos``: on CUDA with
-``dense_decode`` (one flash-decoding kernel, two when split), else SDPA under a mask.
+``dense_decode`` (one flash-decoding kernel; two when split many ways), else SDPA under a mask.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class DenseCache:
         self.rope = rope  # RoPE's tables, as NSACache's
         self.joint: fused.JointProjection | None = None  # q and K/V as one GEMM (CUDA)
         self.folds: dict[str, fused.JointProjection] = {}  # the block's other folded GEMMs (decode_block)
+        self.tickets: torch.Tensor | None = None  # dense_decode's merge counters (allocate), as NSACache's
 
     def prefill(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The layer's own forward over ``x [B, T, dim]``, keeping its K/V."""
@@ -51,6 +52,7 @@ class DenseCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.consts = {"rows": torch.arange(self.batch, device=device),
                        "key_pos": torch.arange(self.capacity, device=device)[None, :]}
+        self.tickets = torch.zeros(self.batch * a.n_kv_heads, dtype=torch.int32, device=device)
         if self.rope is None:
             self.rope = rope_table(self.capacity, a.head_dim, a.rope_theta, upcast_dtype(dtype), device)
 
@@ -69,7 +71,7 @@ class DenseCache:
         """One new token per sequence at positions ``pos [B]``: attention over keys ``<= pos``,
         projected (``residual``: plus it, in the projection's GEMM on the kernel's path).
         Device work only, as ``NSACache.step``, whose ``shared`` and ``norm`` these are. On
-        CUDA one ``dense_decode`` kernel attends (two when split); else SDPA under a mask
+        CUDA one ``dense_decode`` kernel attends (two when split many ways); else SDPA under a mask
         that the step's first layer of this capacity computes and the others reuse from
         ``shared``. ``compress``: NSA's, nothing here."""
         kc, vc = self._kv()
@@ -91,7 +93,7 @@ class DenseCache:
             kc[rows, pos], vc[rows, pos] = k[:, 0], v[:, 0]
         attend = fused.fused_op("auto", x, "dense_decode")
         if attend is not None:  # flash-decoding in 1-2 launches, where masked GQA SDPA takes a dozen
-            o = attend(q, kc, vc, pos).reshape(x.shape[0], 1, a.n_heads * a.head_dim)
+            o = attend(q, kc, vc, pos, tickets=self.tickets).reshape(x.shape[0], 1, a.n_heads * a.head_dim)
             return a.o_proj(o) if residual is None else add_linear_(residual, o, a.o_proj)
         key = ("dense", self.capacity)
         if shared is not None and key in shared:

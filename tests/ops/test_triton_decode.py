@@ -260,11 +260,15 @@ def _random_cache(B: int, S: int, G: int, D: int, lay: Layout, dtype: torch.dtyp
 LONG = Layout(block=8, stride=4, select_block=8, num_selected=5, num_initial=1, num_local=2, window=80)
 # none; a few per phase; more than one chunk of partials merged at once (CA) and a deeper
 # tree of candidate lists (33 scoring programs: 64 lists, most of them empty, 6 levels)
+# the selected branch in one program, merged by its launch's last program (2, 3), or by a
+# merge launch (more than MAX_FUSED_SLOTS)
 SPLITS = [DK.DecodeSplits(), DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2),
-          DK.DecodeSplits(cmp=9, win=3, scores=33, selected=3)]
+          DK.DecodeSplits(cmp=9, win=3, scores=33, selected=3),
+          DK.DecodeSplits(cmp=2, win=2, scores=2, selected=DK.MAX_FUSED_SLOTS + 1)]
+SPLIT_IDS = ["one", "split", "many", "wide"]
 
 
-@pytest.mark.parametrize("splits", SPLITS, ids=["one", "split", "many"])
+@pytest.mark.parametrize("splits", SPLITS, ids=SPLIT_IDS)
 def test_long_random_cache(splits: DK.DecodeSplits) -> None:
     """Long enough for several key tiles (79 compressed tokens, an 80-slot ring: 64-key
     tiles), several 16-block score tiles (40 blocks), a full ring; and one sequence at
@@ -278,7 +282,7 @@ def test_long_random_cache(splits: DK.DecodeSplits) -> None:
              f"seed={seed}")
 
 
-@pytest.mark.parametrize("splits", SPLITS, ids=["one", "split", "many"])
+@pytest.mark.parametrize("splits", SPLITS, ids=SPLIT_IDS)
 def test_gated_sum_in_the_last_launch(splits: DK.DecodeSplits) -> None:
     """``nsa_decode_gated`` equals ``gated_combine_logits`` of the branches' outputs, the gate
     logits read in place from a slice of a wider projection (the step's) whose sequences
@@ -300,6 +304,34 @@ def test_gated_sum_in_the_last_launch(splits: DK.DecodeSplits) -> None:
     assert rel_err(got, want) <= TOL, f"seed={seed}"
     with pytest.raises(ValueError, match="each sequence's 4 x 3 contiguous"):
         DK.nsa_decode_gated(q, *args, logits.transpose(2, 3).contiguous().transpose(2, 3), *LONG.args())
+
+
+def test_merge_tickets_serve_step_after_step() -> None:
+    """A cache's counters for the selected launch's own merge, passed step after step: every
+    launch leaves them zero (else the next would merge at the wrong program, before all
+    partials are in), the gated sum and the branches both; each step equals the step's
+    reference."""
+    from nsa.ops.triton.decode_flash import decode_tickets
+    from nsa.ops.triton.glue import gated_combine_logits
+
+    seed = fresh_seed()
+    B, S, H, G, D = 2, 320, 4, 2, 16
+    t = _random_cache(B, S, G, D, LONG)
+    tickets = decode_tickets(B * G, torch.device("cpu"))
+    args = (t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"])
+    for p in (S - 3, 100, 40):
+        q = 2 * torch.randn(B, 1, H, D)
+        pos = torch.tensor([p, p // 3])
+        logits = torch.randn(B, 1, H, 3)
+        got = DK.nsa_decode_branches(q, *args, pos, *LONG.args(), splits=SPLITS[1], tickets=tickets)
+        assert torch.equal(tickets, torch.zeros_like(tickets))
+        for name, a, b in zip(("cmp", "slc", "win"), got, _step_branches(q, t, pos, LONG)):
+            assert rel_err(a, b) <= TOL, f"seed={seed} pos={pos.tolist()} {name}: {rel_err(a, b):.2e}"
+        gated = DK.nsa_decode_gated(q, *args, pos, logits, *LONG.args(), splits=SPLITS[1], tickets=tickets)
+        assert torch.equal(tickets, torch.zeros_like(tickets))
+        assert rel_err(gated, gated_combine_logits(logits, *got)) <= TOL, f"seed={seed}"
+    with pytest.raises(ValueError, match="want a contiguous int32 vector of at least 4"):
+        DK.nsa_decode_branches(q, *args, pos, *LONG.args(), splits=SPLITS[1], tickets=tickets[:3])
 
 
 def test_splits_agree_and_uniform_scores_tie() -> None:
@@ -384,11 +416,12 @@ class _Launches:
         return lambda *args, **kwargs: self.log.append((self.name, grid))
 
 
-@pytest.mark.parametrize("splits,expected", [(DK.DecodeSplits(), 3), (SPLITS[1], 4)])
+@pytest.mark.parametrize("splits,expected", [(DK.DecodeSplits(), 3), (SPLITS[1], 3), (SPLITS[3], 4)])
 def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: DK.DecodeSplits,
                                        expected: int) -> None:
     """The wrapper reads nothing back from the device and builds nothing from host data (a
-    CUDA graph can hold it): three launches, four when the selected branch is split."""
+    CUDA graph can hold it): three launches, four when the selected branch is split more
+    ways than its launch merges itself."""
     log: list[tuple[str, tuple[int, ...]]] = []
     for name in ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine"):
         monkeypatch.setattr(DK, name, _Launches(name, log))

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from nsa.ops.triton import decode_dense as DD
+from nsa.ops.triton.decode_flash import decode_tickets
 from nsa.syncs import HostSyncs
 from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
@@ -33,11 +34,12 @@ def _case(B: int, S: int, H: int, G: int, D: int, device: str = "cpu", dtype: to
     return q, k, v
 
 
-@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("splits", [1, 3, 8, DD.MAX_FUSED_SLOTS + 1])
 @pytest.mark.parametrize("B,S,H,G,D", [(3, 200, 4, 1, 16), (2, 130, 8, 2, 32), (1, 64, 3, 3, 24)])
 def test_equals_the_steps_sdpa(B: int, S: int, H: int, G: int, D: int, splits: int) -> None:
     """Every position from the first key to past the capacity (all S keys), several heads per
-    group, one head per group, head dims not a power of two, chunks that hold no key."""
+    group, one head per group, head dims not a power of two, chunks that hold no key; the
+    partials merged by the launch's last program (3, 8 splits) or by a merge launch (17)."""
     seed = fresh_seed()
     q, k, v = _case(B, S, H, G, D)
     for p in (0, 1, 63, 64, S // 2, S - 1, S + 5):
@@ -72,11 +74,12 @@ class _Launches:
         return lambda *args, **kwargs: self.log.append((self.name, grid))
 
 
-@pytest.mark.parametrize("splits,expected", [(1, ["_dense_partials"]),
-                                             (5, ["_dense_partials", "_decode_combine"])])
+@pytest.mark.parametrize("splits,expected", [
+    (1, ["_dense_partials"]), (5, ["_dense_partials"]),
+    (DD.MAX_FUSED_SLOTS + 1, ["_dense_partials", "_decode_combine"])])
 def test_no_host_sync_and_launches(monkeypatch: pytest.MonkeyPatch, splits: int, expected: list[str]) -> None:
     """Nothing read back from the device, nothing built from host data (a CUDA graph holds
-    it): one launch, two when split."""
+    it): one launch, two when split more ways than the launch merges itself."""
     log: list[tuple[str, tuple[int, ...]]] = []
     for name in ("_dense_partials", "_decode_combine"):
         monkeypatch.setattr(DD, name, _Launches(name, log))
@@ -87,6 +90,24 @@ def test_no_host_sync_and_launches(monkeypatch: pytest.MonkeyPatch, splits: int,
     assert not syncs.events, syncs.report()
     assert [name for name, _ in log] == expected
     assert log[0][1] == (splits, 4)
+
+
+def test_merge_tickets_are_left_zeroed_and_checked() -> None:
+    """The caller's counters serve step after step (each launch leaves them zero, or the next
+    would merge at the wrong program); counters of the wrong kind are refused by name."""
+    seed = fresh_seed()
+    q, k, v = _case(3, 200, 8, 2, 16)
+    tickets = decode_tickets(3 * 2, q.device)
+    for p in (5, 120, 199):
+        pos = torch.tensor([p, p // 2, 7])
+        got = DD.dense_decode(q, k, v, pos, splits=4, tickets=tickets)
+        assert rel_err(got, _sdpa(q, k, v, pos)) <= TOL, f"seed={seed} pos={pos.tolist()}"
+        assert torch.equal(tickets, torch.zeros_like(tickets))
+    pos = torch.tensor([1, 2, 3])
+    for bad in (tickets.long(), tickets[:5], torch.zeros(12, dtype=torch.int32)[::2]):
+        with pytest.raises(ValueError, match="want a contiguous int32 vector of at least 6"):
+            DD.dense_decode(q, k, v, pos, splits=4, tickets=bad)
+    DD.dense_decode(q, k, v, pos, splits=1, tickets=tickets[:1])  # one split merges nothing: unused
 
 
 def test_plan_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:

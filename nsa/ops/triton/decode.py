@@ -22,9 +22,10 @@ whose rows are the group's query heads, so every K/V row is loaded once for the 
    one more program per head merges ``o_cmp``'s partials, and one per head ``o_win``'s;
 3. ``_decode_selected``: the candidate lists merged give the chosen blocks (the top n that
    beat -inf: the reference's choice, -1 for slots nothing fills); attention over its
-   share of them;
-4. ``_decode_combine`` (only when the selected branch is split): its partials -> ``o_slc``,
-   one program per (sequence, query head).
+   share of them; when split, the last program of the (sequence, group) to finish merges
+   the shares into ``o_slc`` (or the gated sum) itself (``decode_flash.py``'s tickets);
+4. ``_decode_combine`` (only when the selected branch is split more than
+   ``MAX_FUSED_SLOTS`` ways): its partials -> ``o_slc``, one program per (sequence, head).
 
 Why split at all: at batch 1 a 64k context has ~4k compressed tokens and 1024 selection
 blocks per KV group, and one program per (sequence, group) would stream them through one
@@ -58,18 +59,23 @@ from nsa.ops import poison
 
 from .band import LOG2E, NEG, _prec
 from .decode_flash import (
+    MAX_FUSED_SLOTS,
     PROGRAMS_PER_SM,
     _combine_lse,
     _combine_row,
+    _combine_rows,
     _decode_combine,
     _flash_chunk,
     _group_of_program,
     _group_queries,
+    _last_to_finish,
     _online,
     _sm_count,
     _store_gated,
     _store_out,
     _store_partial,
+    check_tickets,
+    merge_tile,
 )
 from .topn import NO_KEY, ORD_NEG_INF, _candidates
 
@@ -274,17 +280,18 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
 
 
 @triton.jit
-def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE,
+def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE, TICKETS,
                      sqb, sqh, ssb, sst, ssh, sib, sig, sob, soh, sgb,
                      G, HPG, S, NS, qk_scale, SBLK, NSEL, SS, SSEL, SP, SLOT0,
                      R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, LS: tl.constexpr,
                      NR: tl.constexpr, SSP: tl.constexpr, FINAL: tl.constexpr, GATED: tl.constexpr,
-                     PREC: tl.constexpr):
+                     FUSED: tl.constexpr, CS: tl.constexpr, PREC: tl.constexpr):
     """The chosen blocks from the SS candidate lists (SSP: SS to a power of two, at most
     ``MAX_SCORE_SPLITS``), then program ``pid``'s share of them:
     attention over their keys ``<= pos``; the output itself when FINAL (one program: with
     GATED, the three branches' gated sum, ``_store_gated``), else a partial in slot
-    ``SLOT0 + pid``. Program 0 writes the choice to ``IDX``."""
+    ``SLOT0 + pid``, which with FUSED the last of the SSEL programs merges into the output.
+    Program 0 writes the choice to ``IDX``."""
     pid = tl.program_id(0)
     bg, b, g, p = _group_of_program(POS, G)
     col = tl.arange(0, NR)
@@ -337,6 +344,14 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE,
             _store_out(OS, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
     else:
         _store_partial(PM, PL, PACC, bg * SP + SLOT0 + pid, m_i, l_i, acc, r, offs_d, R, BD)
+        if FUSED:
+            if _last_to_finish(TICKETS, bg, SSEL):
+                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, SLOT0, SLOT0 + SSEL, r, offs_d, R, BD,
+                                                CS)
+                if GATED:
+                    _store_gated(OS, OC, OW, GATE, sgb, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
+                else:
+                    _store_out(OS, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
 
 
 def _tokens_per_block(block: int, stride: int, select_block: int) -> int:
@@ -372,9 +387,11 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
             v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, pos: torch.Tensor, block: int,
             stride: int, select_block: int, num_selected: int, num_initial: int, num_local: int,
             scale: float | None, splits: DecodeSplits | None, gate_logits: torch.Tensor | None = None,
+            tickets: torch.Tensor | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The launches: ``(o_cmp, o_slc, o_win, idx)``; with ``gate_logits`` the second is the
-    three branches' gated sum (in ``o_cmp``'s dtype) instead of ``o_slc``."""
+    three branches' gated sum (in ``o_cmp``'s dtype) instead of ``o_slc``. ``tickets``: the
+    selected launch's merge counters (``decode_tickets(B * G)``)."""
     B, one, H, D = q.shape
     S, G = k_slc.shape[1], k_slc.shape[2]
     NC, NW = k_cmp.shape[1], k_win.shape[1]
@@ -449,18 +466,23 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
         # merged 32 at a time (Triton 3.6); a decode launch has too few programs to need occupancy
         PREC=prec, num_warps=4 if R * BD < 64 * 64 else 8, maxnreg=255)
     final = sp.selected == 1
+    # split a few ways, the selected launch merges its own partials (one launch fewer per layer)
+    fused = not final and sp.selected <= MAX_FUSED_SLOTS
+    tk = check_tickets(tickets, B * G, dev) if fused else pos  # an unused pointer otherwise
     _decode_selected[(sp.selected, B * G)](
-        q, k_slc, v_slc, pos, cand, idx, pm, pl, pacc, o_slc, o_cmp, o_win, logits, *sq, *k_slc.stride()[:3],
+        q, k_slc, v_slc, pos, cand, idx, pm, pl, pacc, o_slc, o_cmp, o_win, logits, tk, *sq,
+        *k_slc.stride()[:3],
         idx.stride(0), idx.stride(1), *so, sgb,
         G, hpg, S, n_blocks, qk_scale, select_block, num_selected, sp.scores, sp.selected, slots,
         sp.cmp + sp.win,
         R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR,
-        SSP=triton.next_power_of_2(sp.scores), FINAL=final, GATED=gated, PREC=prec,
+        SSP=triton.next_power_of_2(sp.scores), FINAL=final, GATED=gated, FUSED=fused,
+        CS=merge_tile(sp.selected, R, BD), PREC=prec,
         # maxnreg: on sm_80 ptxas held the 8-warp variant (64 heads per group, D 128) to 128
         # registers and spilled 8 B once the gated store joined it (Triton 3.9); a decode
         # launch has too few programs to need the occupancy, as _decode_scores above
         num_warps=warps, maxnreg=255)
-    if not final:
+    if not final and not fused:
         _decode_combine[(B * G, hpg)](pm, pl, pacc, o_slc, o_cmp, o_win, logits, *so, sgb, G, hpg, slots,
                                       sp.cmp + sp.win, slots, R=R, D=D, BD=BD, CA=ca, GATED=gated,
                                       num_warps=4)
@@ -471,6 +493,7 @@ def nsa_decode_branches(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tenso
                         v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, pos: torch.Tensor,
                         block: int, stride: int, select_block: int, num_selected: int, num_initial: int,
                         num_local: int, scale: float | None = None, splits: DecodeSplits | None = None,
+                        tickets: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three branch outputs ``(o_cmp, o_slc, o_win)``, each ``[B, 1, H, D]``, that
     ``NSACache.step`` hands to ``NSAAttention.mix`` for ``q [B, 1, H, D]`` (rotated) at
@@ -479,9 +502,12 @@ def nsa_decode_branches(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tenso
     (S: the capacity, whole selection blocks), ``k_win, v_win [B, min(w, S), G, D]`` (the
     ring, position p in slot ``p % size``). ``o_cmp`` in ``v_cmp``'s dtype, the others in
     the caches'; fp32 accumulation. ``splits``: programs per phase (default
-    ``plan_splits``)."""
+    ``plan_splits``). ``tickets``: zeroed counters the caller keeps across steps
+    (``decode_tickets(B * G)``) for the selected launch's own merge; fresh ones when not
+    given."""
     o_cmp, o_slc, o_win, _ = _decode(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, block, stride,
-                                     select_block, num_selected, num_initial, num_local, scale, splits)
+                                     select_block, num_selected, num_initial, num_local, scale, splits,
+                                     tickets=tickets)
     return o_cmp, o_slc, o_win
 
 
@@ -489,12 +515,12 @@ def nsa_decode_gated(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, 
                      v_slc: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, pos: torch.Tensor,
                      gate_logits: torch.Tensor, block: int, stride: int, select_block: int, num_selected: int,
                      num_initial: int, num_local: int, scale: float | None = None,
-                     splits: DecodeSplits | None = None) -> torch.Tensor:
+                     splits: DecodeSplits | None = None, tickets: torch.Tensor | None = None) -> torch.Tensor:
     """``gated_combine_logits(gate_logits, *nsa_decode_branches(...))`` with the gated sum
     inside the branches' last launch (one launch fewer per layer and token; the selected
     branch's output never rounded to the cache dtype): ``[B, 1, H, D]`` in ``v_cmp``'s dtype.
     ``gate_logits [B, 1, H, 3]``: each sequence's ``H x 3`` contiguous (the step's slice of
-    its joint projection is)."""
+    its joint projection is). ``tickets``: as ``nsa_decode_branches``'."""
     _, o, _, _ = _decode(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, block, stride, select_block,
-                         num_selected, num_initial, num_local, scale, splits, gate_logits)
+                         num_selected, num_initial, num_local, scale, splits, gate_logits, tickets)
     return o

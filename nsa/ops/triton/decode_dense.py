@@ -10,9 +10,10 @@ decode kernels' own pieces (``decode_flash.py``):
 
 1. ``_dense_partials``: one program per (split, sequence, KV group), the group's query
    heads as its rows (every K/V row loaded once for the group), an equal chunk of the
-   visible keys ``[0, pos]``; with one split it writes the output itself;
-2. ``_decode_combine`` (more than one split): the partials' softmax merge -> the output, one
-   program per (sequence, query head).
+   visible keys ``[0, pos]``; with one split it writes the output itself, with up to
+   ``MAX_FUSED_SLOTS`` the last of them to finish merges the partials and writes it;
+2. ``_decode_combine`` (more splits: batch 1 at a long context): the partials' softmax merge
+   -> the output, one program per (sequence, query head).
 
 The chunks are cut from ``pos`` inside the kernel and the grid from shapes alone: no host
 sync, a CUDA graph holds it. fp32/fp16/bf16, fp32 accumulation; under
@@ -29,14 +30,19 @@ from nsa.ops import poison
 
 from .band import LOG2E, _prec
 from .decode_flash import (
+    MAX_FUSED_SLOTS,
     PROGRAMS_PER_SM,
+    _combine_rows,
     _decode_combine,
     _flash_chunk,
     _group_of_program,
     _group_queries,
+    _last_to_finish,
     _sm_count,
     _store_out,
     _store_partial,
+    check_tickets,
+    merge_tile,
 )
 
 # Keys per program below which another split costs more (a partial stored and merged) than
@@ -56,13 +62,14 @@ def plan_dense_splits(batch: int, groups: int, capacity: int, device: torch.devi
 
 
 @triton.jit
-def _dense_partials(Q, K, V, POS, PM, PL, PACC, OUT,
+def _dense_partials(Q, K, V, POS, PM, PL, PACC, OUT, TICKETS,
                     sqb, sqh, skb, skt, skh, sob, soh,
                     G, HPG, S, qk_scale, SPLITS,
                     R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
-                    FINAL: tl.constexpr, PREC: tl.constexpr):
+                    FINAL: tl.constexpr, FUSED: tl.constexpr, CS: tl.constexpr, PREC: tl.constexpr):
     """Program ``pid`` of SPLITS: its equal BN-aligned chunk of the keys ``[0, min(pos, S - 1)]``;
-    the output when FINAL (one split), else a partial in slot ``pid``."""
+    the output when FINAL (one split), else a partial in slot ``pid``, which with FUSED the
+    last program of the (sequence, group) merges with the others into the output."""
     pid = tl.program_id(0)
     bg, b, g, p = _group_of_program(POS, G)
     r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
@@ -73,14 +80,20 @@ def _dense_partials(Q, K, V, POS, PM, PL, PACC, OUT,
         _store_out(OUT, acc, l_i, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
     else:
         _store_partial(PM, PL, PACC, bg * SPLITS + pid, m_i, l_i, acc, r, offs_d, R, BD)
+        if FUSED:
+            if _last_to_finish(TICKETS, bg, SPLITS):
+                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SPLITS, 0, SPLITS, r, offs_d, R, BD, CS)
+                _store_out(OUT, acc_o, l_o, b, g, HPG, sob, soh, r, r < HPG, offs_d, D)
 
 
 def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                 scale: float | None = None, splits: int | None = None) -> torch.Tensor:
+                 scale: float | None = None, splits: int | None = None,
+                 tickets: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ``q [B, 1, H, D]`` (sequence b's new query, at position ``pos[b]``)
     over the cache ``k, v [B, S, G, D]``: keys ``0 .. pos[b]`` (all S once ``pos >= S - 1``)
     -> ``[B, 1, H, D]`` in q's dtype. ``splits``: programs per (sequence, group), default
-    ``plan_dense_splits``."""
+    ``plan_dense_splits``. ``tickets``: the caller's zeroed counters for the fused merge
+    (``decode_tickets(B * G)``, kept across steps); fresh ones when not given."""
     B, one, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
     if one != 1:
@@ -107,6 +120,8 @@ def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
     R = max(16, triton.next_power_of_2(hpg))
     BD = max(16, triton.next_power_of_2(D))
     final = sp == 1
+    fused = not final and sp <= MAX_FUSED_SLOTS
+    tk = check_tickets(tickets, B * G, q.device) if fused else pos  # unused pointer otherwise
     if final:  # no partials: the kernel writes ``out`` (its partial pointers go unused)
         pm = pl = pacc = out
     else:
@@ -115,10 +130,11 @@ def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
         pacc = poison.empty(B * G, sp, R, BD, device=q.device, dtype=torch.float32)
     so = (out.stride(0), out.stride(2))
     warps = 4 if R * BD <= 64 * 64 else 8
-    _dense_partials[(sp, B * G)](q, k, v, pos, pm, pl, pacc, out, q.stride(0), q.stride(2), *k.stride()[:3],
-                                 *so, G, hpg, S, qk_scale, sp,
-                                 R=R, D=D, BD=BD, BN=64, FINAL=final, PREC=_prec(q), num_warps=warps)
-    if not final:
+    _dense_partials[(sp, B * G)](q, k, v, pos, pm, pl, pacc, out, tk, q.stride(0), q.stride(2),
+                                 *k.stride()[:3], *so, G, hpg, S, qk_scale, sp,
+                                 R=R, D=D, BD=BD, BN=64, FINAL=final, FUSED=fused, CS=merge_tile(sp, R, BD),
+                                 PREC=_prec(q), num_warps=warps)
+    if not final and not fused:
         ca = max(1, min(32, 4096 // BD, triton.next_power_of_2(sp)))
         _decode_combine[(B * G, hpg)](pm, pl, pacc, out, out, out, out, *so, 0, G, hpg, sp, 0, sp,
                                       R=R, D=D, BD=BD, CA=ca, GATED=False, num_warps=4)

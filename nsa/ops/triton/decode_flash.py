@@ -10,6 +10,16 @@ log-sum-exp (``[32, heads]`` loads), ``_combine_row`` one head's output (``[32, 
 tiles, one pass), and ``_decode_combine`` is that merge as a launch, one program per
 (sequence, head), writing the output or, gated, the three NSA branches' sum
 (``_store_gated``). ``PROGRAMS_PER_SM`` is what both decoders' split plans aim at.
+
+A split launch with few partials per (sequence, group) merges them itself, without that
+second launch: each program stores its partial and takes a ticket (``_last_to_finish``, one
+counter per (sequence, group) that the caller keeps zeroed: ``decode_tickets``), and the
+last one merges every row (``_combine_rows``). It is the split-K "semaphore": the
+program's threads meet at a barrier after their stores, one thread's acquire-release atomic
+publishes them and sees the others', a barrier hands that on, and the merge reads the
+partials from L2 (``.cg``), never from a stale L1 line. Past ``MAX_FUSED_SLOTS`` partials the
+merge launch, one program per head, is faster: one program's chain of loads over hundreds
+of partials was what cost 128 us per layer (``_combine_row``).
 """
 
 from __future__ import annotations
@@ -21,6 +31,35 @@ import triton.language as tl
 from .band import NEG
 
 PROGRAMS_PER_SM = 2
+# Partials per (sequence, group) up to which the last program of a split launch merges them
+# (two loads of a [slots, heads, D] tile at most for nsa-125m); beyond, ``_decode_combine``.
+MAX_FUSED_SLOTS = 16
+
+
+def decode_tickets(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed ticket counters for ``n`` (sequence, group) pairs: a cache allocates them once
+    and passes them to every step (each launch leaves them zeroed again), so a CUDA graph
+    holds no allocation and no memset for them."""
+    return torch.zeros(max(1, n), dtype=torch.int32, device=device)
+
+
+def check_tickets(tickets: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
+    """The caller's counters (int32, contiguous, at least ``n``, on ``device``), or fresh
+    zeroed ones (one memset more per call) when it gives none."""
+    if tickets is None:
+        return decode_tickets(n, device)
+    if (tickets.dtype != torch.int32 or tickets.dim() != 1 or tickets.numel() < n
+            or tickets.device != device or not tickets.is_contiguous()):
+        raise ValueError(f"tickets of dtype {tickets.dtype}, shape {tuple(tickets.shape)} on "
+                         f"{tickets.device}: want a contiguous int32 vector of at least {n} on {device} "
+                         "(decode_tickets)")
+    return tickets
+
+
+def merge_tile(slots: int, rows: int, bd: int) -> int:
+    """Partials a fused merge reads per load: all of them if a ``[slots, rows, bd]`` fp32 tile
+    stays within 8k floats, else as many as do (at least one)."""
+    return max(1, min(triton.next_power_of_2(slots), 8192 // (rows * bd)))
 
 
 def _sm_count(device: torch.device) -> int:
@@ -146,6 +185,46 @@ def _combine_row(PM, PL, PACC, base, c0, c1, h, offs_d, R: tl.constexpr, BD: tl.
         l_i = l_i * alpha + tl.sum(tl.load(PL + rows, mask=ok, other=0.0) * beta, 0)
         part = tl.load(PACC + rows[:, None] * BD + offs_d[None, :], mask=ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.sum(part * beta[:, None], 0)[None, :]
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _last_to_finish(TICKETS, bg, N):
+    """True in the last of the N programs of (sequence, group) ``bg`` to get here, each after
+    storing its partial; that one also zeroes the counter for the next launch. The barrier
+    orders every thread's stores before the ticket; Triton issues the atomic from one thread
+    (acquire-release, GPU scope) and hands its result on through a barrier of its own."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(TICKETS + bg, 1, sem="acq_rel", scope="gpu")
+    last = ticket == N - 1
+    if last:
+        tl.store(TICKETS + bg, 0)
+    return last
+
+
+@triton.jit
+def _combine_rows(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl.constexpr,
+                  CS: tl.constexpr):
+    """Slots ``base + [c0, c1)`` merged for every row at once, CS slots per load: (max ``[R]``,
+    sum ``[R]``, unnormalised output ``[R, BD]``). For the program that ``_last_to_finish``
+    chose: the partials were written by other programs of this launch, so they are read
+    from L2 (``.cg``)."""
+    cs = tl.arange(0, CS)
+    m_i = tl.full([R], NEG, tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BD], tl.float32)
+    for c in range(c0, c1, CS):
+        ok = (c + cs < c1)[:, None]
+        rows = (base + c + cs)[:, None] * R + r[None, :]  # [CS, R]
+        pm = tl.load(PM + rows, mask=ok, other=NEG, cache_modifier=".cg")
+        m_new = tl.maximum(m_i, tl.max(pm, 0))
+        alpha = tl.exp2(m_i - m_new)
+        beta = tl.where(ok, tl.exp2(pm - m_new[None, :]), 0.0)
+        l_i = l_i * alpha + tl.sum(tl.load(PL + rows, mask=ok, other=0.0, cache_modifier=".cg") * beta, 0)
+        part = tl.load(PACC + rows[:, :, None] * BD + offs_d[None, None, :], mask=ok[:, :, None], other=0.0,
+                       cache_modifier=".cg")
+        acc = acc * alpha[:, None] + tl.sum(part * beta[:, :, None], 0)
         m_i = m_new
     return m_i, l_i, acc
 
