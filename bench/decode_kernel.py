@@ -72,10 +72,11 @@ def setup(context: int, batch: int, dtype: torch.dtype, device: torch.device
 def kernel_call(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, splits: Any = None) -> Any:
     from nsa.ops.triton.decode import nsa_decode_branches
 
-    c, t = cache.attn.cfg, cache.tensors
+    c, t = cache.attn.cfg, cache.tensors  # the cache's merge counters, as its step passes them
     return lambda: nsa_decode_branches(q, t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"],
                                        t["v_win"], pos, c.compress_block, c.compress_stride, c.select_block,
-                                       c.num_selected, c.num_initial, c.num_local, splits=splits)
+                                       c.num_selected, c.num_initial, c.num_local, splits=splits,
+                                       tickets=cache.tickets)
 
 
 def timed(fn: Any, iters: int, device: torch.device) -> float:

@@ -355,8 +355,9 @@ def selection_from_idx(idx: Any, positions: int, select_block: int) -> Selection
     return Selection(union, seg, float(keys.sum()))
 
 
-def _selected_launches(s: Shape, sel: Selection) -> tuple[list[Launch], list[Launch]]:
-    """Forward and backward launches of ``selected_attention`` (selected.py)."""
+def _selected_launches(s: Shape, sel: Selection, sms: int) -> tuple[list[Launch], list[Launch]]:
+    """Forward and backward launches of ``selected_attention`` (selected.py) on a GPU of ``sms``
+    SMs (its dK/dV chunk length)."""
     B, T, H, G, D = s.B, s.T, s.H, s.G, s.D
     hpg = s.hpg
     R, P, hpgp, qc, bd, ls = selected._sizes(hpg, D, s.select_block, None)
@@ -394,7 +395,7 @@ def _selected_launches(s: Shape, sel: Selection) -> tuple[list[Launch], list[Lau
     N = B * T * G * s.n
     nkeys = B * G * s.ns
     bwd.append(_torch("inverted index", "selected", float(N * (8 + 8 + 16 + 4 + 8 * 32 + 16)), launches=8))
-    ch = max(qc, 4 * s.n * s.select_block)
+    ch = max(qc, selected.dkdv_chunk(N, s.n, s.select_block, sms))
     ch = _cdiv(ch, qc) * qc
     max_chunks = nkeys + _cdiv(N, ch)
     hc = selected._dkdv_heads(hpgp)
@@ -475,7 +476,7 @@ def nsa_launches(s: Shape, sms: int, sel: Selection | None = None, union: str = 
     cmp = _band_launches(s, "compressed", s.nc, s.stride, s.block - 1, s.T + 1,
                          cmp_split(s.nc, s.B, s.G, s.D, sms))
     win = _band_launches(s, "window", s.T, 1, 0, s.window, 1)
-    sel_fwd, sel_bwd = _selected_launches(s, sel)
+    sel_fwd, sel_bwd = _selected_launches(s, sel, sms)
     comb = _combine(s)
     dq_sum = _torch("dq sum (autograd)", "combine", 2.0 * 3 * s.B * s.T * s.H * s.D * E, launches=2)
     fwd = [cmp[0], _scores_launch(s), *sel_fwd, win[0], comb[0]]

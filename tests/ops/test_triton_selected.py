@@ -11,7 +11,13 @@ import torch
 
 import nsa.ops.triton as T_OPS
 from nsa.ops import reference as R
-from nsa.ops.triton.selected import _sizes, inverted_index, selected_backward, selected_forward  # noqa: E402
+from nsa.ops.triton.selected import (  # noqa: E402
+    _sizes,
+    dkdv_chunk,
+    inverted_index,
+    selected_backward,
+    selected_forward,
+)
 from tests.ops.kernel_testlib import TOL, fresh_seed, rel_err
 
 
@@ -124,6 +130,22 @@ def test_positions_per_program_follow_the_head_dim(hpg: int, d: int, rows: int, 
     measured both ways: docs/kernels.md); at most 16 positions, at least one."""
     got = _sizes(hpg, d, 64, None)
     assert (got[0], got[1]) == (rows, positions)
+
+
+@pytest.mark.parametrize("pairs,n,block,sms,chunk", [
+    (1 << 20, 16, 64, 0, 4096),  # off a GPU: 4 n l', as before
+    (1 << 20, 16, 64, 132, 256),  # nsa-125m's 64k tokens on an H100/H200: 496 -> 256
+    (16384 * 16, 16, 64, 132, 256),  # a training micro-batch (8 x 2048): never below MIN_CHUNK
+    (1 << 22, 16, 64, 132, 1024),  # the paper layout's 64k tokens, 4 groups: 1986 -> 1024
+    (1 << 30, 16, 64, 132, 4096),  # never above 4 n l'
+    (1 << 20, 16, 64, 108, 512),  # fewer SMs (A100): 606 -> 512
+    (1 << 20, 4, 32, 132, 256),  # 4 n l' = 512
+])
+def test_dkdv_chunks_fit_the_gpu(pairs: int, n: int, block: int, sms: int, chunk: int) -> None:
+    """The dK/dV chunk: about CHUNKS_PER_SM per SM over the launch, a power of two within
+    [MIN_CHUNK, 4 n l'], so that no program's serial loop (the initial block's, which every
+    query selects) dwarfs the average one."""
+    assert dkdv_chunk(pairs, n, block, sms) == chunk
 
 
 @pytest.mark.parametrize("chunk", [1])

@@ -97,7 +97,8 @@ class _SelectedAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, idx, o, lse = ctx.saved_tensors
         block, scale, kd, vd = ctx.args
-        dq, dk, dv = selected_backward(q, k, v, idx, o, lse, do.to(q.dtype), block, scale)
+        dq, dk, dv = selected_backward(q, k, v, idx, o, lse, do.to(q.dtype), block, scale,
+                                       sms=_sm_count(q.device))
         return dq, dk.to(kd), dv.to(vd), None, None, None
 
 

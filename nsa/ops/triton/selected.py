@@ -17,7 +17,7 @@ K/V once and loops over its queries, QC positions x heads rows per tile (32 rows
 of more than 32 heads takes several tiles per position), accumulating
 fp32 partial dK/dV in registers; a second kernel sums each block's partials in chunk
 order. Deterministic, and the blocks that every query selects (initial and local ones)
-are spread over many programs instead of one long serial loop.
+are spread over many programs instead of one long serial loop (``dkdv_chunk``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ POSITIONS: int | None = None
 # from 141.7 to 173.9 ms, so wider heads keep half the rows (``rows_target``).
 ROWS = 64
 MAX_POSITIONS = 16  # at most this many positions share one union of blocks
+# dK/dV chunks: about this many per SM over the whole launch, of at least MIN_CHUNK queries
+# (``dkdv_chunk``).
+CHUNKS_PER_SM = 16
+MIN_CHUNK = 256
 
 
 def _warps(rows: int, bd: int, four_up_to: int) -> int:
@@ -335,6 +339,22 @@ def _sizes(hpg: int, d: int, block: int, positions: int | None) -> tuple[int, in
     return rows, pos, hpgp, qc, bd, max(16, triton.next_power_of_2(block))
 
 
+def dkdv_chunk(pairs: int, n: int, block: int, sms: int) -> int:
+    """Queries per dK/dV program (before rounding to whole tiles), from the launch's
+    (query, block) pairs and the GPU's SMs: a power of two near ``pairs / (CHUNKS_PER_SM *
+    sms)``, between MIN_CHUNK and ``4 n l'`` (the fixed length it was; also what runs off a
+    GPU, ``sms`` 0). A program's queries are one serial loop, and the initial block holds
+    every query of its sequence: at 4,096 per chunk (nsa-125m, 16k) its few programs ran
+    2,048 steps each while the average block's ran a quarter of that, and the launch took
+    3.1 ms on an H200 where the same pairs at 2k (no chunk past 1,024 steps) took 2.1.
+    Shorter chunks cost partials (``ls x bd`` fp32 twice per chunk) that the reduce sums."""
+    most = 4 * n * block
+    if sms <= 0:
+        return most
+    want = max(1, pairs // (CHUNKS_PER_SM * sms))
+    return min(most, max(MIN_CHUNK, 1 << (want.bit_length() - 1)))
+
+
 def _dkdv_heads(hpgp: int) -> int:
     """Heads per dK/dV tile (HC): all of the group's, at most 32 (the tile stays 32 rows)."""
     return min(hpgp, 32)
@@ -387,8 +407,10 @@ def selected_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
 
 def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
                       lse: torch.Tensor, do: torch.Tensor, block: int, scale: float, chunk: int | None = None,
-                      positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (deterministic: dK/dV are KV-block-major over an inverted index)."""
+                      positions: int | None = None, sms: int = 0
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (deterministic: dK/dV are KV-block-major over an inverted index).
+    ``chunk``: queries per dK/dV program, default ``dkdv_chunk`` for a GPU of ``sms`` SMs."""
     B, T, H, D = q.shape
     G, n = k.shape[2], idx.shape[-1]
     do = do.contiguous()
@@ -411,7 +433,7 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     # Split every block's query list into chunks of at most `chunk` queries (one program
     # each) so that the blocks every query selects (initial, local) are not one long
     # serial loop; partials are summed per block in chunk order afterwards.
-    ch = chunk if chunk is not None else max(qc, 4 * n * block)
+    ch = chunk if chunk is not None else max(qc, dkdv_chunk(B * T * G * n, n, block, sms))
     ch = triton.cdiv(ch, qc) * qc
     n_chunks = (offsets[1:] - offsets[:-1] + ch - 1) // ch
     chunk_start = torch.zeros(nkeys + 1, device=q.device, dtype=torch.int64)
