@@ -424,9 +424,10 @@ def _selected_launches(s: Shape, sel: Selection, sms: int) -> tuple[list[Launch]
     return fwd, bwd
 
 
-def scores_programs(s: Shape, P: int, BN: int, BH: int, BJ: int) -> dict[str, np.ndarray]:
-    """Per position tile ``pid_m`` of ``_scores_topn`` (index = pid_m): halo and main key
-    tiles over its selection-block tiles, compressed keys loaded. Mirrors its loops."""
+def scores_programs(s: Shape, P: int, BN: int, BJ: int) -> dict[str, np.ndarray]:
+    """Per position tile ``pid_m`` of ``_scores_topn`` (index = pid_m): key tiles over its
+    selection-block tiles (each tile's main range; its halo is the previous tile's), block
+    tiles, compressed keys loaded. Mirrors its loops."""
     T, blk, st, sb = s.T, s.block, s.stride, s.select_block
     t0 = np.arange(_cdiv(T, P), dtype=np.int64) * P
     last = np.minimum(T, t0 + P) - 1
@@ -434,26 +435,22 @@ def scores_programs(s: Shape, P: int, BN: int, BH: int, BJ: int) -> dict[str, np
     ns_hi = last // sb + 1
     j0 = np.arange(_cdiv(int(ns_hi.max()), BJ), dtype=np.int64)[None, :] * BJ
     on = j0 < ns_hi[:, None]
-    num = j0 * sb - blk + 1
-    i_start = np.where(num > 0, (np.maximum(num, 0) + st - 1) // st, 0)
     i_main = (j0 * sb + st - 1) // st
     i_end = np.minimum((j0 * sb + BJ * sb + st - 1) // st, i_vis[:, None])
-    i_halo = np.minimum(i_main, i_end)
-    halo = np.where(on, _cdiv0(i_halo - i_start, BH), 0).sum(1)
     main = np.where(on, _cdiv0(i_end - i_main, BN), 0).sum(1)
-    keys = np.where(on, np.maximum(i_halo - i_start, 0) + np.maximum(i_end - i_main, 0), 0).sum(1)
-    return dict(halo=halo, main=main, keys=keys, positions=last + 1 - t0)
+    keys = np.where(on, np.maximum(i_end - i_main, 0), 0).sum(1)
+    return dict(main=main, tiles=on.sum(1), keys=keys, positions=last + 1 - t0)
 
 
 def _scores_launch(s: Shape) -> Launch:
     """``_scores_topn`` in its top-n mode (``selection_from_lse``)."""
     c = topn._tiles(s.hpg, s.D, s.block, s.stride, s.select_block, s.n)
-    P, hpgp, bd, BN, BH, BJ = c["P"], c["HPGP"], c["BD"], c["BN"], c["BH"], c["BJ"]
+    P, hpgp, bd, BN, BJ = c["P"], c["HPGP"], c["BD"], c["BN"], c["BJ"]
     R = P * hpgp
     _, w = _tiles(topn._scores_topn, TOPN=True)
-    p = scores_programs(s, P, BN, BH, BJ)
+    p = scores_programs(s, P, BN, BJ)
     wdot = 2.0 * P * BJ if P >= 16 else 0.0  # the Eq. 9 weights as an fp32 dot
-    per = p["halo"] * (2.0 * R * bd * BH + wdot * BH) + p["main"] * (2.0 * R * bd * BN + wdot * BN)
+    per = p["main"] * (2.0 * R * bd * BN + wdot * BN)
     rows = p["positions"] * s.hpg
     tb = rows * (s.D * E + F32) + p["keys"] * s.D * E + p["positions"] * s.n * I64
     rev = slice(None, None, -1)
@@ -462,7 +459,7 @@ def _scores_launch(s: Shape) -> Launch:
     min_bytes = s.B * s.T * s.H * (s.D * E + F32) + s.B * s.nc * s.G * s.D * E + s.B * s.T * s.G * s.n * I64
     return Launch("_scores_topn", "compressed", "fwd", (_cdiv(s.T, P), BG), w, np.tile(per[rev], BG),
                   np.tile(tb[rev], BG).astype(float), 0.0, 2.0 * s.D * cmp_pairs, min_bytes,
-                  f"P={P} BN={BN} BH={BH} BJ={BJ}", min(R, P) if P >= 16 else R)
+                  f"P={P} BN={BN} BJ={BJ} MC={c['MC']}", min(R, P) if P >= 16 else R)
 
 
 # ----------------------------------------------------------------------------- one fwd+bwd

@@ -8,9 +8,13 @@ heads. It walks the selection blocks in tiles of ``BJ``; for each tile it recomp
 normalised compressed probabilities ``p = exp(q.k * scale - lse)`` of the compressed
 tokens that overlap those blocks, sums them over the group's heads (Eq. 10) and
 multiplies by the overlap weights ``W[i, j] = |[i*d, i*d + l) ∩ [j*l', (j+1)*l')| / d``
-built from indices on the fly (Eq. 9). The compressed tokens overlapping a tile are a
-"halo" (blocks that began before the tile but reach into it: about l/d tokens, in a
-narrow tile of their own) plus the aligned main range.
+built from indices on the fly (Eq. 9). The compressed tokens overlapping a tile are its
+aligned main range (the tokens that start inside it) plus a "halo": about l/d tokens that
+start before its first block and reach into it (into its first ``MC`` blocks at most,
+one when l <= l' + 1). The halo is the previous tile's last tokens, so that tile also
+weighs them for the next tile's first MC blocks and hands the sums on (``carry``, [P, MC]);
+the first tile (block 0) has no halo. Before, each tile loaded, dotted and exponentiated a
+16-token halo tile of its own, for one useful token at the paper's l, d, l'.
 
 With ``TOPN`` the tile's scores never leave registers: they are merged into a running
 top-``NR`` per position (``NR = max(16, next_pow2(n))``, ``BJ = NR``) and only the
@@ -91,10 +95,21 @@ def _store_choice(IDX, top, t, b, g, sib, sit, sig, T, NS, NSEL, P: tl.constexpr
 
 
 @triton.jit
+def _weights(c0, imask, s0, STRIDE, BLK, SBLK):
+    """Eq. 9's weights ``[BN, blocks]``: the overlap of tokens starting at ``c0 [BN]`` (``imask``:
+    real ones) with the blocks starting at ``s0 [blocks]``, over d."""
+    lo = tl.maximum(c0[:, None], s0[None, :])
+    hi = tl.minimum(c0[:, None] + BLK, s0[None, :] + SBLK)
+    return tl.where(imask[:, None], tl.maximum(hi - lo, 0).to(tl.float32) / STRIDE, 0.0)
+
+
+@triton.jit
 def _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_hi, j0, skb, skt, skh, qk_scale,
                  STRIDE, BLK, SBLK, P: tl.constexpr, HPGP: tl.constexpr, D: tl.constexpr,
-                 BD: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, PREC: tl.constexpr):
-    """Scores [P, BJ] of blocks [j0, j0+BJ) from compressed tokens [i0, min(i0+BN, i_hi))."""
+                 BD: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, MC: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Scores [P, BJ] of blocks [j0, j0+BJ) from compressed tokens [i0, min(i0+BN, i_hi)), and
+    [P, MC] of the next tile's first MC blocks from the same tokens (its halo's share)."""
     offs_i = i0 + tl.arange(0, BN)
     imask = offs_i < i_hi
     offs_d = tl.arange(0, BD)
@@ -105,17 +120,14 @@ def _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_hi, j0, skb, skt, skh, qk_sc
     vis = (e[None, :] <= t_r[:, None]) & imask[None, :] & valid[:, None]
     p = tl.exp2(tl.where(vis, s - lse[:, None], float("-inf")))
     psum = tl.sum(tl.reshape(p, [P, HPGP, BN]), 1)  # Eq. 10: over the group's heads
-    offs_j = j0 + tl.arange(0, BJ)
     c0 = offs_i * STRIDE
-    s0 = offs_j * SBLK
-    lo = tl.maximum(c0[:, None], s0[None, :])
-    hi = tl.minimum(c0[:, None] + BLK, s0[None, :] + SBLK)
-    w = tl.where(imask[:, None], tl.maximum(hi - lo, 0).to(tl.float32) / STRIDE, 0.0)  # Eq. 9
+    w = _weights(c0, imask, (j0 + tl.arange(0, BJ)) * SBLK, STRIDE, BLK, SBLK)
     if P >= 16:
         out = tl.dot(psum, w, input_precision="ieee")
     else:  # a dot needs 16 rows: broadcast-multiply and reduce instead
         out = tl.sum(psum[:, :, None] * w[None, :, :], 1)
-    return out
+    w_next = _weights(c0, imask, (j0 + BJ + tl.arange(0, MC)) * SBLK, STRIDE, BLK, SBLK)
+    return out, tl.sum(psum[:, :, None] * w_next[None, :, :], 1)
 
 
 # 4 warps by default (the gate's table), 8 as the alternative the autotuner may time in
@@ -136,7 +148,7 @@ def _scores_topn(Q, K, LSE, OUT,
                  sqb, sqt, sqh, skb, skt, skh, sob, sot, sog,
                  T, NC, NS, H, HPG, qk_scale, STRIDE, BLK, SBLK, NSEL, NI, NL,
                  P: tl.constexpr, HPGP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                 BN: tl.constexpr, BH: tl.constexpr, BJ: tl.constexpr, LOGJ: tl.constexpr,
+                 BN: tl.constexpr, MC: tl.constexpr, BJ: tl.constexpr, LOGJ: tl.constexpr,
                  TOPN: tl.constexpr, PREC: tl.constexpr):
     # the last query tiles see the most blocks: launch them first
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -161,20 +173,18 @@ def _scores_topn(Q, K, LSE, OUT,
     i_vis = tl.minimum(i_vis, NC)
     ns_hi = last // SBLK + 1  # selection blocks that start at or before the last position
     top = tl.full([P, BJ], NO_KEY, tl.int64)
+    into = (tl.arange(0, MC)[:, None] == tl.arange(0, BJ)[None, :]).to(tl.float32)  # [MC, BJ]
+    carry = tl.zeros([P, MC], tl.float32)  # the tile's halo's share of its first MC blocks
     for j0 in range(0, ns_hi, BJ):
-        acc = tl.zeros([P, BJ], tl.float32)
-        # halo: tokens that start before the tile's first block and reach into it
-        num = j0 * SBLK - BLK + 1
-        i_start = tl.where(num > 0, (tl.maximum(num, 0) + STRIDE - 1) // STRIDE, 0)
-        i_main = (j0 * SBLK + STRIDE - 1) // STRIDE
+        acc = tl.sum(carry[:, :, None] * into[None, :, :], 1)
+        carry = tl.zeros([P, MC], tl.float32)
+        i_main = (j0 * SBLK + STRIDE - 1) // STRIDE  # the first token that starts in the tile
         i_end = tl.minimum((j0 * SBLK + BJ * SBLK + STRIDE - 1) // STRIDE, i_vis)
-        i_halo = tl.minimum(i_main, i_end)
-        for i0 in range(i_start, i_halo, BH):
-            acc += _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_halo, j0, skb, skt, skh, qk_scale,
-                                STRIDE, BLK, SBLK, P, HPGP, D, BD, BH, BJ, PREC)
         for i0 in range(i_main, i_end, BN):
-            acc += _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_end, j0, skb, skt, skh, qk_scale,
-                                STRIDE, BLK, SBLK, P, HPGP, D, BD, BN, BJ, PREC)
+            part, nxt = _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_end, j0, skb, skt, skh, qk_scale,
+                                     STRIDE, BLK, SBLK, P, HPGP, D, BD, BN, BJ, MC, PREC)
+            acc += part
+            carry += nxt
         offs_j = j0 + tl.arange(0, BJ)
         if TOPN:
             top = _merge(top, _candidates(acc, offs_j, t_p, NS, SBLK, NI, NL), P, BJ, LOGJ)
@@ -212,14 +222,24 @@ def _select_kernel(S, IDX, ssb, sst, ssg, sib, sit, sig, T, G, NS, NSEL, SBLK, N
 ROWS = 64  # rows (positions x padded heads) per scores program
 
 
+def halo_blocks(block: int, select_block: int) -> int:
+    """The most blocks that a token starting before a block reaches into, that one included:
+    the latest such token starts one position before it and ends ``l - 1`` later."""
+    return max(1, (block - 2) // select_block + 1)
+
+
 def _tiles(hpg: int, d: int, block: int, stride: int, select_block: int, n: int) -> dict:
-    """Constexprs of ``_scores_topn``: positions P, padded heads, head dim tile, key tiles, BJ."""
+    """Constexprs of ``_scores_topn``: positions P, padded heads, head dim tile, key tiles, BJ,
+    the halo's blocks MC (to a power of two)."""
     hpgp = triton.next_power_of_2(hpg)
     bj = max(16, triton.next_power_of_2(max(n, 1)))
     bn = min(64, max(16, triton.next_power_of_2(max(1, bj * select_block // stride))))
-    bh = max(16, triton.next_power_of_2(triton.cdiv(block, stride)))
+    if block - 1 > bj * select_block:  # the halo would reach back past the previous tile
+        raise ValueError(f"compress_block {block} > {bj} x select_block {select_block} + 1: the scores "
+                         "kernel takes a tile's halo from the previous tile")
     return dict(P=max(1, ROWS // hpgp), HPGP=hpgp, D=d, BD=max(16, triton.next_power_of_2(d)),
-                BN=bn, BH=bh, BJ=bj, LOGJ=bj.bit_length() - 1)
+                BN=bn, MC=triton.next_power_of_2(halo_blocks(block, select_block)), BJ=bj,
+                LOGJ=bj.bit_length() - 1)
 
 
 def scores_from_lse(q: torch.Tensor, k_cmp: torch.Tensor, lse: torch.Tensor, block: int, stride: int,
