@@ -1,4 +1,4 @@
-"""NSA decode attention: the three branches of one new query per sequence, in 3-4 launches
+"""NSA decode attention: the three branches of one new query per sequence, in 3 launches (4 at most)
 (``nsa_decode_branches``), their gated sum inside the last of them (``nsa_decode_gated``).
 
 ``NSACache.step`` (nsa/infer/cache.py) computes, for the query of each sequence b at
@@ -8,7 +8,7 @@ spread over the selection blocks by overlap / d), the top-n rule of
 ``nsa.ops.reference.select_blocks_at``, the selected branch (the chosen blocks' keys
 ``<= pos``) and the window branch (the ring's slots that hold a position ``>= 0``), in over
 a hundred small torch ops per layer (bench/decode_kernel.py counts them). Here the same
-maths runs in three or four kernels, each with one program per (split, sequence, KV group)
+maths runs in three kernels (four at most), each with one program per (split, sequence, KV group)
 whose rows are the group's query heads, so every K/V row is loaded once for the whole group:
 
 1. ``_decode_partials``: flash-decoding partials (running max, sum, unnormalised output)
@@ -41,7 +41,8 @@ goes to the lower block in both.
 No host sync and no data-dependent shape: every bound that depends on ``pos`` is computed
 inside the kernels, the grids depend on shapes only, so a decode step can be captured as
 a CUDA graph. Scratch (the partials, the token sums, the candidate lists) is allocated per
-call; inside a graph capture it comes from the graph's pool.
+call; inside a graph capture it comes from the graph's pool. The selected launch's merge
+counters are the caller's (a cache's, zero between launches: ``decode_tickets``).
 
 Under ``TRITON_INTERPRET=1`` the kernels run on CPU in fp32 (bf16 ``tl.dot`` is wrong in
 the interpreter); fp32/fp16/bf16 inputs, not fp64.
@@ -76,6 +77,7 @@ from .decode_flash import (
     _store_partial,
     check_tickets,
     merge_tile,
+    row_merge_tile,
 )
 from .topn import NO_KEY, ORD_NEG_INF, _candidates
 
@@ -440,11 +442,10 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     sc = (k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2))
     so = (o_slc.stride(0), o_slc.stride(2))
     warps = 4 if R * BD <= 64 * 64 else 8
-    # partial slots merged at once: the (max, sum) of a branch in [CM, R] loads (32 slots, or
-    # 512 floats), outputs in [CA, R, BD] tiles of at most 2k floats
+    # the scoring programs' log-sum-exp: a branch's (max, sum) partials in [CM, R] loads (up to
+    # 32 slots, or 512 floats)
     cm = min(32, max(1, 512 // R), triton.next_power_of_2(max(sp.cmp, sp.win, sp.selected)))
-    # the per-row merges (``_combine_row``): up to 32 slots a load, tiles of at most 4k floats
-    ca = max(1, min(32, 4096 // BD, triton.next_power_of_2(max(sp.cmp, sp.win, sp.selected))))
+    ca = row_merge_tile(max(sp.cmp, sp.win, sp.selected), BD)  # the per-row merges' slots a load
     m_tok = _tokens_per_block(block, stride, select_block)
     # the scoring programs' scratch rows: the most tokens a program's share of blocks can reach
     share = triton.cdiv(triton.cdiv(n_blocks, NR), sp.scores) * NR

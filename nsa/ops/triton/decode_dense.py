@@ -43,6 +43,7 @@ from .decode_flash import (
     _store_partial,
     check_tickets,
     merge_tile,
+    row_merge_tile,
 )
 
 # Keys per program below which another split costs more (a partial stored and merged) than
@@ -135,7 +136,7 @@ def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
                                  R=R, D=D, BD=BD, BN=64, FINAL=final, FUSED=fused, CS=merge_tile(sp, R, BD),
                                  PREC=_prec(q), num_warps=warps)
     if not final and not fused:
-        ca = max(1, min(32, 4096 // BD, triton.next_power_of_2(sp)))
         _decode_combine[(B * G, hpg)](pm, pl, pacc, out, out, out, out, *so, 0, G, hpg, sp, 0, sp,
-                                      R=R, D=D, BD=BD, CA=ca, GATED=False, num_warps=4)
+                                      R=R, D=D, BD=BD, CA=row_merge_tile(sp, BD), GATED=False,
+                                      num_warps=4)
     return out

@@ -56,6 +56,12 @@ def check_tickets(tickets: torch.Tensor | None, n: int, device: torch.device) ->
     return tickets
 
 
+def row_merge_tile(slots: int, bd: int) -> int:
+    """Partials ``_combine_row`` reads per load (its CA): up to 32, in ``[CA, bd]`` tiles of at
+    most 4k floats."""
+    return max(1, min(32, 4096 // bd, triton.next_power_of_2(slots)))
+
+
 def merge_tile(slots: int, rows: int, bd: int) -> int:
     """Partials a fused merge reads per load: all of them if a ``[slots, rows, bd]`` fp32 tile
     stays within 8k floats, else as many as do (at least one)."""
