@@ -6,8 +6,9 @@
 #
 # GPU_MEASURE_S: the deadline in seconds (default 420): each step gets at most what is left,
 # a step that would get under 20 s is skipped and says so. Results and a log under $OUT
-# (default gpu-measure/): bench.run's results files (tags p8, p4, 64k), tiles, the decode
-# kernels' split sweeps, and a staggered batch-64 decode with each kind of step's kernels.
+# (default gpu-measure/): the kernels' GPU tests (in the log), bench.run's results files
+# (tags p4, p8, 64k), decoding at batch 1 and 64 with its kernels, tiles, the decode kernels'
+# split sweeps, and a staggered batch-64 decode with each kind of step's kernels.
 # GPU_MEASURE_DRY=1: list the commands (one per line, shell-quoted) in $OUT/commands.txt, run none.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,12 +33,21 @@ step() {  # step NAME MAX_SECONDS ARGS...: python -m ARGS, within MAX_SECONDS an
 [ -z "${GPU_MEASURE_DRY:-}" ] && { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git log --oneline -1 2>/dev/null; } >>"$LOG" 2>&1
-# 1. The selected forward/dQ at head dim 64: 8 positions per program (128 rows) against the
-#    default 4 (docs/kernels.md, "Positions per selected program"; the per-kernel breakdown of
-#    each run says which is faster).
+# 0. The compiled kernels against the reference first: the decode launches that merge their own
+#    partials (a cross-program atomic only the hardware can order wrongly), the selected dK/dV's
+#    GPU-sized chunks, the scores kernel's carried halo.
+step gpu-tests 150 pytest -q -p no:cacheprovider -m gpu tests/ops/test_triton_decode.py \
+  tests/ops/test_triton_decode_dense.py tests/ops/test_triton_selected.py tests/ops/test_triton_scores.py \
+  tests/model/test_decode.py tests/model/test_decode_syncs.py
+# 1. The default kernels at 2k and 16k with their per-kernel breakdown (the dK/dV chunks and the
+#    scores kernel since 2026-11-28), then the decode steps' kernels at batch 1 and 64 (the
+#    merge launches gone), then the selected forward/dQ at head dim 64 with 8 positions per
+#    program (128 rows) against those 4 (docs/kernels.md, "Positions per selected program").
 run=(bench.run --layouts nsa-125m --seqs 2048 16384 --no-reference --no-check --no-train --out-dir "$OUT")
-step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
 step sel-p4 100 "${run[@]}" --tag p4
+step decode-b1 60 bench.decode --contexts 8192 65536 --kernels --json "$OUT/decode-b1.json"
+step decode-b64 60 bench.decode --contexts 8192 65536 --batch 64 --kernels --json "$OUT/decode-b64.json"
+step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
 # 2. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
 step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"
 # 3. The decode kernels' splits at both batches since the token-sum scores (plan_splits' constants).

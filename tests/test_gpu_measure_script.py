@@ -42,9 +42,16 @@ def parse_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_command_parses(tmp_path: Path, parse_only: None) -> None:
     commands = dry_commands(tmp_path)
-    assert {c[0] for c in commands} == {"bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles"}
+    modules = {"pytest", "bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles"}
+    assert {c[0] for c in commands} == modules
     assert any("--sel-positions" in c for c in commands) and any("--kernels" in c for c in commands)
+    assert commands[0][0] == "pytest", "the kernels' GPU tests run before anything is timed"
     for cmd in commands:
+        if cmd[0] == "pytest":  # the GPU tests: files that exist and hold tests marked gpu
+            assert cmd[cmd.index("-m") + 1] == "gpu", cmd
+            files = [a for a in cmd[1:] if a.endswith(".py")]
+            assert files and all("@pytest.mark.gpu" in (ROOT / f).read_text() for f in files), files
+            continue
         module = importlib.import_module(cmd[0])
         with pytest.raises(Parsed):
             module.main(cmd[1:])
