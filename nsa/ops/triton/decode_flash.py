@@ -63,9 +63,12 @@ def row_merge_tile(slots: int, bd: int) -> int:
 
 
 def merge_tile(slots: int, rows: int, bd: int) -> int:
-    """Partials a fused merge reads per load: all of them if a ``[slots, rows, bd]`` fp32 tile
-    stays within 8k floats, else as many as do (at least one)."""
-    return max(1, min(triton.next_power_of_2(slots), 8192 // (rows * bd)))
+    """Partials a fused merge reads per load: a ``[slots, rows, bd]`` fp32 tile of at most 8k
+    floats beside an output of at most 1k (``rows x bd``: nsa-125m's 16 x 64), of 4k beside
+    a larger one, whose accumulator shares the registers (Triton 3.6 spilled a [2, 32, 128]
+    tile beside a [32, 128] output on 4 warps); at least one."""
+    budget = 8192 if rows * bd <= 1024 else 4096
+    return max(1, min(triton.next_power_of_2(slots), budget // (rows * bd)))
 
 
 def _sm_count(device: torch.device) -> int:

@@ -109,7 +109,10 @@ def _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_hi, j0, skb, skt, skh, qk_sc
                  BD: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, MC: tl.constexpr,
                  PREC: tl.constexpr):
     """Scores [P, BJ] of blocks [j0, j0+BJ) from compressed tokens [i0, min(i0+BN, i_hi)), and
-    [P, MC] of the next tile's first MC blocks from the same tokens (its halo's share)."""
+    [P, MC] of the next tile's first MC blocks from the same tokens (its halo's share): with
+    P < 16 as the scores, a broadcast product; from 16 rows one row reduction per block on
+    the [P, BN] sums as they lie (a [P, BN, MC] product or a second dot there cost the 4-warp
+    program registers it did not have under Triton 3.6)."""
     offs_i = i0 + tl.arange(0, BN)
     imask = offs_i < i_hi
     offs_d = tl.arange(0, BD)
@@ -124,10 +127,18 @@ def _tile_scores(q, K, lse, b, g, t_r, valid, i0, i_hi, j0, skb, skt, skh, qk_sc
     w = _weights(c0, imask, (j0 + tl.arange(0, BJ)) * SBLK, STRIDE, BLK, SBLK)
     if P >= 16:
         out = tl.dot(psum, w, input_precision="ieee")
+        cm = tl.arange(0, MC)
+        nxt = tl.zeros([P, MC], tl.float32)
+        for m in tl.static_range(MC):
+            s1 = (j0 + BJ + m) * SBLK
+            ov = tl.maximum(tl.minimum(c0 + BLK, s1 + SBLK) - tl.maximum(c0, s1), 0)
+            wn = tl.where(imask, ov.to(tl.float32) / STRIDE, 0.0)
+            nxt += tl.where(cm[None, :] == m, tl.sum(psum * wn[None, :], 1)[:, None], 0.0)
     else:  # a dot needs 16 rows: broadcast-multiply and reduce instead
         out = tl.sum(psum[:, :, None] * w[None, :, :], 1)
-    w_next = _weights(c0, imask, (j0 + BJ + tl.arange(0, MC)) * SBLK, STRIDE, BLK, SBLK)
-    return out, tl.sum(psum[:, :, None] * w_next[None, :, :], 1)
+        w_next = _weights(c0, imask, (j0 + BJ + tl.arange(0, MC)) * SBLK, STRIDE, BLK, SBLK)
+        nxt = tl.sum(psum[:, :, None] * w_next[None, :, :], 1)
+    return out, nxt
 
 
 # 4 warps by default (the gate's table), 8 as the alternative the autotuner may time in
@@ -173,10 +184,18 @@ def _scores_topn(Q, K, LSE, OUT,
     i_vis = tl.minimum(i_vis, NC)
     ns_hi = last // SBLK + 1  # selection blocks that start at or before the last position
     top = tl.full([P, BJ], NO_KEY, tl.int64)
-    into = (tl.arange(0, MC)[:, None] == tl.arange(0, BJ)[None, :]).to(tl.float32)  # [MC, BJ]
+    col = tl.arange(0, BJ)
+    cm = tl.arange(0, MC)
+    into = (cm[:, None] == col[None, :]).to(tl.float32)  # [MC, BJ]: carry column m -> block m
     carry = tl.zeros([P, MC], tl.float32)  # the tile's halo's share of its first MC blocks
     for j0 in range(0, ns_hi, BJ):
-        acc = tl.sum(carry[:, :, None] * into[None, :, :], 1)
+        if P >= 16:
+            acc = tl.zeros([P, BJ], tl.float32)
+            for m in tl.static_range(MC):
+                from_m = tl.sum(tl.where(cm[None, :] == m, carry, 0.0), 1)
+                acc += tl.where(col[None, :] == m, from_m[:, None], 0.0)
+        else:
+            acc = tl.sum(carry[:, :, None] * into[None, :, :], 1)
         carry = tl.zeros([P, MC], tl.float32)
         i_main = (j0 * SBLK + STRIDE - 1) // STRIDE  # the first token that starts in the tile
         i_end = tl.minimum((j0 * SBLK + BJ * SBLK + STRIDE - 1) // STRIDE, i_vis)
