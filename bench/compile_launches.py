@@ -264,6 +264,15 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
                 step["op"] = f"decode gated {name}"
                 T.nsa_decode_gated(q1, kc, vc, k, v, ring, ring, pos, gate_logits, s.block, s.stride,
                                    s.select_block, s.n, 1, 2, splits=splits)
+            # a cache of 64 selection blocks scored by one program: the widest score tiles
+            # (decode.MAX_SCORE_TILE blocks a merge), what any context past 2k tokens compiles
+            long_t = 64 * s.select_block
+            nc_long = num_compressed(long_t, s.block, s.stride)
+            kc_long = torch.empty(s.B, nc_long, s.G, s.D, device="meta", dtype=torch.bfloat16)
+            k_long = torch.empty(s.B, long_t, s.G, s.D, device="meta", dtype=torch.bfloat16)
+            step["op"] = "decode long"
+            T.nsa_decode_branches(q1, kc_long, kc_long, k_long, k_long, ring, ring, pos, s.block, s.stride,
+                                  s.select_block, s.n, 1, 2, splits=DecodeSplits())
             step["op"] = "decode write"
             kv1 = torch.empty(s.B, 1, 6, s.G, s.D, device="meta", dtype=torch.bfloat16)
             raw = torch.empty(s.B, s.block, s.G, s.D, device="meta", dtype=torch.bfloat16)

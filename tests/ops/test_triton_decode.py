@@ -271,8 +271,8 @@ SPLIT_IDS = ["one", "split", "many", "wide"]
 @pytest.mark.parametrize("splits", SPLITS, ids=SPLIT_IDS)
 def test_long_random_cache(splits: DK.DecodeSplits) -> None:
     """Long enough for several key tiles (79 compressed tokens, an 80-slot ring: 64-key
-    tiles), several 16-block score tiles (40 blocks), a full ring; and one sequence at
-    position 9. Every phase split, or none."""
+    tiles), 40 blocks (one score tile unsplit, 16-block tiles split), a full ring; and one
+    sequence at position 9. Every phase split, or none."""
     seed = fresh_seed()
     B, S, H, G, D = 2, 320, 4, 2, 16
     t = _random_cache(B, S, G, D, LONG)
@@ -280,6 +280,26 @@ def test_long_random_cache(splits: DK.DecodeSplits) -> None:
     pos = torch.tensor([S - 3, 9])
     _compare(_kernel(q, t, pos, LONG, splits), _step_branches(q, t, pos, LONG), q, t, pos, LONG, TOL,
              f"seed={seed}")
+
+
+@pytest.mark.parametrize("peaked", [True, False], ids=["peaked", "uniform"])
+def test_a_share_of_several_score_tiles(peaked: bool) -> None:
+    """81 selection blocks scored by one program: two tiles of ``MAX_SCORE_TILE`` (64) blocks,
+    the second mostly past the share, merged into the running top-n one after the other;
+    by three programs a 32-block tile each. Peaked queries (clear winners in either tile) and
+    q = 0 (every interior block ties: the lowest must win across the tiles' boundary)."""
+    seed = fresh_seed()
+    B, S, H, G, D = 2, 648, 4, 2, 16
+    assert -(-S // LONG.select_block) > DK.MAX_SCORE_TILE
+    t = _random_cache(B, S, G, D, LONG)
+    q = 2 * torch.randn(B, 1, H, D) if peaked else torch.zeros(B, 1, H, D)
+    pos = torch.tensor([S - 1, 600])
+    want = _step_branches(q, t, pos, LONG)
+    for splits in SPLITS[:2]:
+        got = _kernel(q, t, pos, LONG, splits)
+        if not peaked:  # exact ties: exactly the step's blocks (peaked: a near-tie may differ)
+            assert torch.equal(got[3], want[3]), f"seed={seed} {splits}: {got[3].tolist()} vs {want[3].tolist()}"
+        _compare(got, want, q, t, pos, LONG, TOL, f"seed={seed} {splits}")
 
 
 @pytest.mark.parametrize("splits", SPLITS, ids=SPLIT_IDS)

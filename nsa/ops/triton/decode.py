@@ -94,6 +94,10 @@ MIN_SEL_BLOCKS = 2  # selected blocks attended per program
 # Scoring programs per (sequence, KV group) at most: their candidate lists are merged by a
 # tree of constexpr depth (``_decode_selected``); past this each program scores more blocks.
 MAX_SCORE_SPLITS = 64
+# Blocks a scoring program scores and merges into its running top-n at once (its whole share
+# up to this): a merge's cost is mostly its cross-warp reductions, a barrier each, the same for
+# 16 candidates as for 64, while its compares ([64, 64] at most) stay a few per thread.
+MAX_SCORE_TILE = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,13 +167,15 @@ def _decode_partials(Q, KC, VC, KW, VW, POS, PM, PL, PACC,
 
 
 @triton.jit
-def _merge_top(top, cand, N: tl.constexpr):
-    """The N largest of ``top [N]`` (ascending) and ``cand [N]`` (any order), ascending. Each
+def _merge_top(top, cand, N: tl.constexpr, C: tl.constexpr):
+    """The N largest of ``top [N]`` (ascending) and ``cand [C]`` (any order), ascending. Each
     key's rank in the union (how many keys beat it) says whether it stays and in which
     slot. Real keys are distinct (one per block); fillers, below every real key, may repeat
     and then collide among themselves only, in the slots under the real keys (which then
-    hold FLOOR or a filler: never chosen). O(N^2) compares and no sort: a few ops where a
-    bitonic merge takes dozens of compare-exchange steps."""
+    hold FLOOR or a filler: never chosen). O((N + C)^2) compares and no sort: a few ops where
+    a bitonic merge takes dozens of compare-exchange steps. Its cost is mostly its
+    reductions across warps (a barrier each), which do not grow with C: one merge of 64
+    candidates costs far less than four of 16."""
     col = tl.arange(0, N)
     r_top = (N - 1 - col) + tl.sum((cand[None, :] > top[:, None]).to(tl.int32), 1)
     r_cand = (tl.sum((top[:, None] > cand[None, :]).to(tl.int32), 0)
@@ -206,8 +212,8 @@ def _merge_pairs(lists, N: tl.constexpr, K: tl.constexpr):
 def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
                    sqb, sqh, scb, sct, sch, sob, soh,
                    G, HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SW, SP, SS, PCAP,
-                   R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr, BN: tl.constexpr,
-                   M: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr, PREC: tl.constexpr):
+                   R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+                   BN: tl.constexpr, M: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr, PREC: tl.constexpr):
     """Programs ``[0, SS)``: a share of the eligible blocks ``[0, pos // l']``, scored and
     ranked, their top BJ keys (ascending) into ``CAND[bg, pid]``. Then one program per head
     of the group for the compressed output ``OC``, one per head for the window's ``OW``
@@ -255,18 +261,19 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
             tl.store(prow + offs_i, tl.sum(pr, 0), mask=im)
         tl.debug_barrier()  # the scratch row, written by all of the program's threads, read back
         # 2. each block's score from its tokens, in ascending token order (the reference's),
-        # and the running top BJ
+        # and the running top BJ, BT blocks (up to a whole share) a merge
         t_p = tl.zeros([1], tl.int32) + p
         col = tl.arange(0, BJ)
         top = col.to(tl.int64) + (NO_KEY - BJ)  # below every real key, distinct
-        for j0 in range(j_lo, j_hi, BJ):
-            offs_j = j0 + col
+        colt = tl.arange(0, BT)
+        for j0 in range(j_lo, j_hi, BT):
+            offs_j = j0 + colt
             jm = offs_j < j_hi
             s0 = offs_j * SBLK
             # the first compressed token that reaches into block j: i*d + l > j*l'
             num = s0 - BLK
             i_first = tl.where(num >= 0, tl.maximum(num, 0) // STRIDE + 1, 0)
-            score = tl.zeros([BJ], tl.float32)
+            score = tl.zeros([BT], tl.float32)
             for mm in tl.static_range(M):
                 i = i_first + mm
                 c0 = i * STRIDE
@@ -274,10 +281,10 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
                 ok = jm & (i < t_hi) & (overlap > 0)
                 w = tl.where(ok, overlap.to(tl.float32) / STRIDE, 0.0)  # Eq. 9
                 score += tl.load(prow + i, mask=ok, other=0.0) * w
-            key = tl.reshape(_candidates(tl.reshape(score, [1, BJ]), offs_j, t_p, NS, SBLK, NI, NL), [BJ])
-            # blocks of another program: distinct fillers below every real key
-            key = tl.where(jm, key, col.to(tl.int64) + (NO_KEY - 2 * BJ))
-            top = _merge_top(top, key, BJ)
+            key = tl.reshape(_candidates(tl.reshape(score, [1, BT]), offs_j, t_p, NS, SBLK, NI, NL), [BT])
+            # blocks of another program: distinct fillers below every real key and top's first
+            key = tl.where(jm, key, colt.to(tl.int64) + (NO_KEY - BJ - BT))
+            top = _merge_top(top, key, BJ, BT)
         tl.store(CAND + (bg * SS + pid) * BJ + col, top)
 
 
@@ -451,6 +458,7 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     share = triton.cdiv(triton.cdiv(n_blocks, NR), sp.scores) * NR
     pcap = -(-(share - 1) * select_block // stride) + m_tok + 1
     psum = poison.empty(B * G * sp.scores * pcap, device=dev, dtype=torch.float32)
+    bt = min(max(MAX_SCORE_TILE, NR), triton.next_power_of_2(share))  # blocks a merge: the share, or 64
     _decode_partials[(sp.cmp + sp.win, B * G)](
         q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
         G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
@@ -460,7 +468,7 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
         q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, psum, *sq, *sc, *so,
         G, hpg, NC, n_blocks, qk_scale, stride, block, select_block, num_initial, num_local,
         sp.cmp, sp.win, slots, sp.scores, pcap,
-        R=R, D=D, BD=BD, BJ=NR, BN=64, M=m_tok, CM=cm, CA=ca,
+        R=R, D=D, BD=BD, BJ=NR, BT=bt, BN=64, M=m_tok, CM=cm, CA=ca,
         # its group's queries stay in registers through the block loop: 8 warps from 32 x 128
         # (on 4, Triton 3.6 spilled 8 B at D 128 with 32 heads per group on sm_80); maxnreg: ptxas
         # trimmed it to 168 registers (an occupancy step) with 8 B of spill when the partials are
