@@ -7,8 +7,9 @@
 # GPU_MEASURE_S: the deadline in seconds (default 420): each step gets at most what is left,
 # a step that would get under 20 s is skipped and says so. Results and a log under $OUT
 # (default gpu-measure/): the kernels' GPU tests (in the log), bench.run's results files
-# (tags p4, p8, 64k), decoding at batch 1 and 64 with its kernels, tiles, the decode kernels'
-# split sweeps, and a staggered batch-64 decode with each kind of step's kernels.
+# (tags p4, p8, 64k), decoding at batch 1 and 64 with its kernels (and each launch against its
+# bytes, bench.decode_roofline), tiles, the decode kernels' split sweeps, and a staggered
+# batch-64 decode with each kind of step's kernels.
 # GPU_MEASURE_DRY=1: list the commands (one per line, shell-quoted) in $OUT/commands.txt, run none.
 set -u
 cd "$(dirname "$0")/.."
@@ -47,6 +48,8 @@ run=(bench.run --layouts nsa-125m --seqs 2048 16384 --no-reference --no-check --
 step sel-p4 100 "${run[@]}" --tag p4
 step decode-b1 60 bench.decode --contexts 8192 65536 --kernels --json "$OUT/decode-b1.json"
 step decode-b64 60 bench.decode --contexts 8192 65536 --batch 64 --kernels --json "$OUT/decode-b64.json"
+step decode-bounds 20 bench.decode_roofline --measured "$OUT/decode-b1.json" "$OUT/decode-b64.json" \
+  --json "$OUT/decode-roofline.json"  # each launch against its bytes (no GPU work; the log has the table)
 step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
 # 2. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
 step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"

@@ -42,7 +42,8 @@ def parse_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_command_parses(tmp_path: Path, parse_only: None) -> None:
     commands = dry_commands(tmp_path)
-    modules = {"pytest", "bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles"}
+    modules = {"pytest", "bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles",
+               "bench.decode_roofline"}
     assert {c[0] for c in commands} == modules
     assert any("--sel-positions" in c for c in commands) and any("--kernels" in c for c in commands)
     assert commands[0][0] == "pytest", "the kernels' GPU tests run before anything is timed"

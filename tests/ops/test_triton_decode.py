@@ -298,7 +298,8 @@ def test_a_share_of_several_score_tiles(peaked: bool) -> None:
     for splits in SPLITS[:2]:
         got = _kernel(q, t, pos, LONG, splits)
         if not peaked:  # exact ties: exactly the step's blocks (peaked: a near-tie may differ)
-            assert torch.equal(got[3], want[3]), f"seed={seed} {splits}: {got[3].tolist()} vs {want[3].tolist()}"
+            what = f"seed={seed} {splits}: {got[3].tolist()} vs {want[3].tolist()}"
+            assert torch.equal(got[3], want[3]), what
         _compare(got, want, q, t, pos, LONG, TOL, f"seed={seed} {splits}")
 
 
