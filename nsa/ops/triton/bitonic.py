@@ -1,4 +1,5 @@
-"""Bitonic sorting of small register tiles, for the top-n merge and the selected kernels' union.
+"""Bitonic sorting of small register tiles, for the top-n merge, the selected kernels' union and
+the decode kernels' candidate lists.
 
 ``tl.sort`` finds each element's partner with an xor-reduction, which Triton's
 interpreter runs element by element in Python (minutes per call in the CPU tests); these
@@ -50,3 +51,35 @@ def _bitonic_merge(x, P: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
     for i in tl.static_range(LOGN):
         x = _swap(x, LOGN, 0, P, N, LOGN - 1 - i)
     return x
+
+
+@triton.jit
+def _half_clean_rows(x, ALT: tl.constexpr, P: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    """One compare-exchange step on every row of ``x [P, N]``: in every aligned block of 2S
+    columns (S = 2**K), columns c and c + S get (min, max), or with ALT (max, min) in the odd
+    rows (rows of alternating direction)."""
+    S: tl.constexpr = 1 << K
+    y = tl.reshape(x, [P, N // (2 * S), 2, S])
+    lo = tl.min(y, 2, keep_dims=True)
+    hi = tl.max(y, 2, keep_dims=True)
+    right = (tl.arange(0, 2) == 1)[None, None, :, None]
+    if ALT:
+        down = (tl.arange(0, P) % 2 == 1)[:, None, None, None]
+        y = tl.where(right != down, hi, lo)
+    else:
+        y = tl.where(right, hi, lo)
+    return tl.reshape(y, [P, N])
+
+
+@triton.jit
+def _merge_row_pairs(x, K: tl.constexpr, N: tl.constexpr, LOGN: tl.constexpr):
+    """K sorted rows ``x [K, N]``, the even ones ascending and the odd ones descending ->
+    ``[K // 2, N]``: row i the N largest of rows 2i and 2i + 1. Their elementwise max holds
+    those N and is bitonic, so log N half-cleaning steps sort it; while K // 2 > 1 the odd
+    rows come out descending again, so the result pairs up the same way, and the last row
+    ascending."""
+    a, b = tl.split(tl.permute(tl.reshape(x, [K // 2, 2, N]), (0, 2, 1)))
+    c = tl.maximum(a, b)
+    for i in tl.static_range(LOGN):
+        c = _half_clean_rows(c, K > 2, K // 2, N, LOGN - 1 - i)
+    return c

@@ -59,6 +59,7 @@ import triton.language as tl
 from nsa.ops import poison
 
 from .band import LOG2E, NEG, _prec
+from .bitonic import _merge_row_pairs
 from .decode_flash import (
     MAX_FUSED_SLOTS,
     PROGRAMS_PER_SM,
@@ -187,28 +188,6 @@ def _merge_top(top, cand, N: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _merge_cols(top, cand, N: tl.constexpr):
-    """``_merge_top`` on every column at once: column k of the result holds the N largest of
-    ``top[:, k]`` (ascending) and ``cand[:, k]`` (any order), ascending; ``[N, K]``."""
-    i = tl.arange(0, N)
-    r_top = (N - 1 - i)[:, None] + tl.sum((cand[None, :, :] > top[:, None, :]).to(tl.int32), 1)
-    r_cand = (tl.sum((top[:, None, :] > cand[None, :, :]).to(tl.int32), 0)
-              + tl.sum((cand[:, None, :] > cand[None, :, :]).to(tl.int32), 0))
-    slot = i[None, :, None]
-    from_top = tl.max(tl.where((N - 1 - r_top)[:, None, :] == slot, top[:, None, :], FLOOR), 0)
-    from_cand = tl.max(tl.where((N - 1 - r_cand)[:, None, :] == slot, cand[:, None, :], FLOOR), 0)
-    return tl.maximum(from_top, from_cand)
-
-
-@triton.jit
-def _merge_pairs(lists, N: tl.constexpr, K: tl.constexpr):
-    """K ascending lists (the columns of ``lists [N, K]``) -> K / 2: columns 2c and 2c + 1
-    merged into column c."""
-    even, odd = tl.split(tl.reshape(lists, [N, K // 2, 2]))
-    return _merge_cols(even, odd, N)
-
-
-@triton.jit
 def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
                    sqb, sqh, scb, sct, sch, sob, soh,
                    G, HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SW, SP, SS, PCAP,
@@ -293,10 +272,10 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE, 
                      sqb, sqh, ssb, sst, ssh, sib, sig, sob, soh, sgb,
                      G, HPG, S, NS, qk_scale, SBLK, NSEL, SS, SSEL, SP, SLOT0,
                      R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, LS: tl.constexpr,
-                     NR: tl.constexpr, SSP: tl.constexpr, FINAL: tl.constexpr, GATED: tl.constexpr,
-                     FUSED: tl.constexpr, CS: tl.constexpr, PREC: tl.constexpr):
+                     NR: tl.constexpr, LOGN: tl.constexpr, SSP: tl.constexpr, FINAL: tl.constexpr,
+                     GATED: tl.constexpr, FUSED: tl.constexpr, CS: tl.constexpr, PREC: tl.constexpr):
     """The chosen blocks from the SS candidate lists (SSP: SS to a power of two, at most
-    ``MAX_SCORE_SPLITS``), then program ``pid``'s share of them:
+    ``MAX_SCORE_SPLITS``; NR = 2**LOGN keys each), then program ``pid``'s share of them:
     attention over their keys ``<= pos``; the output itself when FINAL (one program: with
     GATED, the three branches' gated sum, ``_store_gated``), else a partial in slot
     ``SLOT0 + pid``, which with FUSED the last of the SSEL programs merges into the output.
@@ -305,21 +284,22 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE, 
     bg, b, g, p = _group_of_program(POS, G)
     col = tl.arange(0, NR)
     lists = tl.arange(0, SSP)
-    top = tl.load(CAND + (bg * SS + lists[None, :]) * NR + col[:, None], mask=lists[None, :] < SS,
-                  other=FLOOR)  # [NR, SSP]: list c in column c, ascending down it; FLOOR past SS
-    # a tree of pairwise merges: log2(SSP) steps, not a chain of SS - 1 (constexpr ifs)
+    odd = (lists % 2 == 1)[:, None]  # [SSP, NR]: list c in row c, the odd ones reversed; FLOOR past SS
+    top = tl.load(CAND + (bg * SS + lists[:, None]) * NR + tl.where(odd, NR - 1 - col[None, :], col[None, :]),
+                  mask=lists[:, None] < SS, other=FLOOR)
+    # a tree of pairwise bitonic merges: log2(SSP) steps, not a chain of SS - 1 (constexpr ifs)
     if SSP >= 64:
-        top = _merge_pairs(top, NR, 64)
+        top = _merge_row_pairs(top, 64, NR, LOGN)
     if SSP >= 32:
-        top = _merge_pairs(top, NR, 32)
+        top = _merge_row_pairs(top, 32, NR, LOGN)
     if SSP >= 16:
-        top = _merge_pairs(top, NR, 16)
+        top = _merge_row_pairs(top, 16, NR, LOGN)
     if SSP >= 8:
-        top = _merge_pairs(top, NR, 8)
+        top = _merge_row_pairs(top, 8, NR, LOGN)
     if SSP >= 4:
-        top = _merge_pairs(top, NR, 4)
+        top = _merge_row_pairs(top, 4, NR, LOGN)
     if SSP >= 2:
-        top = _merge_pairs(top, NR, 2)
+        top = _merge_row_pairs(top, 2, NR, LOGN)
     top = tl.reshape(top, [NR])
     # the top NSEL keys that beat -inf are the choice: slots [NR - n_chosen, NR) of ``top``
     chosen = ((top >> 32) > ORD_NEG_INF) & (col >= NR - NSEL)
@@ -484,7 +464,7 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
         idx.stride(0), idx.stride(1), *so, sgb,
         G, hpg, S, n_blocks, qk_scale, select_block, num_selected, sp.scores, sp.selected, slots,
         sp.cmp + sp.win,
-        R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR,
+        R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR, LOGN=NR.bit_length() - 1,
         SSP=triton.next_power_of_2(sp.scores), FINAL=final, GATED=gated, FUSED=fused,
         CS=merge_tile(sp.selected, R, BD), PREC=prec,
         # maxnreg: on sm_80 ptxas held the 8-warp variant (64 heads per group, D 128) to 128
