@@ -253,6 +253,33 @@ def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Cap
     assert names >= {"_band_fwd", "_sel_bwd_dkdv", "_scores_topn"}
 
 
+def test_flex_window_kernels_stand_against_the_band_window_launches(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile of a 16-bit GPU step has FlexAttention's kernels for the window branch: they
+    are summed into one line against the band kernels' window launches, whose bounds then
+    leave the band rows (there the measured band kernels are the compressed branch's alone)."""
+    measured = tmp_path / "results.json"
+    key = dict(impl="nsa_triton", layout="nsa-125m", seq_len=2048, batch=4, calls=1, share=0.1)
+    measured.write_text(json.dumps(dict(rows=[], kernels=[
+        dict(key, kernel="_band_fwd", device_ms=0.5),
+        dict(key, kernel="triton_tem_fused_flex_attention_0", device_ms=0.25),
+        dict(key, kernel="triton_tem_fused_flex_attention_backward_1", device_ms=1.0),
+        dict(key, kernel="some_torch_kernel", device_ms=0.125)])))
+    assert rl.main(["--layouts", "nsa-125m", "--seqs", "2048", "--batch", "4", "--devices", "H200",
+                    "--measured", str(measured)]) == 0
+    md = capsys.readouterr().out
+    case = rl.analyse("nsa-125m", rl.Shape(4, 2048, 16, 1, 64), ["H200"], "random",
+                      rl.read_record(rl.latest_record()))
+    rows = [r for r in case.rows if r.grid]
+    band_cmp = sum(r.balanced_ms["H200"] for r in rows
+                   if r.kernel == "_band_fwd" and r.branch.startswith("comp"))
+    window = sum(r.balanced_ms["H200"] for r in rows if r.branch.startswith("window"))
+    assert window > 0 and f"| `_band_fwd` | {rl._ms(band_cmp)} | 0.500 |" in md
+    flex = "window branch on FlexAttention (2 kernels) vs the band kernels' bound"
+    assert f"| {flex} | {rl._ms(window)} | 1.250 |" in md
+    assert re.search(r"\| other kernels \(torch\) \| [0-9.]+ \| 0\.125 \|", md)
+
+
 def test_sel_positions_sets_the_selected_programs_and_is_restored(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """``--sel-positions P``: the selected forward/dQ rows are the launches the wrapper makes with
