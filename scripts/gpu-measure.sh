@@ -7,7 +7,7 @@
 # GPU_MEASURE_S: the deadline in seconds (default 420): each step gets at most what is left,
 # a step that would get under 20 s is skipped and says so. Results and a log under $OUT
 # (default gpu-measure/): the kernels' GPU tests (in the log), bench.run's results files
-# (tags p4, p8, 64k), decoding at batch 1 and 64 with its kernels (and each launch against its
+# (tags p4, p8, band, 64k), decoding at batch 1 and 64 with its kernels (and each launch against its
 # bytes, bench.decode_roofline), tiles, the decode kernels' split sweeps, and a staggered
 # batch-64 decode with each kind of step's kernels.
 # GPU_MEASURE_DRY=1: list the commands (one per line, shell-quoted) in $OUT/commands.txt, run none.
@@ -51,6 +51,9 @@ step decode-b64 60 bench.decode --contexts 8192 65536 --batch 64 --kernels --jso
 step decode-bounds 20 bench.decode_roofline --measured "$OUT/decode-b1.json" "$OUT/decode-b64.json" \
   --json "$OUT/decode-roofline.json"  # each launch against its bytes (no GPU work; the log has the table)
 step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
+# The window branch on the band kernel instead of FlexAttention (which runs at ~3x the band
+# kernels' bound: bench.roofline --measured), same rows: whichever is faster trains it.
+NSA_FLEX_WINDOW=0 step band-window 100 "${run[@]}" --tag band
 # 2. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
 step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"
 # 3. The decode kernels' splits at both batches since the token-sum scores (plan_splits' constants).
