@@ -27,7 +27,9 @@ replayed graph of ~100 launches pays several microseconds per launch, so there t
 count is the cost (``wall us / kernel`` shows it). Given ``bench.decode --kernels`` results
 (``--measured``), each launch's measured device time per step stands beside its bound
 (kernels outside the ten that took the most of a step are not listed there: ``-``), and
-``other kernels`` is the rest of the step's device time (merges, cache writes, norms).
+``other kernels`` is the rest of the step's device time (merges, cache writes, norms). The
+kernels are one plain step's; the ``wall`` time is the replayed steps' mean, NSA's compressing
+steps (1 in 16, a few hundred microseconds more at 64k) included.
 """
 
 from __future__ import annotations
