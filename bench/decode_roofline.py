@@ -35,6 +35,7 @@ steps (1 in 16, a few hundred microseconds more at 64k) included.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -86,10 +87,17 @@ def attention_bytes(cfg: ModelConfig, context: int, batch: int) -> dict[str, int
             "_decode_selected": per * 2 * selected}
 
 
+@functools.cache
+def _model(kind: str) -> tuple[ModelConfig, int]:
+    """A kind's model config and its plain step's weight bytes (built once per kind)."""
+    cfg = load_config(ROOT / "configs" / f"{CONFIGS[kind]}.yaml").model
+    return cfg, weight_bytes(cfg)
+
+
 def step_bounds(kind: str, context: int, batch: int) -> dict[str, int]:
     """``{launch: bytes}`` of one plain step: the weights (GEMMs) and the attention launches."""
-    cfg = load_config(ROOT / "configs" / f"{CONFIGS[kind]}.yaml").model
-    return {"GEMMs (weights)": weight_bytes(cfg), **attention_bytes(cfg, context, batch)}
+    cfg, weights = _model(kind)
+    return {"GEMMs (weights)": weights, **attention_bytes(cfg, context, batch)}
 
 
 def measured_rows(paths: list[Path]) -> dict[tuple[str, int, int], dict[str, Any]]:
