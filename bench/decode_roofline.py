@@ -81,7 +81,7 @@ def attention_bytes(cfg: ModelConfig, context: int, batch: int) -> dict[str, int
         return {"_dense_partials": per * 2 * context}
     n_cmp = num_compressed(context, a.compress_block, a.compress_stride)
     t = loaded_tokens(context, a)
-    selected = t["nsa_exact"] - n_cmp - min(a.window, context)
+    selected = int(t["nsa_exact"]) - n_cmp - min(a.window, context)
     return {"_decode_partials": per * 2 * (n_cmp + min(a.window, context)),
             "_decode_scores": per * n_cmp,
             "_decode_selected": per * 2 * selected}
