@@ -22,7 +22,9 @@ LOG=$OUT/log.txt
 say() { echo "[$SECONDS s] $*" | tee -a "$LOG"; }
 step() {  # step NAME MAX_SECONDS ARGS...: python -m ARGS, within MAX_SECONDS and the deadline
   local name=$1 max=$2; shift 2
-  if [ -n "${GPU_MEASURE_DRY:-}" ]; then printf '%q ' "$@" >>"$OUT/commands.txt"; echo >>"$OUT/commands.txt"; return 0; fi
+  if [ -n "${GPU_MEASURE_DRY:-}" ]; then  # the step's own environment first (NSA_FLEX_WINDOW=0)
+    [ -n "${NSA_FLEX_WINDOW:-}" ] && printf 'NSA_FLEX_WINDOW=%q ' "$NSA_FLEX_WINDOW" >>"$OUT/commands.txt"
+    printf '%q ' "$@" >>"$OUT/commands.txt"; echo >>"$OUT/commands.txt"; return 0; fi
   local left=$((END - SECONDS))
   [ "$left" -lt "$max" ] && max=$left
   if [ "$max" -lt 20 ]; then say "SKIP $name (no time left)"; return 0; fi
