@@ -247,6 +247,8 @@ def profile_case(layout: str, T: int, B: int, device: str = "cuda",
     ops = _ops("nsa_triton")
 
     def step() -> None:
+        for x in xs:  # as the timed rows: fresh gradients, no accumulation into the warm-up's
+            x.grad = None
         out = nsa_attention(ops, *xs)
         out.backward(torch.ones_like(out))
 
