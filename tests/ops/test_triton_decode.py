@@ -453,7 +453,11 @@ def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: 
         _kernel(q, t, pos, LAYOUT, splits)
     assert not syncs.events, syncs.report()
     assert len(log) == expected
-    assert log[0] == ("_decode_partials", (splits.cmp + splits.win, B * G))
+    # the (sequence, group) on axis 0, the part on axis 1: the GPU hands out every sequence's
+    # scoring programs before the per-head merges that follow them on axis 1
+    assert log[:3] == [("_decode_partials", (B * G, splits.cmp + splits.win)),
+                       ("_decode_scores", (B * G, splits.scores + 2 * (H // G))),
+                       ("_decode_selected", (B * G, splits.selected))]
 
 
 def test_plan_splits() -> None:

@@ -89,7 +89,7 @@ def test_no_host_sync_and_launches(monkeypatch: pytest.MonkeyPatch, splits: int,
         DD.dense_decode(q, k, v, pos, splits=splits)
     assert not syncs.events, syncs.report()
     assert [name for name, _ in log] == expected
-    assert log[0][1] == (splits, 4)
+    assert log[0][1] == (4, splits)  # (sequence, group) on axis 0, the split on axis 1
 
 
 def test_merge_tickets_are_left_zeroed_and_checked() -> None:

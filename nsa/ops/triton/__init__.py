@@ -36,6 +36,7 @@ from .selected import selected_backward, selected_forward
 from .step_compress import decode_compress
 from .step_write import decode_write
 from .topn import scores_from_lse, selection_from_lse
+from .tuning import sm_count as _sm_count
 
 __all__ = [
     "compressed_attention",
@@ -125,13 +126,6 @@ def _check_size(*xs: torch.Tensor | tuple[int, ...]) -> None:
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
-
-
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device, 0 elsewhere (the compile gate stands in a GPU's)."""
-    if device.type != "cuda":
-        return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _cmp_split(q: torch.Tensor, n_cmp: int, n_groups: int) -> int:

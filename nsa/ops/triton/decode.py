@@ -72,7 +72,6 @@ from .decode_flash import (
     _group_queries,
     _last_to_finish,
     _online,
-    _sm_count,
     _store_gated,
     _store_out,
     _store_partial,
@@ -81,6 +80,7 @@ from .decode_flash import (
     row_merge_tile,
 )
 from .topn import NO_KEY, ORD_NEG_INF, _candidates
+from .tuning import sm_count as _sm_count
 
 # Below every packed key (topn.py's NO_KEY and the fillers under it): the max-reduction's
 # neutral element in ``_merge_top``.
@@ -146,7 +146,7 @@ def _decode_partials(Q, KC, VC, KW, VW, POS, PM, PL, PACC,
     """Programs ``[0, SC)``: a chunk of the visible compressed tokens (i*d + l - 1 <= pos);
     ``[SC, SC + SW)``: a chunk of the window ring's slots that hold a position (slot s
     holds one iff s <= pos). Equal BN-aligned chunks of what ``pos`` makes visible."""
-    pid = tl.program_id(0)
+    pid = tl.program_id(1)
     bg, b, g, p = _group_of_program(POS, G)
     r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
     if pid < SC:
@@ -197,7 +197,7 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
     ranked, their top BJ keys (ascending) into ``CAND[bg, pid]``. Then one program per head
     of the group for the compressed output ``OC``, one per head for the window's ``OW``
     (each a merge of its branch's partials)."""
-    pid = tl.program_id(0)
+    pid = tl.program_id(1)
     bg, b, g, p = _group_of_program(POS, G)
     offs_d = tl.arange(0, BD)
     if pid >= SS:
@@ -280,7 +280,7 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE, 
     GATED, the three branches' gated sum, ``_store_gated``), else a partial in slot
     ``SLOT0 + pid``, which with FUSED the last of the SSEL programs merges into the output.
     Program 0 writes the choice to ``IDX``."""
-    pid = tl.program_id(0)
+    pid = tl.program_id(1)
     bg, b, g, p = _group_of_program(POS, G)
     col = tl.arange(0, NR)
     lists = tl.arange(0, SSP)
@@ -439,12 +439,14 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     pcap = -(-(share - 1) * select_block // stride) + m_tok + 1
     psum = poison.empty(B * G * sp.scores * pcap, device=dev, dtype=torch.float32)
     bt = min(max(MAX_SCORE_TILE, NR), triton.next_power_of_2(share))  # blocks a merge: the share, or 64
-    _decode_partials[(sp.cmp + sp.win, B * G)](
+    _decode_partials[(B * G, sp.cmp + sp.win)](
         q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
         G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
         R=R, D=D, BD=BD, BN=64, PREC=prec, num_warps=warps)
-    # after the scoring programs, one per head for each of o_cmp and o_win
-    _decode_scores[(sp.scores + 2 * hpg, B * G)](
+    # after the scoring programs, one per head for each of o_cmp and o_win: at batch 64 these
+    # short merges are most of the launch's programs, more than the SMs hold at once, and with
+    # the sequence on axis 0 every scoring program is handed out before any of them
+    _decode_scores[(B * G, sp.scores + 2 * hpg)](
         q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, psum, *sq, *sc, *so,
         G, hpg, NC, n_blocks, qk_scale, stride, block, select_block, num_initial, num_local,
         sp.cmp, sp.win, slots, sp.scores, pcap,
@@ -458,7 +460,7 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     # split a few ways, the selected launch merges its own partials (one launch fewer per layer)
     fused = not final and sp.selected <= MAX_FUSED_SLOTS
     tk = check_tickets(tickets, B * G, dev) if fused else pos  # an unused pointer otherwise
-    _decode_selected[(sp.selected, B * G)](
+    _decode_selected[(B * G, sp.selected)](
         q, k_slc, v_slc, pos, cand, idx, pm, pl, pacc, o_slc, o_cmp, o_win, logits, tk, *sq,
         *k_slc.stride()[:3],
         idx.stride(0), idx.stride(1), *so, sgb,

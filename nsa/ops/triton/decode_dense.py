@@ -38,13 +38,13 @@ from .decode_flash import (
     _group_of_program,
     _group_queries,
     _last_to_finish,
-    _sm_count,
     _store_out,
     _store_partial,
     check_tickets,
     merge_tile,
     row_merge_tile,
 )
+from .tuning import sm_count as _sm_count
 
 # Keys per program below which another split costs more (a partial stored and merged) than
 # it spreads. A design estimate, like decode.py's MIN_* (bench.decode_kernel --sweep measures
@@ -71,7 +71,7 @@ def _dense_partials(Q, K, V, POS, PM, PL, PACC, OUT, TICKETS,
     """Program ``pid`` of SPLITS: its equal BN-aligned chunk of the keys ``[0, min(pos, S - 1)]``;
     the output when FINAL (one split), else a partial in slot ``pid``, which with FUSED the
     last program of the (sequence, group) merges with the others into the output."""
-    pid = tl.program_id(0)
+    pid = tl.program_id(1)
     bg, b, g, p = _group_of_program(POS, G)
     r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
     kv = b * skb + g * skh
@@ -131,7 +131,7 @@ def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
         pacc = poison.empty(B * G, sp, R, BD, device=q.device, dtype=torch.float32)
     so = (out.stride(0), out.stride(2))
     warps = 4 if R * BD <= 64 * 64 else 8
-    _dense_partials[(sp, B * G)](q, k, v, pos, pm, pl, pacc, out, tk, q.stride(0), q.stride(2),
+    _dense_partials[(B * G, sp)](q, k, v, pos, pm, pl, pacc, out, tk, q.stride(0), q.stride(2),
                                  *k.stride()[:3], *so, G, hpg, S, qk_scale, sp,
                                  R=R, D=D, BD=BD, BN=64, FINAL=final, FUSED=fused, CS=merge_tile(sp, R, BD),
                                  PREC=_prec(q), num_warps=warps)

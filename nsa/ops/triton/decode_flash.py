@@ -1,9 +1,10 @@
 """Flash-decoding pieces that both decoders' kernels are built from: NSA's three branches
 (``decode.py``) and dense attention (``decode_dense.py``), one new query per sequence.
 
-A program serves one (split, sequence, KV group), its rows the group's query heads, so
-each K/V row is loaded once for the group (GQA): ``_group_of_program`` and
-``_group_queries`` read that from axis 1 of the grid; ``_flash_chunk`` runs the online
+A program serves one (sequence, KV group) and one part of its work (a split, or a role
+such as a head's merge), its rows the group's query heads, so each K/V row is loaded once
+for the group (GQA): ``_group_of_program`` and ``_group_queries`` read the (sequence,
+group) from axis 0 of the grid, the part from axis 1; ``_flash_chunk`` runs the online
 softmax over an equal chunk of the visible keys and ``_store_partial`` keeps its (max,
 sum, unnormalised output). Merging partials: ``_combine_lse`` gives each row's
 log-sum-exp (``[32, heads]`` loads), ``_combine_row`` one head's output (``[32, D]``
@@ -71,17 +72,16 @@ def merge_tile(slots: int, rows: int, bd: int) -> int:
     return max(1, min(triton.next_power_of_2(slots), budget // (rows * bd)))
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 @triton.jit
 def _group_of_program(POS, G):
-    """Axis 1 of every decode grid is (sequence, KV group): ``bg``, ``b``, ``g`` and the
-    sequence's position."""
-    bg = tl.program_id(1)
+    """Axis 0 of every decode grid is (sequence, KV group): ``bg``, ``b``, ``g`` and the
+    sequence's position. Axis 1 is the program's part: the GPU hands out programs in the
+    order of their linear index (axis 0 fastest), so every sequence's first part starts
+    before any sequence's second. A launch whose parts differ in length puts the long ones
+    first (the scoring programs before the per-head merges, the compressed chunks before
+    the window's), and once its programs outnumber what the SMs hold at once, no sequence's
+    long program waits behind the others' short ones."""
+    bg = tl.program_id(0)
     b = bg // G
     g = bg % G
     return bg, b, g, tl.load(POS + b).to(tl.int32)

@@ -58,6 +58,14 @@ def capability(device: torch.device | None) -> int:
     return 10 * major + minor
 
 
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device, 0 elsewhere: what the split launches size
+    their grids from (the compile gate and the benchmarks stand in a GPU's count)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @contextlib.contextmanager
 def assumed_capability(cap: int) -> Iterator[None]:
     """Prunes choose configs as on a GPU of capability ``cap`` (the compile gate, the roofline)."""
