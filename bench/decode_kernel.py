@@ -3,7 +3,7 @@ KV-cache decoder's torch maths, per decoded token.
 
     python -m bench.decode_kernel [--contexts 4096 16384 65536] [--batch 1] [--device cpu|cuda]
                                   [--dtype fp32|bf16] [--threads 1] [--iters 20]
-                                  [--plan-sms 132] [--sweep] [--json OUT]
+                                  [--plan-sms 132] [--sweep] [--waves] [--json OUT]
 
 nsa-125m's attention layer (16 query heads in one KV group, head dim 64, l=32, d=16,
 l'=64, n=16, w=512), an ``NSACache`` with room for the context, filled with random K/V,
@@ -25,6 +25,15 @@ half, twice and four times the planned one (within what the shapes allow), the o
 planned, each replayed from a CUDA graph; the rows say which plan was fastest per context,
 which is what to set the constants from. On CPU it lists the plans without timing them.
 
+``--waves`` (no GPU needed; the compiled kernels, not under ``TRITON_INTERPRET=1``): each
+launch of the planned call (bf16, on a GPU of ``--plan-sms`` SMs, 132 by default) compiled
+for sm_90 by the compile gate's machinery, with its registers, shared memory and warps, the
+programs an SM holds at once (``bench.roofline.resident``) and the waves its grid takes.
+Every decode grid is (sequence and KV group) x (the program's part), handed out in that
+linear order: the rows say how many parts of every sequence the first wave starts. Where
+a launch's parts differ in length (the scores launch: its scoring programs, then one
+merge per head for each of two branches), the long ones come first and should all be there.
+
 The kernels are not timed on CPU: there they run in Triton's interpreter.
 """
 
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -139,6 +149,44 @@ def launch_plan(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int | 
     return log, ops.total
 
 
+def launch_waves(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int = 132) -> list[dict[str, Any]]:
+    """Each launch of one call on a GPU of ``sms`` SMs, compiled for sm_90 (Triton's compiler,
+    no GPU; a minute or so per launch where Triton's cache lacks it): grid, registers, shared
+    bytes, warps, programs an SM holds at once, waves, and how many of every sequence's parts
+    (axis 1) start in the first wave."""
+    from bench.compile_check import compile_launch
+    from bench.compile_launches import capture
+    from bench.roofline import resident
+    from nsa.ops.triton import decode as DK
+
+    grids, _ = launch_plan(cache, q, pos, sms)
+    saved = DK._sm_count
+    try:
+        DK._sm_count = lambda device: sms
+        with capture() as launches:
+            kernel_call(cache, q, pos)()
+    finally:
+        DK._sm_count = saved
+    names = [g.split("[")[0] for g in grids]
+    if [la.name for la in launches] != names:
+        raise RuntimeError(f"captured {[la.name for la in launches]}, planned {names}")
+    rows = []
+    for la, grid in zip(launches, grids):
+        res = compile_launch(la, 90)
+        if res.error or res.registers is None or res.shared is None or res.num_warps is None:
+            raise RuntimeError(f"{la.name} did not compile for sm_90: {res.error}")
+        dims = [int(x) for x in grid[grid.index("[") + 1:-1].split(",")]
+        programs = dims[0] * (dims[1] if len(dims) > 1 else 1)
+        per_sm = resident(res.registers, res.shared, res.num_warps)
+        slots = per_sm * sms
+        rows.append({"launch": grid, "programs": programs, "registers": res.registers, "shared": res.shared,
+                     "warps": res.num_warps, "per_sm": per_sm,
+                     "waves": programs / slots if slots else None,
+                     "parts": dims[1] if len(dims) > 1 else 1,
+                     "parts_in_first_wave": min(dims[1] if len(dims) > 1 else 1, slots // dims[0])})
+    return rows
+
+
 PHASES = ("cmp", "win", "scores", "selected")
 FACTORS = (0.25, 0.5, 2, 4)
 
@@ -228,14 +276,33 @@ def main(argv: list[str] | None = None) -> int:
                     help="show the launches planned for a GPU of this many SMs (132: an H100)")
     ap.add_argument("--sweep", action="store_true",
                     help="also time each phase's split at 1/4, 1/2, 2 and 4 times the planned one (CUDA)")
+    ap.add_argument("--waves", action="store_true",
+                    help="compile each launch for sm_90 (no GPU): programs per SM and waves on a GPU of "
+                         "--plan-sms SMs (default 132)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.waves and os.environ.get("TRITON_INTERPRET") == "1":
+        ap.error("--waves compiles the kernels: unset TRITON_INTERPRET")
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype or ("bf16" if device.type == "cuda"
                                                                           else "fp32")]
     rows = []
+    if args.waves:  # the launches alone, as a GPU runs them (bf16); nothing timed
+        sms = args.plan_sms or 132
+        for s in args.contexts:
+            got = launch_waves(*setup(s, args.batch, torch.bfloat16, device), sms=sms)
+            rows.append({"context": s, "batch": args.batch, "sms": sms, "waves": got})
+            print(f"context {s:,} batch {args.batch}, a GPU of {sms} SMs (sm_90):", flush=True)
+            for w in got:
+                print(f"  {w['launch']}: {w['programs']:,} programs; {w['registers']} registers, "
+                      f"{w['shared']:,} B shared, {w['warps']} warps: {w['per_sm']} per SM, {w['waves']:.2f} "
+                      f"waves; the first wave starts {w['parts_in_first_wave']} of every sequence's "
+                      f"{w['parts']} parts", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0
     for s in args.contexts:
         r = measure(s, args.batch, dtype, device, args.iters, args.plan_sms, args.sweep)
         rows.append(r)

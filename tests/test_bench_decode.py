@@ -148,3 +148,36 @@ def test_the_decode_kernel_sweep_plans_valid_splits_around_the_planned_ones() ->
         assert name in ("planned", "no_split") or changed == [name.split()[0]], (name, plan)
         assert plan.scores <= DK.MAX_SCORE_SPLITS and plan.selected <= 16 and plan.win <= 512
     assert {"cmp x2", "win x0.5", "scores x4", "selected x0.5"} <= set(plans)
+
+
+@pytest.mark.slow
+def test_decode_kernel_waves_compile_each_launch_and_start_the_long_parts_first(tmp_path: Path) -> None:
+    """``bench.decode_kernel --waves`` compiles the planned launches for sm_90 (no GPU). On a
+    GPU of 8 SMs at batch 16 the scores launch is 16 sequences x 33 parts (one scoring
+    program, then a merge per head for each of two branches), over ten waves: every
+    sequence's scoring program must be among what the first wave starts."""
+    import os
+    import subprocess
+
+    from bench.roofline import resident
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    out_json = tmp_path / "waves.json"
+    out = subprocess.run([sys.executable, "-m", "bench.decode_kernel", "--contexts", "4096", "--batch", "16",
+                          "--plan-sms", "8", "--waves", "--json", str(out_json)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out_json.read_text())[0]["waves"]
+    names = [r["launch"].split("[")[0] for r in rows]
+    assert names == ["_decode_partials", "_decode_scores", "_decode_selected"]
+    for r in rows:
+        grid = [int(x) for x in r["launch"][r["launch"].index("[") + 1:-1].split(",")]
+        assert grid[0] == 16 and r["programs"] == grid[0] * grid[1] and r["parts"] == grid[1], r
+        assert r["per_sm"] == resident(r["registers"], r["shared"], r["warps"]) > 0, r
+        assert r["parts_in_first_wave"] == min(r["parts"], 8 * r["per_sm"] // 16), r
+    scores = rows[1]
+    assert scores["parts"] == 1 + 2 * 16 and scores["waves"] > 1, scores
+    assert scores["parts_in_first_wave"] >= 1, scores
+    assert "the first wave starts" in out.stdout
