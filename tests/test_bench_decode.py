@@ -156,18 +156,12 @@ def test_decode_kernel_waves_compile_each_launch_and_start_the_long_parts_first(
     GPU of 8 SMs at batch 16 the scores launch is 16 sequences x 33 parts (one scoring
     program, then a merge per head for each of two branches), over ten waves: every
     sequence's scoring program must be among what the first wave starts."""
-    import os
-    import subprocess
-
     from bench.roofline import resident
+    from tests.compiled import run_compiled
 
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     out_json = tmp_path / "waves.json"
-    out = subprocess.run([sys.executable, "-m", "bench.decode_kernel", "--contexts", "4096", "--batch", "16",
-                          "--plan-sms", "8", "--waves", "--json", str(out_json)], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=1800)
+    out = run_compiled(["-m", "bench.decode_kernel", "--contexts", "4096", "--batch", "16", "--plan-sms", "8",
+                        "--waves", "--json", str(out_json)], timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out_json.read_text())[0]["waves"]
     names = [r["launch"].split("[")[0] for r in rows]

@@ -7,10 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from bench.core import NSA, attention_inputs, nsa_attention
 from nsa.config import load_config
 from nsa.ops.triton import band, tuning
 from nsa.stats import attention_flops_per_token
+from tests.compiled import run_compiled
 
 ROOT = Path(__file__).resolve().parents[1]
 SMS = 132
@@ -310,12 +308,9 @@ def test_sel_positions_sets_the_selected_programs_and_is_restored(tmp_path: Path
 def test_mma_reads_the_sm90_ptx_of_every_kernel(tmp_path: Path) -> None:
     """``--mma`` compiles the kernels (Triton's compiler, no GPU): the dots of fewer than 64
     rows are the kernels whose PTX has no wgmma."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     out_json = tmp_path / "mma.json"
-    out = subprocess.run([sys.executable, "-m", "bench.roofline", "--layouts", "nsa-125m", "--seqs", "2048",
-                          "--devices", "H200", "--mma", "--json", str(out_json)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=1800)
+    out = run_compiled(["-m", "bench.roofline", "--layouts", "nsa-125m", "--seqs", "2048", "--devices",
+                        "H200", "--mma", "--json", str(out_json)], timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     launches = json.loads(out_json.read_text())["cases"][0]["launches"]
     kinds = {(la["kernel"], la["branch"]): la["mma"] for la in launches if la["grid"]}

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compiled import compiled_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Throwaway kernels, written to a module in a temporary directory.
@@ -88,18 +90,12 @@ CACHE_DRIVER = textwrap.dedent('''
 ''')
 
 
-def _gate_env(*extra: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([*map(str, extra), str(ROOT), env.get("PYTHONPATH", "")])
-    return env
-
-
 @pytest.fixture(scope="module")
 def probe_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """``{kernel: [its line for sm_80, for sm_90]}`` as the gate prints them."""
     tmp = tmp_path_factory.mktemp("probe")
     (tmp / "gate_probe_kernels.py").write_text(PROBE_KERNELS)
-    out = subprocess.run([sys.executable, "-c", PROBE_DRIVER], cwd=ROOT, env=_gate_env(tmp),
+    out = subprocess.run([sys.executable, "-c", PROBE_DRIVER], cwd=ROOT, env=compiled_env(tmp),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     lines: dict[str, list[str]] = {}
@@ -134,7 +130,7 @@ def test_the_gate_compiles_through_tritons_disk_cache(tmp_path: Path) -> None:
     a CI step) pays for one cold compile per CI run, not one each."""
     (tmp_path / "gate_probe_kernels.py").write_text(PROBE_KERNELS)
     cache = tmp_path / "triton-cache"
-    env = _gate_env(tmp_path)
+    env = compiled_env(tmp_path)
     env["TRITON_CACHE_DIR"] = str(cache)
     out = subprocess.run([sys.executable, "-c", CACHE_DRIVER], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
@@ -144,7 +140,7 @@ def test_the_gate_compiles_through_tritons_disk_cache(tmp_path: Path) -> None:
 
 
 def test_every_kernel_is_covered_and_list_mode_needs_no_compiler() -> None:
-    env = _gate_env()
+    env = compiled_env()
     env["TRITON_INTERPRET"] = "1"  # the gate must drop it, and say so
     out = subprocess.run([sys.executable, "-m", "bench.compile_check", "--list"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
@@ -172,7 +168,8 @@ def test_a_kernel_no_op_launches_fails_the_gate(tmp_path: Path) -> None:
             tl.store(X + tl.arange(0, BLOCK), 0.0)
     '''))
     cmd = [sys.executable, "-m", "bench.compile_check", "--list", "--extra-module", "orphan_kernels"]
-    out = subprocess.run(cmd, cwd=ROOT, env=_gate_env(tmp_path), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=ROOT, env=compiled_env(tmp_path), capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "kernel orphan_kernels._orphan not covered" in out.stdout
 
@@ -187,7 +184,7 @@ def test_the_gate_passes_for_sm80_and_sm90() -> None:
     config) that took ~30 min on 2 shared cores at load 6-8, so it has its own 40-minute limit
     instead of the suite's 10."""
     out = subprocess.run([sys.executable, "-m", "bench.compile_check", "--reuse-record"], cwd=ROOT,
-                         env=_gate_env(), capture_output=True, text=True, timeout=2350)
+                         env=compiled_env(), capture_output=True, text=True, timeout=2350)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert "compile_check: passed" in out.stdout
     assert "FAIL" not in out.stdout

@@ -7,15 +7,13 @@ autotuner ("0 active drivers" without one), so a decorator applied at import tim
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from triton.runtime.autotuner import Autotuner
 
 from nsa.ops.triton import band, selected, topn, tuning
+from tests.compiled import run_compiled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,10 +31,7 @@ print(type(band._band_fwd).__name__, type(selected._sel_fwd).__name__, type(topn
 
 
 def test_importing_the_kernels_builds_no_autotuner() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiled kernels' import
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_DRIVER], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = run_compiled(["-c", IMPORT_WITHOUT_DRIVER], timeout=300)  # the compiled kernels' import
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["Tunable", "Tunable", "Tunable"]
 
