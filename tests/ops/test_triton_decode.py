@@ -23,6 +23,8 @@ import time
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from nsa.config import AttentionConfig, ModelConfig
 from nsa.infer import cache as cache_mod
@@ -554,3 +556,36 @@ def test_faster_than_the_torch_step_on_gpu() -> None:
     torch_step = timed(lambda: _step_branches(q, t, pos, NSA125))
     print(f"\nbranches at 64k: kernels {kernels * 1e6:.0f} us, torch {torch_step * 1e6:.0f} us")
     assert kernels < torch_step
+
+
+@triton.jit
+def _start_order(TICKETS, SINK, SPIN: tl.constexpr):
+    """Each program draws a ticket as it starts and stores it at its linear index (axis 0
+    fastest), then keeps its slot busy for a while, so later programs wait for slots."""
+    lin = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    ticket = tl.atomic_add(TICKETS, 1)
+    tl.store(TICKETS + 1 + lin, ticket)
+    acc = ticket.to(tl.float32)
+    for _ in range(SPIN):
+        acc = acc * 0.999 + 1.0
+    tl.store(SINK + lin, acc)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gpu_starts_programs_in_linear_order_axis_0_fastest() -> None:
+    """What the decode grids' order rests on (docs/kernels.md, "The order programs are
+    handed out"): a launch of several waves starts its programs in the order of their
+    linear index, axis 0 fastest. Tickets drawn at start against that index: a rank
+    correlation near 1 (programs of one wave start together, in any order among them);
+    axis 1 first would give about 0 on this grid."""
+    nx, ny = 64, 256  # 16,384 one-warp programs: several times what 132 SMs hold
+    tickets = torch.zeros(1 + nx * ny, dtype=torch.int32, device="cuda")
+    sink = torch.empty(nx * ny, dtype=torch.float32, device="cuda")
+    _start_order[(nx, ny)](tickets, sink, SPIN=4096, num_warps=1)
+    got = tickets[1:].double()
+    lin = torch.arange(nx * ny, dtype=torch.float64, device="cuda")
+    assert sorted(got.long().tolist()) == list(range(nx * ny))  # each program drew one ticket
+    rho = torch.corrcoef(torch.stack([lin, got]))[0, 1].item()
+    print(f"\nstart order vs linear index (axis 0 fastest): rank correlation {rho:.3f}")
+    assert rho > 0.9, rho
