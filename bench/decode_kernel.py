@@ -175,15 +175,13 @@ def launch_waves(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int =
         res = compile_launch(la, 90)
         if res.error or res.registers is None or res.shared is None or res.num_warps is None:
             raise RuntimeError(f"{la.name} did not compile for sm_90: {res.error}")
-        dims = [int(x) for x in grid[grid.index("[") + 1:-1].split(",")]
-        programs = dims[0] * (dims[1] if len(dims) > 1 else 1)
+        groups, parts = (int(x) for x in grid[grid.index("[") + 1:-1].split(","))  # every decode grid is 2-D
         per_sm = resident(res.registers, res.shared, res.num_warps)
         slots = per_sm * sms
-        rows.append({"launch": grid, "programs": programs, "registers": res.registers, "shared": res.shared,
-                     "warps": res.num_warps, "per_sm": per_sm,
-                     "waves": programs / slots if slots else None,
-                     "parts": dims[1] if len(dims) > 1 else 1,
-                     "parts_in_first_wave": min(dims[1] if len(dims) > 1 else 1, slots // dims[0])})
+        rows.append({"launch": grid, "programs": groups * parts, "registers": res.registers,
+                     "shared": res.shared, "warps": res.num_warps, "per_sm": per_sm,
+                     "waves": groups * parts / slots if slots else None, "parts": parts,
+                     "parts_in_first_wave": min(parts, slots // groups)})
     return rows
 
 
