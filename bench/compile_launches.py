@@ -254,8 +254,10 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
             width = s.H * s.D + 6 * s.G * s.D + 3 * s.H  # a decode step's joint projection
             joint = torch.empty(s.B, 1, width, device="meta", dtype=torch.bfloat16)
             gate_logits = joint[..., -3 * s.H:].view(s.B, 1, s.H, 3)
-            # many: the selected branch split past what its launch merges itself (the merge launch)
-            for name, splits in (("whole", DecodeSplits()), ("split", DecodeSplits(2, 2, 2, 2)),
+            # many: the selected branch split past what its launch merges itself (the merge launch);
+            # split: the branches' partials merged per branch, as at a large batch (else per head)
+            for name, splits in (("whole", DecodeSplits()),
+                                 ("split", DecodeSplits(2, 2, 2, 2, head_merges=False)),
                                  ("wide", DecodeSplits(33, 4, 64, 8)),
                                  ("many", DecodeSplits(2, 2, 2, MAX_FUSED_SLOTS + 1))):
                 step["op"] = f"decode {name}"

@@ -22,8 +22,11 @@ every sequence at the context's last position. For each context:
 ``--sweep`` (CUDA): the splits ``plan_splits`` chooses are design estimates (its ``MIN_*``
 keys per program and ``PROGRAMS_PER_SM``). Each phase's split is also tried at a quarter,
 half, twice and four times the planned one (within what the shapes allow), the others as
-planned, each replayed from a CUDA graph; the rows say which plan was fastest per context,
-which is what to set the constants from. On CPU it lists the plans without timing them.
+planned, and the scores launch's merges of the partials the other way (one program per head,
+or one per branch for all heads: ``plan_splits`` goes per branch once per-head merges would
+outnumber the programs the SMs are planned to hold), each replayed from a CUDA graph; the rows
+say which plan was fastest per context, which is what to set the constants from. On CPU it
+lists the plans without timing them.
 
 ``--waves`` (no GPU needed; the compiled kernels, not under ``TRITON_INTERPRET=1``): each
 launch of the planned call (bf16, on a GPU of ``--plan-sms`` SMs, 132 by default) compiled
@@ -31,8 +34,9 @@ for sm_90 by the compile gate's machinery, with its registers, shared memory and
 programs an SM holds at once (``bench.roofline.resident``) and the waves its grid takes.
 Every decode grid is (sequence and KV group) x (the program's part), handed out in that
 linear order: the rows say how many parts of every sequence the first wave starts. Where
-a launch's parts differ in length (the scores launch: its scoring programs, then one
-merge per head for each of two branches), the long ones come first and should all be there.
+a launch's parts differ in length (the scores launch: its scoring programs, then the
+merges of two branches' partials, per head or per branch), the long ones come first and should
+all be there.
 
 The kernels are not timed on CPU: there they run in Triton's interpreter.
 """
@@ -204,7 +208,8 @@ def sweep_plans(cache: NSACache, device: torch.device, sms: int | None = None) -
     try:
         if sms is not None:
             DK._sm_count = lambda device: sms
-        planned = DK.plan_splits(B, G, NC, units["win"], n_blocks, c.num_selected, device)
+        planned = DK.plan_splits(B, G, NC, units["win"], n_blocks, c.num_selected, device,
+                                 heads_per_group=cache.attn.n_heads // G)
     finally:
         DK._sm_count = saved
     plans: dict[str, Any] = {"planned": planned, "no_split": DK.DecodeSplits()}
@@ -214,6 +219,11 @@ def sweep_plans(cache: NSACache, device: torch.device, sms: int | None = None) -
             plan = dataclasses.replace(planned, **{phase: n})
             if plan not in plans.values():
                 plans[f"{phase} x{factor:g}"] = plan
+    # the partials' merges the other way (per head / per branch), where a branch's partials fit
+    # one merge program (its MAX_FUSED_SLOTS)
+    if max(planned.cmp, planned.win) <= DK.MAX_FUSED_SLOTS:
+        merges = "per branch" if planned.head_merges else "per head"
+        plans[f"merges {merges}"] = dataclasses.replace(planned, head_merges=not planned.head_merges)
     return plans
 
 

@@ -263,11 +263,13 @@ LONG = Layout(block=8, stride=4, select_block=8, num_selected=5, num_initial=1, 
 # none; a few per phase; more than one chunk of partials merged at once (CA) and a deeper
 # tree of candidate lists (33 scoring programs: 64 lists, most of them empty, 6 levels)
 # the selected branch in one program, merged by its launch's last program (2, 3), or by a
-# merge launch (more than MAX_FUSED_SLOTS)
+# merge launch (more than MAX_FUSED_SLOTS); the branches' partials merged one program per
+# head, or one per branch for all heads (as at a large batch)
 SPLITS = [DK.DecodeSplits(), DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2),
           DK.DecodeSplits(cmp=9, win=3, scores=33, selected=3),
-          DK.DecodeSplits(cmp=2, win=2, scores=2, selected=DK.MAX_FUSED_SLOTS + 1)]
-SPLIT_IDS = ["one", "split", "many", "wide"]
+          DK.DecodeSplits(cmp=2, win=2, scores=2, selected=DK.MAX_FUSED_SLOTS + 1),
+          DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2, head_merges=False)]
+SPLIT_IDS = ["one", "split", "many", "wide", "per-branch"]
 
 
 @pytest.mark.parametrize("splits", SPLITS, ids=SPLIT_IDS)
@@ -439,7 +441,8 @@ class _Launches:
         return lambda *args, **kwargs: self.log.append((self.name, grid))
 
 
-@pytest.mark.parametrize("splits,expected", [(DK.DecodeSplits(), 3), (SPLITS[1], 3), (SPLITS[3], 4)])
+@pytest.mark.parametrize("splits,expected", [(DK.DecodeSplits(), 3), (SPLITS[1], 3), (SPLITS[3], 4),
+                                             (SPLITS[4], 3)])
 def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: DK.DecodeSplits,
                                        expected: int) -> None:
     """The wrapper reads nothing back from the device and builds nothing from host data (a
@@ -456,24 +459,37 @@ def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: 
     assert not syncs.events, syncs.report()
     assert len(log) == expected
     # the (sequence, group) on axis 0, the part on axis 1: the GPU hands out every sequence's
-    # scoring programs before the per-head merges that follow them on axis 1
+    # scoring programs before the merges (per head, or per branch) that follow them on axis 1
+    merges = 2 * (H // G) if splits.head_merges else 2
     assert log[:3] == [("_decode_partials", (B * G, splits.cmp + splits.win)),
-                       ("_decode_scores", (B * G, splits.scores + 2 * (H // G))),
+                       ("_decode_scores", (B * G, splits.scores + merges)),
                        ("_decode_selected", (B * G, splits.selected))]
 
 
 def test_plan_splits() -> None:
     """No split off CUDA; on a GPU, splits only while the batch leaves SMs idle, never below
-    the minimum work per program."""
-    assert DK.plan_splits(1, 1, 4095, 512, 1024, 16, torch.device("cpu")) == DK.DecodeSplits()
+    the minimum work per program; the partials merged per head until those merges alone
+    would outnumber the programs planned per SM."""
+    cpu = torch.device("cpu")
+    assert DK.plan_splits(1, 1, 4095, 512, 1024, 16, cpu, heads_per_group=16) == DK.DecodeSplits()
     saved = DK._sm_count
     try:
         DK._sm_count = lambda device: 132  # type: ignore[assignment]
-        one = DK.plan_splits(1, 1, 4095, 512, 1024, 16, torch.device("cuda"))
+        gpu = torch.device("cuda")
+        one = DK.plan_splits(1, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16)
         assert one == DK.DecodeSplits(cmp=31, win=4, scores=32, selected=8)
-        assert DK.plan_splits(512, 1, 4095, 512, 1024, 16, torch.device("cuda")) == DK.DecodeSplits()
+        # nsa-125m at batch 64 and 64k: 2,048 per-head merges against 264 planned programs
+        assert DK.plan_splits(64, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16) == DK.DecodeSplits(
+            cmp=5, win=4, scores=5, selected=5, head_merges=False)
+        assert DK.plan_splits(8, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).head_merges  # 256 merges
+        # a branch split past what one merge program reads at once stays merged per head
+        assert DK.plan_splits(12, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).cmp == 22
+        assert DK.plan_splits(12, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).head_merges
+        assert DK.plan_splits(512, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16) == DK.DecodeSplits(
+            head_merges=False)
         # a million-token context: the candidate lists' merge tree stays MAX_SCORE_SPLITS wide
-        assert DK.plan_splits(1, 1, 65535, 512, 16384, 16, torch.device("cuda")).scores == DK.MAX_SCORE_SPLITS
+        long = DK.plan_splits(1, 1, 65535, 512, 16384, 16, gpu, heads_per_group=16)
+        assert long.scores == DK.MAX_SCORE_SPLITS
     finally:
         DK._sm_count = saved  # type: ignore[assignment]
     with pytest.raises(ValueError, match="at most 64 scoring programs"):

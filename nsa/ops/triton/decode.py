@@ -19,7 +19,8 @@ whose rows are the group's query heads, so every K/V row is loaded once for the 
    contiguous key tiles, into a scratch row), then the scores of the program's share of
    the eligible selection blocks and their running top-n (topn.py's packed keys: forced
    blocks +inf, higher score first, ties to the lower block), stored as a candidate list;
-   one more program per head merges ``o_cmp``'s partials, and one per head ``o_win``'s;
+   one more program per head merges ``o_cmp``'s partials, and one per head ``o_win``'s
+   (at a large batch one program per branch merges all heads);
 3. ``_decode_selected``: the candidate lists merged give the chosen blocks (the top n that
    beat -inf: the reference's choice, -1 for slots nothing fills); attention over its
    share of them; when split, the last program of the (sequence, group) to finish merges
@@ -104,12 +105,17 @@ MAX_SCORE_TILE = 64
 @dataclasses.dataclass(frozen=True)
 class DecodeSplits:
     """Programs per (sequence, KV group) of each phase: compressed chunks, window chunks,
-    scoring programs, selected-attention programs (> 1: a fourth launch combines them)."""
+    scoring programs, selected-attention programs (> 1: a fourth launch combines them).
+    ``head_merges``: the scores launch merges the compressed and window partials one
+    program per head (a short chain of loads each, in parallel: what a small batch wants);
+    False, one program per branch for all the group's heads (two per sequence and group,
+    where a large batch's per-head merges were most of the launch's programs)."""
 
     cmp: int = 1
     win: int = 1
     scores: int = 1
     selected: int = 1
+    head_merges: bool = True
 
     def __post_init__(self) -> None:
         if min(self.cmp, self.win, self.scores, self.selected) < 1:
@@ -119,22 +125,27 @@ class DecodeSplits:
 
 
 def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int, num_selected: int,
-                device: torch.device) -> DecodeSplits:
+                device: torch.device, *, heads_per_group: int) -> DecodeSplits:
     """Splits that give about ``PROGRAMS_PER_SM`` programs per SM in each phase, no program
     with less than the ``MIN_*`` keys (a capacity-sized bound: shapes only, no sync). No
     split off CUDA (the interpreter: fewer programs, faster tests) or once the batch's
-    (sequence, group) pairs fill the GPU on their own."""
+    (sequence, group) pairs fill the GPU on their own. The partials' merges go per branch
+    instead of per head once per-head merges alone would outnumber those programs per SM
+    (each branch with at most ``MAX_FUSED_SLOTS`` partials: one program reads them all at once,
+    as the selected launch's own merge does)."""
     sms = _sm_count(device)
     if sms == 0:
         return DecodeSplits()
-    per = max(1, -(-PROGRAMS_PER_SM * sms // max(1, batch * groups)))
+    pairs = max(1, batch * groups)
+    per = max(1, -(-PROGRAMS_PER_SM * sms // pairs))
 
     def cap(units: int, least: int) -> int:
         return max(1, min(per, units // least))
 
-    return DecodeSplits(cmp=cap(n_cmp, MIN_CMP_KEYS), win=cap(window, MIN_WIN_KEYS),
-                        scores=min(MAX_SCORE_SPLITS, cap(n_blocks, MIN_SCORE_BLOCKS)),
-                        selected=cap(num_selected, MIN_SEL_BLOCKS))
+    cmp, win = cap(n_cmp, MIN_CMP_KEYS), cap(window, MIN_WIN_KEYS)
+    head_merges = 2 * heads_per_group * pairs <= PROGRAMS_PER_SM * sms or max(cmp, win) > MAX_FUSED_SLOTS
+    return DecodeSplits(cmp=cmp, win=win, scores=min(MAX_SCORE_SPLITS, cap(n_blocks, MIN_SCORE_BLOCKS)),
+                        selected=cap(num_selected, MIN_SEL_BLOCKS), head_merges=head_merges)
 
 
 @triton.jit
@@ -192,23 +203,34 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
                    sqb, sqh, scb, sct, sch, sob, soh,
                    G, HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SW, SP, SS, PCAP,
                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
-                   BN: tl.constexpr, M: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr, PREC: tl.constexpr):
+                   BN: tl.constexpr, M: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr,
+                   HEADS: tl.constexpr, PREC: tl.constexpr):
     """Programs ``[0, SS)``: a share of the eligible blocks ``[0, pos // l']``, scored and
-    ranked, their top BJ keys (ascending) into ``CAND[bg, pid]``. Then one program per head
-    of the group for the compressed output ``OC``, one per head for the window's ``OW``
-    (each a merge of its branch's partials)."""
+    ranked, their top BJ keys (ascending) into ``CAND[bg, pid]``. Then the merges of the
+    branches' partials into the compressed output ``OC`` and the window's ``OW``: with HEADS,
+    one program per head of the group for each (CA partials a load); without, one program
+    per branch for all the heads (CA partials of every row a load)."""
     pid = tl.program_id(1)
     bg, b, g, p = _group_of_program(POS, G)
     offs_d = tl.arange(0, BD)
     if pid >= SS:
-        h = (pid - SS) % HPG
-        rr = h + tl.zeros([1], tl.int32)
-        if pid - SS < HPG:
-            m_o, l_o, acc_o = _combine_row(PM, PL, PACC, bg * SP, 0, SC, h, offs_d, R, BD, CA)
-            _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, rr, rr < HPG, offs_d, D)
+        if HEADS:
+            h = (pid - SS) % HPG
+            rr = h + tl.zeros([1], tl.int32)
+            if pid - SS < HPG:
+                m_o, l_o, acc_o = _combine_row(PM, PL, PACC, bg * SP, 0, SC, h, offs_d, R, BD, CA)
+                _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, rr, rr < HPG, offs_d, D)
+            else:
+                m_o, l_o, acc_o = _combine_row(PM, PL, PACC, bg * SP, SC, SC + SW, h, offs_d, R, BD, CA)
+                _store_out(OW, acc_o, l_o, b, g, HPG, sob, soh, rr, rr < HPG, offs_d, D)
         else:
-            m_o, l_o, acc_o = _combine_row(PM, PL, PACC, bg * SP, SC, SC + SW, h, offs_d, R, BD, CA)
-            _store_out(OW, acc_o, l_o, b, g, HPG, sob, soh, rr, rr < HPG, offs_d, D)
+            rows = tl.arange(0, R)
+            if pid == SS:
+                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, 0, SC, rows, offs_d, R, BD, CA)
+                _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, rows, rows < HPG, offs_d, D)
+            else:
+                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, SC, SC + SW, rows, offs_d, R, BD, CA)
+                _store_out(OW, acc_o, l_o, b, g, HPG, sob, soh, rows, rows < HPG, offs_d, D)
     else:
         r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
         valid = r < HPG
@@ -404,7 +426,8 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     q = q.to(k_slc.dtype).contiguous()  # one tl.dot dtype; a [B, 1, H, D] copy at most
     hpg = H // G
     n_blocks = triton.cdiv(S, select_block)
-    sp = splits if splits is not None else plan_splits(B, G, NC, NW, n_blocks, num_selected, q.device)
+    sp = splits if splits is not None else plan_splits(B, G, NC, NW, n_blocks, num_selected, q.device,
+                                                       heads_per_group=hpg)
     qk_scale = (D**-0.5 if scale is None else float(scale)) * LOG2E
     R = max(16, triton.next_power_of_2(hpg))
     BD = max(16, triton.next_power_of_2(D))
@@ -443,14 +466,21 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
         q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
         G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
         R=R, D=D, BD=BD, BN=64, PREC=prec, num_warps=warps)
-    # after the scoring programs, one per head for each of o_cmp and o_win: at batch 64 these
-    # short merges are most of the launch's programs, more than the SMs hold at once, and with
-    # the sequence on axis 0 every scoring program is handed out before any of them
-    _decode_scores[(B * G, sp.scores + 2 * hpg)](
+    # after the scoring programs, the merges of o_cmp's and o_win's partials: one program per
+    # head each, or (a large batch: per-head merges would be most of the launch's programs, more
+    # than the SMs hold at once) one per branch for all heads. With the sequence on axis 0
+    # every scoring program is handed out before any merge.
+    merges = 2 * hpg if sp.head_merges else 2
+    # a per-branch merge's partials a load: [CA, R, BD] tiles of at most 2k floats, so that it
+    # needs no more registers than the scoring programs (the launch's allocation is the larger:
+    # nsa-125m at batch 64 on sm_90, 78 at 8k and 95 at 64k as with per-head merges; 4k: 85, 120)
+    branch_tile = max(1, min(triton.next_power_of_2(max(sp.cmp, sp.win)), 2048 // (R * BD)))
+    _decode_scores[(B * G, sp.scores + merges)](
         q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, psum, *sq, *sc, *so,
         G, hpg, NC, n_blocks, qk_scale, stride, block, select_block, num_initial, num_local,
         sp.cmp, sp.win, slots, sp.scores, pcap,
-        R=R, D=D, BD=BD, BJ=NR, BT=bt, BN=64, M=m_tok, CM=cm, CA=ca,
+        R=R, D=D, BD=BD, BJ=NR, BT=bt, BN=64, M=m_tok, CM=cm,
+        CA=ca if sp.head_merges else branch_tile, HEADS=sp.head_merges,
         # its group's queries stay in registers through the block loop: 8 warps from 32 x 128
         # (on 4, Triton 3.6 spilled 8 B at D 128 with 32 heads per group on sm_80); maxnreg: ptxas
         # trimmed it to 168 registers (an occupancy step) with 8 B of spill when the partials are

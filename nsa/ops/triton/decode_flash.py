@@ -217,8 +217,8 @@ def _combine_rows(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl
                   CS: tl.constexpr):
     """Slots ``base + [c0, c1)`` merged for every row at once, CS slots per load: (max ``[R]``,
     sum ``[R]``, unnormalised output ``[R, BD]``). For the program that ``_last_to_finish``
-    chose: the partials were written by other programs of this launch, so they are read
-    from L2 (``.cg``)."""
+    chose, and NSA's per-branch merges at a large batch: the partials were written by other
+    programs (of this launch, or the one before), so they are read from L2 (``.cg``)."""
     cs = tl.arange(0, CS)
     m_i = tl.full([R], NEG, tl.float32)
     l_i = tl.zeros([R], tl.float32)
