@@ -477,14 +477,17 @@ def test_plan_splits() -> None:
         DK._sm_count = lambda device: 132  # type: ignore[assignment]
         gpu = torch.device("cuda")
         one = DK.plan_splits(1, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16)
-        assert one == DK.DecodeSplits(cmp=31, win=4, scores=32, selected=8)
+        # 16 compressed chunks at most (MAX_CMP_SPLITS), where 128 keys a chunk would give 31
+        assert one == DK.DecodeSplits(cmp=16, win=4, scores=32, selected=8)
         # nsa-125m at batch 64 and 64k: 2,048 per-head merges against 264 planned programs
         assert DK.plan_splits(64, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16) == DK.DecodeSplits(
             cmp=5, win=4, scores=5, selected=5, head_merges=False)
         assert DK.plan_splits(8, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).head_merges  # 256 merges
-        # a branch split past what one merge program reads at once stays merged per head
-        assert DK.plan_splits(12, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).cmp == 22
-        assert DK.plan_splits(12, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).head_merges
+        # a branch split past what one merge program reads at once (a 4k window in 22 chunks)
+        # stays merged per head
+        wide = DK.plan_splits(12, 1, 4095, 4096, 1024, 16, gpu, heads_per_group=16)
+        assert wide.win == 22 and wide.head_merges, wide
+        assert not DK.plan_splits(12, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).head_merges
         assert DK.plan_splits(512, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16) == DK.DecodeSplits(
             head_merges=False)
         # a million-token context: the candidate lists' merge tree stays MAX_SCORE_SPLITS wide

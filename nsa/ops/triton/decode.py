@@ -96,6 +96,11 @@ MIN_SEL_BLOCKS = 2  # selected blocks attended per program
 # Scoring programs per (sequence, KV group) at most: their candidate lists are merged by a
 # tree of constexpr depth (``_decode_selected``); past this each program scores more blocks.
 MAX_SCORE_SPLITS = 64
+# Compressed chunks per (sequence, KV group) at most. Every chunk's partial is read by each
+# scoring program (the log-sum-exp) and by the output's merge; on an H200 at batch 1 and 64k
+# (2026-11-28 sweep) a layer's decode attention took 30.7, 30.3, 33.6, 38.8 and 50.9 us with
+# 8, 16, 31 (the plan without this cap), 62 and 124 chunks.
+MAX_CMP_SPLITS = 16
 # Blocks a scoring program scores and merges into its running top-n at once (its whole share
 # up to this): a merge's cost is mostly its cross-warp reductions, a barrier each, the same for
 # 16 candidates as for 64, while its compares ([64, 64] at most) stay a few per thread.
@@ -142,7 +147,7 @@ def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int,
     def cap(units: int, least: int) -> int:
         return max(1, min(per, units // least))
 
-    cmp, win = cap(n_cmp, MIN_CMP_KEYS), cap(window, MIN_WIN_KEYS)
+    cmp, win = min(MAX_CMP_SPLITS, cap(n_cmp, MIN_CMP_KEYS)), cap(window, MIN_WIN_KEYS)
     head_merges = 2 * heads_per_group * pairs <= PROGRAMS_PER_SM * sms or max(cmp, win) > MAX_FUSED_SLOTS
     return DecodeSplits(cmp=cmp, win=win, scores=min(MAX_SCORE_SPLITS, cap(n_blocks, MIN_SCORE_BLOCKS)),
                         selected=cap(num_selected, MIN_SEL_BLOCKS), head_merges=head_merges)
