@@ -22,7 +22,7 @@ from nsa.model.compress import Compressor
 from nsa.model.layers import add_linear_, upcast, upcast_dtype
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops, window_attention
-from nsa.ops.rope import apply_rope, rope_angles
+from nsa.ops.rope import RopeCache, apply_rope, rope_angles
 
 BRANCHES = ("compressed", "selected", "window")
 
@@ -47,12 +47,15 @@ class NSAAttention(nn.Module):
     gate_mean: torch.Tensor  # a buffer (register_buffer): the last forward's mean gate per branch
 
     def __init__(
-        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, cfg: AttentionConfig, rope_theta: float
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, cfg: AttentionConfig, rope_theta: float,
+        rope_cache: RopeCache | None = None,
     ) -> None:
+        """``rope_cache``: the angles' cache the model's layers share (a cache of its own by default)."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.cfg = cfg
         self.rope_theta = rope_theta
+        self.rope_cache = rope_cache if rope_cache is not None else RopeCache(head_dim, rope_theta)
         self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
         # rows: k_cmp, v_cmp, k_slc, v_slc, k_win, v_win (each n_kv_heads * head_dim)
         self.kv_proj = nn.Linear(dim, 6 * n_kv_heads * head_dim, bias=False)
@@ -76,16 +79,17 @@ class NSAAttention(nn.Module):
             get_ops(cfg.backend, "cuda")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(x.shape[1], device=x.device)
-        # RoPE's angles once per layer: the compressed keys' are rows of the tokens' (a
-        # small model's train step is bound by the host's ops, not by the GPU)
-        cos, sin = rope_angles(pos, self.head_dim, self.rope_theta, upcast_dtype(x.dtype))
-        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self.project(x, pos, (cos, sin))
+        # RoPE's angles from the model's cache, no op per layer (a small model's train step
+        # is bound by the host's ops, not by the GPU)
+        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self._project(x, self.token_angles(x))
         # Compressed branch: phi over raw keys/values, then RoPE at each block's last
         # token (the first position allowed to see it), so scores stay relative.
-        ends = self.block_ends(x.shape[1], x.device)
-        k_cmp, v_cmp = self.compress(k_raw, v_raw, ends, (cos[ends], sin[ends]))
+        k_cmp, v_cmp = self.compress(k_raw, v_raw)
         return self.attend(x, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
+
+    def token_angles(self, x: torch.Tensor) -> Angles:
+        """RoPE's angles of the positions ``0 .. T-1`` of ``x [B, T, ...]`` (from the cache)."""
+        return self.rope_cache.angles(x.shape[1], x.device, upcast_dtype(x.dtype))
 
     def block_ends(self, T: int, device: torch.device) -> torch.Tensor:
         """The last position of each compressed block of a sequence of ``T`` tokens that
@@ -118,12 +122,17 @@ class NSAAttention(nn.Module):
         as for ``rotate``."""
         if pos.dim() == 2:
             return _per_sequence(self.project, x, pos, angles)
+        if angles is None:  # fp32 angles (fp64 in tests)
+            angles = rope_angles(pos, self.head_dim, self.rope_theta, upcast_dtype(x.dtype))
+        return self._project(x, angles)
+
+    def _project(self, x: torch.Tensor, angles: Angles) -> tuple[torch.Tensor, ...]:
+        """``project`` of the positions whose RoPE ``angles`` are given."""
         B, T, _ = x.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 6, G, D)
-        adt = upcast_dtype(x.dtype)  # fp32, or fp64 in tests
-        cos, sin = rope_angles(pos, D, self.rope_theta, adt) if angles is None else angles
+        cos, sin = angles
         ops = get_ops(self.cfg.backend, x.device.type)
         # q is rotated once and shared by the three branches
         q = ops_rope(ops, q, cos, sin)
@@ -137,9 +146,14 @@ class NSAAttention(nn.Module):
                  angles: Angles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """phi over the raw compressed-branch keys and values ``[B,T,G,D]`` -> ``[B,Nc,G,D]``
         each, the keys rotated at their block's last token ``ends`` (default: the blocks of a
-        sequence that starts at position 0, ``i*d + l - 1``; ``angles``: theirs, as for
-        ``rotate``)."""
+        sequence that starts at position 0, ``i*d + l - 1``, whose angles are rows of the
+        layers' cache; ``angles``: theirs, as for ``rotate``)."""
         k_cmp, v_cmp = self.compress_k(k_raw), self.compress_v(v_raw).contiguous()
+        if ends is None and angles is None:  # a sequence from position 0: rows of the cache
+            c = self.cfg
+            angles = self.rope_cache.angles(k_cmp.shape[1], k_raw.device, upcast_dtype(k_raw.dtype),
+                                            start=c.compress_block - 1, step=c.compress_stride)
+            return ops_rope(get_ops(c.backend, k_raw.device.type), k_cmp, *angles), v_cmp
         if ends is None:
             ends = self.block_ends(k_raw.shape[1], k_raw.device)
         return self.rotate(k_cmp, ends, angles), v_cmp
@@ -207,16 +221,19 @@ class DenseAttention(nn.Module):
     causal mask is the right one; with one query it would see key 0 only).
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rope_theta: float) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rope_theta: float,
+                 rope_cache: RopeCache | None = None) -> None:
+        """``rope_cache``: as for ``NSAAttention``."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.rope_theta = rope_theta
+        self.rope_cache = rope_cache if rope_cache is not None else RopeCache(head_dim, rope_theta)
         self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(dim, 2 * n_kv_heads * head_dim, bias=False)  # rows: k, v
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.project(x, torch.arange(x.shape[1], device=x.device))
+        q, k, v = self._project(x, self.rope_cache.angles(x.shape[1], x.device, upcast_dtype(x.dtype)))
         return self.attend(q, k, v, None)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -245,10 +262,16 @@ class DenseAttention(nn.Module):
         if pos.dim() == 2:
             q, k, v = _per_sequence(self.project, x, pos, angles)
             return q, k, v
+        if angles is None:
+            angles = rope_angles(pos, self.head_dim, self.rope_theta, upcast_dtype(x.dtype))
+        return self._project(x, angles)
+
+    def _project(self, x: torch.Tensor, angles: Angles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``project`` of the positions whose RoPE ``angles`` are given."""
         B, T, _ = x.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         kv = self.kv_proj(x).view(B, T, 2, G, D)
-        cos, sin = rope_angles(pos, D, self.rope_theta, upcast_dtype(x.dtype)) if angles is None else angles
+        cos, sin = angles
         k, v = kv.unbind(2)  # one stack in the backward, not two zero-filled copies summed
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v

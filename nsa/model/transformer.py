@@ -12,20 +12,23 @@ from torch.utils.checkpoint import checkpoint
 from nsa.config import ModelConfig
 from nsa.model.attention import DenseAttention, NSAAttention
 from nsa.model.layers import RMSNorm, SwiGLU, swiglu_hidden
+from nsa.ops.rope import RopeCache
 
 
 class Block(nn.Module):
     """``x + attn(norm(x))`` then ``x + ffn(norm(x))``; called as ``block(x)``."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, rope_cache: RopeCache | None = None) -> None:
+        """``rope_cache``: RoPE's angles, shared by the model's layers."""
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         if cfg.attention.kind == "nsa":
             self.attn: NSAAttention | DenseAttention = NSAAttention(
-                cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention, cfg.rope_theta
+                cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.attention, cfg.rope_theta, rope_cache
             )
         else:
-            self.attn = DenseAttention(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta)
+            self.attn = DenseAttention(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta,
+                                       rope_cache)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, swiglu_hidden(cfg.dim, cfg.ffn_hidden))
 
@@ -44,7 +47,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        rope = RopeCache(cfg.head_dim, cfg.rope_theta)  # one table of angles for every layer
+        self.blocks = nn.ModuleList(Block(cfg, rope) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

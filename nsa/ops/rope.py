@@ -29,6 +29,37 @@ def rope_table(n: int, head_dim: int, theta: float, dtype: torch.dtype, device: 
     return rope_angles(torch.arange(n, device=device), head_dim, theta, dtype)
 
 
+class RopeCache:
+    """RoPE's angles of the positions a training forward rotates at, kept across forwards:
+    ``angles(n, ...)`` gives the first ``n`` rows of a table of ``start + i * step``
+    (``start = 0, step = 1``: the tokens of a sequence that starts at 0; NSA's compressed
+    blocks: their last tokens). A small model's train step is bound by the host's ops, and
+    the angles were eight of them in every layer of every step; now they are computed when
+    a longer sequence than any before comes (the table grows to the next power of two) and
+    otherwise sliced (a view). One cache serves all the layers of a model (the same head dim
+    and theta). Row i is ``rope_angles`` of that position, as in ``rope_table``."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        self.head_dim, self.theta = head_dim, theta
+        self._tables: dict[tuple[int, int, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def angles(self, n: int, device: torch.device, dtype: torch.dtype = torch.float32, start: int = 0,
+               step: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[n, D/2]`` of positions ``start + i * step`` for ``i < n``."""
+        key = (start, step, dtype, torch.device(device))
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] < n:
+            size = 1 << max(4, (n - 1).bit_length())
+            # normal tensors even when the first forward runs under inference_mode: a later
+            # training forward saves them for its backward
+            with torch.inference_mode(False), torch.no_grad():
+                positions = torch.arange(size, device=device) * step + start
+                table = rope_angles(positions, self.head_dim, self.theta, dtype)
+            self._tables[key] = table
+        cos, sin = table
+        return cos[:n], sin[:n]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [B, T, heads, D]`` pairwise (half-split layout) by the angles of its position."""
     half = x.shape[-1] // 2

@@ -4,9 +4,14 @@ functions on ``[B, T, heads, D]`` tensors (compressed keys at their block's last
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
-from nsa.ops.rope import apply_rope, rope_angles
+from nsa.ops.rope import RopeCache, apply_rope, rope_angles
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _rot(x: torch.Tensor, positions: list[float]) -> torch.Tensor:
@@ -45,3 +50,37 @@ def test_rotation_is_per_head_and_norm_preserving() -> None:
     torch.testing.assert_close(full.norm(dim=-1), x.norm(dim=-1))
     torch.testing.assert_close(full[:, 0], x[:, 0])  # position 0: identity
 
+
+
+def test_the_cache_gives_the_angles_of_its_positions_and_grows_only_for_a_longer_sequence() -> None:
+    """``RopeCache`` rows are ``rope_angles`` of ``start + i * step`` exactly (the tokens', and
+    NSA's compressed blocks' last tokens); a shorter sequence is a view of the table, a longer
+    one grows it."""
+    cache = RopeCache(16, 10000.0)
+    for n, start, step in [(5, 0, 1), (37, 0, 1), (9, 31, 16), (3, 31, 16)]:
+        cos, sin = cache.angles(n, torch.device("cpu"), torch.float32, start, step)
+        want = rope_angles(torch.arange(start, start + n * step, step), 16, 10000.0)
+        assert cos.shape == (n, 8)
+        assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+    first = cache.angles(100, torch.device("cpu"))[0]
+    assert cache.angles(64, torch.device("cpu"))[0].data_ptr() == first.data_ptr()  # no new table
+    assert cache.angles(129, torch.device("cpu"))[0].data_ptr() != first.data_ptr()  # grown
+    assert cache.angles(4, torch.device("cpu"), torch.float64)[0].dtype == torch.float64
+
+
+@pytest.mark.parametrize("config", ["tiny-cpu", "tiny-cpu-dense"])
+def test_a_table_made_under_inference_mode_serves_a_training_forward_after(config: str) -> None:
+    """Sampling first (inference mode), then training: the table the first forward made must
+    be a normal tensor, or the training forward could not save it for its backward."""
+    from nsa.config import load_config
+    from nsa.model import build_model
+
+    torch.manual_seed(0)
+    cfg = load_config(CONFIGS / f"{config}.yaml", ["model.n_layers=2"])
+    model = build_model(cfg.model)
+    tokens = torch.randint(0, cfg.model.vocab_size, (1, 80))
+    with torch.inference_mode():
+        model(tokens)
+    model(tokens).sum().backward()
+    caches = {id(b.attn.rope_cache) for b in model.blocks}
+    assert len(caches) == 1  # one table for every layer
