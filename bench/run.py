@@ -386,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 2k and 8k, nsa-125m layout, few iters")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--no-train", action="store_true", help="skip the train_step rows")
+    ap.add_argument("--train-only", action="store_true",
+                    help="only the train_step rows (nsa-125m and dense-125m, eager and from a CUDA graph)")
     ap.add_argument("--no-reference", action="store_true", help="skip the nsa_reference rows")
     ap.add_argument("--no-check", action="store_true", help="skip the nsa_triton vs reference check")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-kernel profile")
@@ -397,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: fill a 16-row tile; 1 = pad the heads)")
     ap.add_argument("--tag", default="", help="suffix of the results file name (several partial runs a day)")
     args = ap.parse_args(argv)
+    if args.train_only and (args.no_train or args.seqs or args.layouts):
+        ap.error("--train-only runs the train_step rows alone, at their own shapes: it takes no --no-train, "
+                 "--seqs or --layouts")
     if not torch.cuda.is_available():
         print("bench.run: no CUDA device here; this benchmark measures GPU kernels and needs one "
               "(nothing was measured, no results written).", file=sys.stderr)
@@ -431,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         save()
         torch.cuda.empty_cache()
 
-    for layout in layouts:
+    for layout in [] if args.train_only else layouts:
         for impl in impls:
             gave_up = False
             for T in seqs:

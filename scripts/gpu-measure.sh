@@ -7,7 +7,7 @@
 # GPU_MEASURE_S: the deadline in seconds (default 420): each step gets at most what is left,
 # a step that would get under 20 s is skipped and says so. Results and a log under $OUT
 # (default gpu-measure/): the kernels' GPU tests (in the log), bench.run's results files
-# (tags p4, p8, band, 64k), decoding at batch 1 and 64 with its kernels (and each launch against its
+# (tags p4, train, p8, band, 64k; the trainer's step against the bare one in the log), decoding at batch 1 and 64 with its kernels (and each launch against its
 # bytes, bench.decode_roofline), tiles, the decode kernels' split sweeps, and a staggered
 # batch-64 decode with each kind of step's kernels.
 # GPU_MEASURE_DRY=1: list the commands (one per line, shell-quoted) in $OUT/commands.txt, run none.
@@ -52,10 +52,15 @@ step decode-b1 60 bench.decode --contexts 8192 65536 --kernels --json "$OUT/deco
 step decode-b64 60 bench.decode --contexts 8192 65536 --batch 64 --kernels --json "$OUT/decode-b64.json"
 step decode-bounds 20 bench.decode_roofline --measured "$OUT/decode-b1.json" "$OUT/decode-b64.json" \
   --json "$OUT/decode-roofline.json"  # each launch against its bytes (no GPU work; the log has the table)
+# The train step, nsa-125m and dense-125m at 2k and 16k, eager and replayed from a CUDA graph
+# (the graph's proof against eager included): the targets' ratios, and whether the graph holds.
+step train 100 bench.run --train-only --out-dir "$OUT" --tag train
 step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
 # The window branch on the band kernel instead of FlexAttention (which runs at ~3x the band
 # kernels' bound: bench.roofline --measured), same rows: whichever is faster trains it.
 NSA_FLEX_WINDOW=0 step band-window 100 "${run[@]}" --tag band
+# nsa-train's step against the bare one, with the graph (train.cuda_graph: replayed or why not).
+step trainer-graph 90 bench.trainer_overhead --config nsa-125m --steps 12 --set train.cuda_graph=true
 # 2. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
 step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"
 # 3. The decode kernels' splits at both batches since the token-sum scores (plan_splits' constants).

@@ -53,9 +53,10 @@ def test_every_command_parses(tmp_path: Path, parse_only: None) -> None:
     assert any(c[0] == "NSA_FLEX_WINDOW=0" and "band" in c for c in listed)
     commands = [without_env(c) for c in listed]
     modules = {"pytest", "bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles",
-               "bench.decode_roofline"}
+               "bench.decode_roofline", "bench.trainer_overhead"}
     assert {c[0] for c in commands} == modules
     assert any("--sel-positions" in c for c in commands) and any("--kernels" in c for c in commands)
+    assert any("--train-only" in c for c in commands)  # the train step's rows, eager and graphed
     assert commands[0][0] == "pytest", "the kernels' GPU tests run before anything is timed"
     for cmd in commands:
         if cmd[0] == "pytest":  # the GPU tests: files that exist and hold tests marked gpu
