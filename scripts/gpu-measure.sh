@@ -39,7 +39,7 @@ step() {  # step NAME MAX_SECONDS ARGS...: python -m ARGS, within MAX_SECONDS an
 # 0. The compiled kernels against the reference first: the decode launches that merge their own
 #    partials (a cross-program atomic only the hardware can order wrongly), the selected dK/dV's
 #    GPU-sized chunks, the scores kernel's carried halo.
-step gpu-tests 150 pytest -q -p no:cacheprovider -m gpu tests/ops/test_triton_decode.py \
+step gpu-tests 180 pytest -q -p no:cacheprovider -m gpu tests/ops/test_triton_decode.py \
   tests/ops/test_triton_decode_dense.py tests/ops/test_triton_selected.py tests/ops/test_triton_scores.py \
   tests/model/test_decode.py tests/model/test_decode_syncs.py
 # 1. The default kernels at 2k and 16k with their per-kernel breakdown (the dK/dV chunks and the

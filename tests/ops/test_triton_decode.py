@@ -528,6 +528,27 @@ def test_bf16_on_gpu(B: int, S: int, H: int, G: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("splits", [None, *SPLITS], ids=["planned", *SPLIT_IDS])
+def test_bf16_on_gpu_with_each_split(splits: DK.DecodeSplits | None) -> None:
+    """Every way the launches split and merge, compiled and run by the hardware at batch 16
+    (the interpreter runs one program at a time: an order of stores and loads between
+    programs that a GPU need not keep). The plan for 16 sequences of nsa-125m's layout
+    merges per branch on any GPU of under 256 SMs, a path no other GPU test takes."""
+    seed = fresh_seed()
+    q, t, pos = _gpu_case(16, 4096, 16, 1, 64, torch.bfloat16)
+    if splits is None:
+        n_cmp, n_blocks = t["k_cmp"].shape[1], -(-4096 // NSA125.select_block)
+        plan = DK.plan_splits(16, 1, n_cmp, t["k_win"].shape[1], n_blocks, NSA125.num_selected, q.device,
+                              heads_per_group=16)
+        assert not plan.head_merges or DK._sm_count(q.device) >= 256, plan
+    got = tuple(x.cpu() for x in _kernel(q, t, pos, NSA125, splits))
+    t32 = {k: v.float().cpu() for k, v in t.items()}
+    want = _step_branches(q.float().cpu(), t32, pos.cpu(), NSA125)
+    _compare(got, want, q.float().cpu(), t32, pos.cpu(), NSA125, 1e-2, f"seed={seed} splits={splits}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_replays_the_kernels() -> None:
     """Captured once, a graph replays the launches with new positions and cache contents:
     no host sync inside, no shape that depends on them."""
