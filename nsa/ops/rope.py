@@ -37,11 +37,14 @@ class RopeCache:
     the angles were eight of them in every layer of every step; now they are computed when
     a longer sequence than any before comes (the table grows to the next power of two) and
     otherwise sliced (a view). One cache serves all the layers of a model (the same head dim
-    and theta). Row i is ``rope_angles`` of that position, as in ``rope_table``."""
+    and theta). Row i is ``rope_angles`` of that position, as in ``rope_table``. A table that
+    a longer one replaced is kept, not freed: a CUDA graph captured before (``train.cuda_graph``)
+    reads it by its address at every replay."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         self.head_dim, self.theta = head_dim, theta
         self._tables: dict[tuple[int, int, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._replaced: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def angles(self, n: int, device: torch.device, dtype: torch.dtype = torch.float32, start: int = 0,
                step: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,8 +57,10 @@ class RopeCache:
             # training forward saves them for its backward
             with torch.inference_mode(False), torch.no_grad():
                 positions = torch.arange(size, device=device) * step + start
-                table = rope_angles(positions, self.head_dim, self.theta, dtype)
-            self._tables[key] = table
+                new = rope_angles(positions, self.head_dim, self.theta, dtype)
+            if table is not None:
+                self._replaced.append(table)
+            self._tables[key] = table = new
         cos, sin = table
         return cos[:n], sin[:n]
 

@@ -64,7 +64,10 @@ def test_the_cache_gives_the_angles_of_its_positions_and_grows_only_for_a_longer
         assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
     first = cache.angles(100, torch.device("cpu"))[0]
     assert cache.angles(64, torch.device("cpu"))[0].data_ptr() == first.data_ptr()  # no new table
-    assert cache.angles(129, torch.device("cpu"))[0].data_ptr() != first.data_ptr()  # grown
+    grown = cache.angles(129, torch.device("cpu"))[0]
+    assert grown.data_ptr() != first.data_ptr() and torch.equal(grown[:100], first)
+    # the replaced table is kept: a CUDA graph captured before reads it by its address
+    assert any(t[0].data_ptr() == first.data_ptr() for t in cache._replaced)
     assert cache.angles(4, torch.device("cpu"), torch.float64)[0].dtype == torch.float64
 
 
