@@ -164,7 +164,14 @@ REASON = ("Triton self-check failed on cuda (bfloat16): selected_attention: out 
                   self_check=SelfCheck(ok=True, device="cuda", dtype="bfloat16")),
      "attention: triton (self-check passed on cuda, bfloat16)"),
     (AttentionOps(requested="auto", backend="reference"), "attention: reference (requested auto)"),
-], ids=["fallback", "triton", "reference-off-cuda"])
+    (AttentionOps(requested="sdpa", backend="sdpa",
+                  self_check=SelfCheck(ok=True, device="cuda", dtype="bfloat16", ops=["apply_rope"])),
+     "attention: sdpa (RoPE kernel checked on cuda, bfloat16)"),
+    (AttentionOps(requested="sdpa", backend="sdpa",
+                  self_check=SelfCheck(ok=False, device="cuda", dtype="bfloat16", ops=["apply_rope"],
+                                       failures=["apply_rope: out not written"])),
+     "attention: sdpa (RoPE on torch's formula, its kernel failed the check: apply_rope: out not written)"),
+], ids=["fallback", "triton", "reference-off-cuda", "dense", "dense-rope-failed"])
 def test_status_names_the_attention_ops_and_why_a_run_fell_back(tmp_path: Path, ops: AttentionOps,
                                                                  shown: str) -> None:
     """What the panel's summary shows (the ops the run trains on, a fallback's reason), ``status``

@@ -36,7 +36,7 @@ class AttentionOps(Record, kw_only=True):
     requested: str = "auto"  # model.attention.backend ("sdpa" for dense models)
     backend: str = "reference"  # "triton" | "reference" | "sdpa" (dense)
     fallback_reason: str | None = None
-    self_check: SelfCheck | None = None  # None when no check ran
+    self_check: SelfCheck | None = None  # None when no check ran (dense: RoPE's kernel alone)
     window: str | None = None  # the window branch in training: "flexattention" | "triton" | "reference"
     window_reason: str | None = None  # why the Triton run's window branch is not FlexAttention's
 

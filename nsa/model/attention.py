@@ -22,7 +22,7 @@ from nsa.model.compress import Compressor
 from nsa.model.layers import add_linear_, upcast, upcast_dtype
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops, window_attention
-from nsa.ops.rope import RopeCache, apply_rope, rope_angles
+from nsa.ops.rope import RopeCache, rope_angles
 
 BRANCHES = ("compressed", "selected", "window")
 
@@ -39,6 +39,15 @@ def _per_sequence(fn: Callable[..., object], x: torch.Tensor, pos: torch.Tensor,
         raise ValueError(f"per-sequence positions need one token per sequence, got {x.shape[1]}")
     out = fn(x.transpose(0, 1), pos[:, 0], *args)
     return tuple(t.transpose(0, 1) for t in (out if isinstance(out, tuple) else (out,)))
+
+
+def _resolve_ops(backend: str) -> None:
+    """Resolve (and cache) a layer's ops when it is built, so that its forward does no import
+    (torch.compile) and a bad backend fails at build time."""
+    if backend != "triton" or os.environ.get("TRITON_INTERPRET") == "1":
+        get_ops(backend, "cpu")
+    if backend == "triton" or torch.cuda.is_available():
+        get_ops(backend, "cuda")
 
 
 class NSAAttention(nn.Module):
@@ -70,13 +79,7 @@ class NSAAttention(nn.Module):
         # with activation checkpointing, where rebinding an attribute is not). NaN until
         # the first forward.
         self.register_buffer("gate_mean", torch.full((3,), float("nan")), persistent=False)
-        # Resolve (and cache) the ops now so that forward does no import (torch.compile),
-        # and a bad backend fails at build time. Modules are not stored: the layer stays
-        # picklable and deep-copyable.
-        if cfg.backend != "triton" or os.environ.get("TRITON_INTERPRET") == "1":
-            get_ops(cfg.backend, "cpu")
-        if cfg.backend == "triton" or torch.cuda.is_available():
-            get_ops(cfg.backend, "cuda")
+        _resolve_ops(cfg.backend)  # modules are not stored: the layer stays picklable and deep-copyable
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # RoPE's angles from the model's cache, no op per layer (a small model's train step
@@ -222,11 +225,16 @@ class DenseAttention(nn.Module):
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rope_theta: float,
-                 rope_cache: RopeCache | None = None) -> None:
-        """``rope_cache``: as for ``NSAAttention``."""
+                 rope_cache: RopeCache | None = None, backend: str = "auto") -> None:
+        """``rope_cache``: as for ``NSAAttention``. ``backend``: whose RoPE (``nsa.ops.get_ops``;
+        the config's ``attention.backend``): on CUDA by default the kernel NSA's layers use, one
+        launch each way where torch's formula took about eight forward and a dozen backward
+        per tensor, so that the baseline's step pays no more host ops for RoPE than NSA's."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.rope_theta = rope_theta
+        self.backend = backend
+        _resolve_ops(backend)
         self.rope_cache = rope_cache if rope_cache is not None else RopeCache(head_dim, rope_theta)
         self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(dim, 2 * n_kv_heads * head_dim, bias=False)  # rows: k, v
@@ -274,4 +282,5 @@ class DenseAttention(nn.Module):
         kv = self.kv_proj(x).view(B, T, 2, G, D)
         cos, sin = angles
         k, v = kv.unbind(2)  # one stack in the backward, not two zero-filled copies summed
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        ops = get_ops(self.backend, x.device.type)
+        return ops_rope(ops, q, cos, sin), ops_rope(ops, k, cos, sin), v

@@ -28,7 +28,7 @@ class Block(nn.Module):
             )
         else:
             self.attn = DenseAttention(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta,
-                                       rope_cache)
+                                       rope_cache, cfg.attention.backend)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, swiglu_hidden(cfg.dim, cfg.ffn_hidden))
 

@@ -191,10 +191,12 @@ def selection_mismatch(idx: torch.Tensor, ref_scores: torch.Tensor, select_block
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionShape,
-               ops: ModuleType | None = None, seq_len: int | None = None) -> CheckReport:
+               ops: ModuleType | None = None, seq_len: int | None = None, rope_only: bool = False
+               ) -> CheckReport:
     """Run ``ops`` (default: the Triton kernels) forward and backward on ``device`` in
     ``dtype`` and compare every output and gradient with ``nsa.ops.reference`` in fp32 on
-    the same (``dtype``-rounded) inputs. Never raises for a failing op: the report says."""
+    the same (``dtype``-rounded) inputs. Never raises for a failing op: the report says.
+    ``rope_only``: RoPE alone, the one kernel a dense model runs."""
     device = torch.device(device)
     s = shape
     report = CheckReport(str(device), str(dtype).replace("torch.", ""))
@@ -252,6 +254,31 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
             report.failures.append(f"{op}: {_one_line(exc)}")
         return ref_extra
 
+    if not rope_only:
+        _check_branches(report, run, ops, device, dtype, s, q, k, v, kc, vc, tol)
+    # the glue the model runs through ``ops`` where it has a kernel for it (the reference: torch)
+    import nsa.ops as dispatch
+    from nsa.ops.rope import rope_angles
+
+    if hasattr(ops, "gated_combine") and not rope_only:
+        gates = torch.rand(1, T, H, 3, generator=gen).to(dtype).float().to(device)
+        o_slc, o_win = rand(1, T, H, D), rand(1, T, H, D)
+        run("gated_combine", lambda m, x: dispatch.gated_combine(m, x[0], x[1], x[2], x[3]),
+            [gates, q, o_slc, o_win])
+    if hasattr(ops, "apply_rope"):
+        cos, sin = rope_angles(torch.arange(T, device=device), D, 10000.0)
+        run("apply_rope", lambda m, x: dispatch.apply_rope(m, x[0], cos, sin), [q])
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _check_branches(report: CheckReport, run: Callable[..., Any], ops: ModuleType, device: torch.device,
+                    dtype: torch.dtype, s: AttentionShape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    kc: torch.Tensor, vc: torch.Tensor, tol: float) -> None:
+    """``self_check``'s NSA branches: the compressed scores, the block choice, the fused
+    compressed attention and selection, the selected and window branches (and FlexAttention's
+    window, which a failure turns off, not the kernels)."""
+    G = s.n_kv_heads
     scores = run("compressed_attention_and_scores", lambda m, x: m.compressed_attention_and_scores(
         x[0], x[1], x[2], s.compress_block, s.compress_stride, s.select_block, G), [q, kc, vc])
     idx = reference.select_blocks(scores.detach(), s.select_block, s.num_selected, s.num_initial, s.num_local)
@@ -287,7 +314,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
     run("selected_attention", lambda m, x: m.selected_attention(x[0], x[1], x[2], idx, s.select_block),
         [q, k, v])
     run("window_attention", lambda m, x: m.window_attention(x[0], x[1], x[2], s.window), [q, k, v])
-    if ops is not reference and flex.unsuited(device, dtype, D) is None:
+    if ops is not reference and flex.unsuited(device, dtype, s.head_dim) is None:
         failed = len(report.failures)
 
         def flex_window(m: Any, x: list[torch.Tensor]) -> torch.Tensor:
@@ -301,17 +328,3 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shape: AttentionS
         if len(report.failures) > failed:
             report.flex_failure = "; ".join(report.failures[failed:])
             del report.failures[failed:]
-    # the glue the model runs through ``ops`` where it has a kernel for it (the reference: torch)
-    import nsa.ops as dispatch
-    from nsa.ops.rope import rope_angles
-
-    if hasattr(ops, "gated_combine"):
-        gates = torch.rand(1, T, H, 3, generator=gen).to(dtype).float().to(device)
-        o_slc, o_win = rand(1, T, H, D), rand(1, T, H, D)
-        run("gated_combine", lambda m, x: dispatch.gated_combine(m, x[0], x[1], x[2], x[3]),
-            [gates, q, o_slc, o_win])
-    if hasattr(ops, "apply_rope"):
-        cos, sin = rope_angles(torch.arange(T, device=device), D, 10000.0)
-        run("apply_rope", lambda m, x: dispatch.apply_rope(m, x[0], cos, sin), [q])
-    report.seconds = time.perf_counter() - start
-    return report

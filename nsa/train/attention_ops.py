@@ -11,7 +11,9 @@ the reference ops are far slower.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,13 +22,53 @@ from nsa.contract import AttentionOps
 from nsa.train import distributed as D
 from nsa.train.telemetry import Heartbeat
 
+if TYPE_CHECKING:
+    from nsa.ops import OpsChoice
+
 
 def agree(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heartbeat,
           log: Callable[[str], None]) -> AttentionOps:
     """The ops every rank trains with; returns run.json's ``attention_ops``."""
     if m.attention.kind != "nsa":
+        return _agree_dense(m, device, bf16, rank, hb, log)
+    from nsa.ops import flex
+
+    requested = m.attention.backend
+    choice, ranks = _settle(m, device, bf16, rank, hb, rope_only=False)
+    if (other := window_veto(choice.window, ranks)) is not None:
+        choice.window, choice.window_reason = "triton", other
+        flex.turn_off(other)
+    if choice.window_reason and choice.backend == "triton" and device.type == "cuda":
+        log(f"window branch on the Triton band kernel, not FlexAttention, because: {choice.window_reason}")
+    if choice.fallback_reason:
+        log(f"WARNING: attention backend {requested!r}: training on the PyTorch reference ops, far "
+            f"slower than the Triton kernels, because: {choice.fallback_reason}")
+    return choice.record()
+
+
+def _agree_dense(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heartbeat,
+                 log: Callable[[str], None]) -> AttentionOps:
+    """A dense model attends with SDPA; its RoPE runs through the ops of ``attention.backend``
+    (on CUDA the kernel NSA's layers use: one launch where torch's formula took a dozen), which
+    pass their check first as NSA's kernels do: a failing check on any rank puts every rank on
+    torch's formula (``triton``: an error)."""
+    requested = m.attention.backend
+    if not (requested == "triton" or (requested == "auto" and device.type == "cuda")):
         return AttentionOps(backend="sdpa", requested="sdpa")
-    from nsa.ops import AttentionShape, choose_ops, fall_back, flex
+    choice, _ = _settle(m, device, bf16, rank, hb, rope_only=True)
+    if choice.fallback_reason:
+        log(f"WARNING: RoPE on torch's formula (more ops a step), not the Triton kernel, because: "
+            f"{choice.fallback_reason}")
+    return AttentionOps(backend="sdpa", requested="sdpa", self_check=choice.record().self_check)
+
+
+def _settle(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heartbeat, rope_only: bool
+            ) -> tuple[OpsChoice, list[AttentionOps]]:
+    """``choose_ops`` on every rank (its check: every op, or RoPE's alone), then the same
+    choice everywhere: an error on one rank raised on all, one rank's fallback everyone's.
+    Returns the choice and every rank's record."""
+    from nsa.ops import AttentionShape, choose_ops, fall_back
+    from nsa.ops.self_check import self_check
 
     requested = m.attention.backend
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -35,7 +77,8 @@ def agree(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heart
     if checks:
         hb.set_phase("compile")  # the check compiles the kernels for this GPU
     try:
-        choice = choose_ops(requested, device, dtype, AttentionShape.of_model(m))
+        choice = choose_ops(requested, device, dtype, AttentionShape.of_model(m),
+                            functools.partial(self_check, rope_only=rope_only))
     except Exception as exc:  # backend triton and a failing check: an error on every rank (no hang)
         error = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
     finally:
@@ -52,15 +95,7 @@ def agree(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heart
                 reason = f"rank {r}: {rec.fallback_reason}"
                 choice = fall_back(requested, device, reason, choice.check)
                 break
-    if (other := window_veto(choice.window, [rec for _, rec in ranks])) is not None:
-        choice.window, choice.window_reason = "triton", other
-        flex.turn_off(other)
-    if choice.window_reason and choice.backend == "triton" and device.type == "cuda":
-        log(f"window branch on the Triton band kernel, not FlexAttention, because: {choice.window_reason}")
-    if choice.fallback_reason:
-        log(f"WARNING: attention backend {requested!r}: training on the PyTorch reference ops, far "
-            f"slower than the Triton kernels, because: {choice.fallback_reason}")
-    return choice.record()
+    return choice, [rec for _, rec in ranks]
 
 
 def window_veto(window: str, ranks: list[AttentionOps]) -> str | None:

@@ -242,7 +242,12 @@ def banner(log: Any, cfg: Any, args: argparse.Namespace, run_id: str, run_dir: P
     attn = cfg.model.attention
     chosen = boot["attention_ops"]
     ops = chosen.backend
-    if chosen.fallback_reason:
+    check = chosen.self_check
+    if chosen.backend == "sdpa" and check is not None:  # dense: RoPE's kernel, checked alone
+        failures = "; ".join(check.failures)
+        ops += (f" (RoPE kernel checked on {check.device}, {check.dtype}, in {check.seconds:.1f} s)"
+                if check.ok else f" (RoPE on torch's formula, its kernel failed the check: {failures})")
+    elif chosen.fallback_reason:
         ops += f" (requested {chosen.requested}; FALLBACK: {chosen.fallback_reason})"
     elif chosen.self_check:
         ops += f" (self-check passed on {chosen.self_check.device} in {chosen.self_check.seconds:.1f} s)"

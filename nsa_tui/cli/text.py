@@ -94,6 +94,13 @@ def attention_text(ops: AttentionOps) -> str:
     """The attention ops a run trains on, as the panel's summary says it: a fallback to the
     reference (far slower) names what was asked and why, so a script or a person at a terminal
     sees it without opening the panel."""
+    if ops.backend == "sdpa":  # dense: SDPA, and RoPE's kernel where one was checked
+        if ops.self_check is not None and ops.self_check.ok:
+            return f"sdpa (RoPE kernel checked on {ops.self_check.device}, {ops.self_check.dtype})"
+        if ops.self_check is not None:
+            failures = "; ".join(ops.self_check.failures)
+            return f"sdpa (RoPE on torch's formula, its kernel failed the check: {failures})"
+        return "sdpa"
     if ops.fallback_reason:
         return f"{ops.backend} (FALLBACK from {ops.requested}, far slower: {ops.fallback_reason})"
     if ops.self_check is not None and ops.self_check.ok:

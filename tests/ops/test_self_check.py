@@ -83,6 +83,22 @@ def test_the_interpreted_kernels_pass_the_check() -> None:
                               "gated_combine", "apply_rope"]
 
 
+def test_a_dense_models_check_is_ropes_alone_and_fails_on_a_broken_rope_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense model runs one kernel (RoPE): its check runs that one, whatever the others do,
+    and a bad one sends ``auto`` on a GPU to torch's formula (the CPU standing in)."""
+    _replace_kernel(monkeypatch, band, "_band_fwd", _RejectedByCompiler())  # not a dense model's
+    report = self_check("cpu", torch.float32, SHAPE, rope_only=True)
+    assert report.ok and report.checked == ["apply_rope"], report.reason()
+    _replace_kernel(monkeypatch, glue, "_rope_kernel", _WritesNothing())
+    assert self_check("cpu", torch.float32, SHAPE, rope_only=True).failures == [
+        "apply_rope: out not written, d0 not written"]
+    rope_check = lambda device, dtype, shape: self_check("cpu", dtype, shape, rope_only=True)  # noqa: E731
+    choice = choose_ops("auto", "cuda", torch.float32, SHAPE, check=rope_check)
+    assert choice.backend == "reference" and "apply_rope" in (choice.fallback_reason or "")
+    assert get_ops("auto", "cuda") is reference
+
+
 def test_the_check_leaves_the_global_rng_alone() -> None:
     torch.manual_seed(1234)
     expected = torch.rand(3)

@@ -120,6 +120,20 @@ def test_backend_triton_runs_the_self_check_first_and_records_it(tmp_path: Path)
     assert phases.index("compile") < phases.index("train")  # the check is visible as its own phase
 
 
+@pytest.mark.timeout(200)
+def test_a_dense_run_checks_the_rope_kernel_and_trains_on_it(tmp_path: Path) -> None:
+    """A dense model's one kernel (RoPE) under the interpreter: checked alone before training,
+    recorded, and the step runs it (where torch's formula took a dozen ops)."""
+    sets = ["model.attention.kind=dense", "model.attention.backend=triton", "train.steps=1",
+            "train.eval_batches=1"]
+    done = run_train(tmp_path / "run", sets, nproc=None, env={"TRITON_INTERPRET": "1"}, timeout=180)
+    assert done.rc == 0, done.output[-3000:]
+    ops = run_json(done.run_dir)["attention_ops"]
+    assert ops["backend"] == "sdpa" and ops["fallback_reason"] is None
+    assert ops["self_check"]["ok"] and ops["self_check"]["ops"] == ["apply_rope"]
+    assert "attention ops: sdpa (RoPE kernel checked on cpu, float32, in " in done.output
+
+
 @pytest.mark.timeout(120)
 def test_backend_triton_that_cannot_run_fails_every_rank_at_boot(tmp_path: Path) -> None:
     """Without CUDA or the interpreter the kernels cannot run: an error on both ranks at boot

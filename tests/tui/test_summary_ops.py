@@ -51,6 +51,16 @@ def test_the_window_branch_on_flexattention_is_named() -> None:
     assert "self-check ok on cuda:0" in line and "window: FlexAttention" in line
 
 
+def test_a_dense_run_names_its_rope_kernels_check() -> None:
+    check = {"ok": True, "device": "cuda:0", "dtype": "bfloat16", "ops": ["apply_rope"]}
+    line = _attn_line({"attention_ops": {"backend": "sdpa", "requested": "sdpa", "self_check": check}})
+    assert "sdpa" in line and "RoPE kernel checked on cuda:0" in line and "fallback" not in line
+    failed = {**check, "ok": False, "failures": ["apply_rope: out not written"]}
+    line = _attn_line({"attention_ops": {"backend": "sdpa", "requested": "sdpa", "self_check": failed}})
+    assert "RoPE on torch's formula" in line and "apply_rope: out not written" in line
+    assert _attn_line({"attention_ops": {"backend": "sdpa", "requested": "sdpa"}}).split()[-1] == "sdpa"
+
+
 def test_runs_of_older_trainers_have_no_ops_row() -> None:
     assert "attn ops" not in _text({"status": "running"})
 

@@ -37,6 +37,14 @@ def gate_text(shares: GateShares | None, step: int | None, warmup: Any) -> Text:
 
 def ops_text(ops: AttentionOps) -> Text:
     """Which attention ops the run trains on; a fallback to the reference stands out with its reason."""
+    if ops.backend == "sdpa":  # dense: SDPA, and RoPE's kernel where one was checked
+        t = Text("sdpa", style="bold")
+        if ops.self_check is not None and ops.self_check.ok:
+            t.append(f" · RoPE kernel checked on {ops.self_check.device}", style="dim")
+        elif ops.self_check is not None:
+            t.append(" · RoPE on torch's formula, its kernel failed the check: ", style="yellow")
+            t.append("; ".join(ops.self_check.failures), style="yellow")
+        return t
     if ops.fallback_reason:
         t = Text(f"{ops.backend} ", style="bold red")
         t.append(f"⚠ fallback from {ops.requested} (far slower): ", style="bold yellow")
