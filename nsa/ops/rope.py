@@ -39,7 +39,8 @@ class RopeCache:
     otherwise sliced (a view). One cache serves all the layers of a model (the same head dim
     and theta). Row i is ``rope_angles`` of that position, as in ``rope_table``. A table that
     a longer one replaced is kept, not freed: a CUDA graph captured before (``train.cuda_graph``)
-    reads it by its address at every replay."""
+    reads it by its address at every replay. A torch.compile'd forward (``train.compile``)
+    computes its angles in its graph instead, where they cost no host op."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         self.head_dim, self.theta = head_dim, theta
@@ -49,6 +50,10 @@ class RopeCache:
     def angles(self, n: int, device: torch.device, dtype: torch.dtype = torch.float32, start: int = 0,
                step: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[n, D/2]`` of positions ``start + i * step`` for ``i < n``."""
+        if torch.compiler.is_compiling():
+            # inside a compiled graph the angles cost no host op, and a table made in a trace run
+            # under inference mode would be an inference tensor that training could not save
+            return rope_angles(torch.arange(n, device=device) * step + start, self.head_dim, self.theta, dtype)
         key = (start, step, dtype, torch.device(device))
         table = self._tables.get(key)
         if table is None or table[0].shape[0] < n:

@@ -34,6 +34,19 @@ def test_nsa_attention_compiles_fullgraph(backend: str) -> None:
         torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-5, msg=n)
 
 
+def test_a_compiled_layer_run_first_under_inference_mode_then_trains() -> None:
+    """RoPE's angles are kept across forwards (``RopeCache``): a first forward under
+    inference mode, compiled, must not leave tensors a training forward cannot save."""
+    torch._dynamo.reset()
+    layer, x = _layer(), torch.randn(2, 37, 32)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with torch.inference_mode():
+        compiled(x)
+    got = compiled(x)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, _layer()(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_whole_model_compiles_fullgraph_with_checkpointing(make_model, checkpointing: bool) -> None:
     """The trainer may compile the whole model with per-block checkpointing: the gate
