@@ -53,7 +53,8 @@ class RopeCache:
         if torch.compiler.is_compiling():
             # inside a compiled graph the angles cost no host op, and a table made in a trace run
             # under inference mode would be an inference tensor that training could not save
-            return rope_angles(torch.arange(n, device=device) * step + start, self.head_dim, self.theta, dtype)
+            positions = torch.arange(n, device=device) * step + start
+            return rope_angles(positions, self.head_dim, self.theta, dtype)
         key = (start, step, dtype, torch.device(device))
         table = self._tables.get(key)
         if table is None or table[0].shape[0] < n:
