@@ -50,6 +50,11 @@ def _resolve_ops(backend: str) -> None:
         get_ops(backend, "cuda")
 
 
+def _token_angles(cache: RopeCache, x: torch.Tensor) -> Angles:
+    """RoPE's angles of the positions ``0 .. T-1`` of ``x [B, T, ...]``, from the model's cache."""
+    return cache.angles(x.shape[1], x.device, upcast_dtype(x.dtype))
+
+
 class NSAAttention(nn.Module):
     """Native Sparse Attention over ``x [B, T, dim]`` for any T (blocks may be partial)."""
 
@@ -84,15 +89,11 @@ class NSAAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # RoPE's angles from the model's cache, no op per layer (a small model's train step
         # is bound by the host's ops, not by the GPU)
-        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self._project(x, self.token_angles(x))
+        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self._project(x, _token_angles(self.rope_cache, x))
         # Compressed branch: phi over raw keys/values, then RoPE at each block's last
         # token (the first position allowed to see it), so scores stay relative.
         k_cmp, v_cmp = self.compress(k_raw, v_raw)
         return self.attend(x, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
-
-    def token_angles(self, x: torch.Tensor) -> Angles:
-        """RoPE's angles of the positions ``0 .. T-1`` of ``x [B, T, ...]`` (from the cache)."""
-        return self.rope_cache.angles(x.shape[1], x.device, upcast_dtype(x.dtype))
 
     def block_ends(self, T: int, device: torch.device) -> torch.Tensor:
         """The last position of each compressed block of a sequence of ``T`` tokens that
@@ -241,7 +242,7 @@ class DenseAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._project(x, self.rope_cache.angles(x.shape[1], x.device, upcast_dtype(x.dtype)))
+        q, k, v = self._project(x, _token_angles(self.rope_cache, x))
         return self.attend(q, k, v, None)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

@@ -52,14 +52,18 @@ def _agree_dense(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb
     (on CUDA the kernel NSA's layers use: one launch where torch's formula took a dozen), which
     pass their check first as NSA's kernels do: a failing check on any rank puts every rank on
     torch's formula (``triton``: an error)."""
-    requested = m.attention.backend
-    if not (requested == "triton" or (requested == "auto" and device.type == "cuda")):
+    if not _checks(m.attention.backend, device):
         return AttentionOps(backend="sdpa", requested="sdpa")
     choice, _ = _settle(m, device, bf16, rank, hb, rope_only=True)
     if choice.fallback_reason:
         log(f"WARNING: RoPE on torch's formula (more ops a step), not the Triton kernel, because: "
             f"{choice.fallback_reason}")
     return AttentionOps(backend="sdpa", requested="sdpa", self_check=choice.record().self_check)
+
+
+def _checks(backend: str, device: torch.device) -> bool:
+    """Whether ``backend`` runs the kernels on ``device``, which must pass their check first."""
+    return backend == "triton" or (backend == "auto" and device.type == "cuda")
 
 
 def _settle(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Heartbeat, rope_only: bool
@@ -73,7 +77,7 @@ def _settle(m: ModelConfig, device: torch.device, bf16: bool, rank: int, hb: Hea
     requested = m.attention.backend
     dtype = torch.bfloat16 if bf16 else torch.float32
     choice, error = None, None
-    checks = requested == "triton" or (requested == "auto" and device.type == "cuda")
+    checks = _checks(requested, device)
     if checks:
         hb.set_phase("compile")  # the check compiles the kernels for this GPU
     try:
