@@ -2,7 +2,7 @@
 
     python -m bench.roofline [--layouts nsa-125m paper] [--seqs 2048 16384 65536] [--batch B]
                              [--devices H100 H200] [--union random|disjoint|shared]
-                             [--measured RESULTS.json] [--mma] [--json OUT]
+                             [--measured RESULTS.json] [--mma] [--sass] [--json OUT]
 
 For every kernel launch of one attention fwd+bwd of ``bench.core.nsa_attention`` through
 ``nsa.ops.triton`` (what ``bench.run`` times: compressed attention with the fused top-n,
@@ -40,12 +40,17 @@ it reports:
   statistics moved once), the same bound formula.
 - ``--measured``: a ``bench.run`` results JSON; its per-kernel profile and fwd+bwd rows of
   the same case are shown beside the bounds. ``--mma``: each kernel compiled for sm_90
-  (the compile gate's machinery), and whether its PTX uses wgmma or mma.sync.
+  (the compile gate's machinery), and whether its PTX uses wgmma or mma.sync. ``--sass``:
+  the same compiles disassembled (``bench.sass``): each kernel's hot loops, what one
+  iteration issues, and the **issue bound** (the warp instructions of its executed dot
+  FLOPs over four per SM and cycle at the boost clock), beside the measured time with
+  ``--measured``.
 
 Peaks (bf16 dense tensor-core math, HBM bandwidth; both parts have 132 SMs, 64K
 registers and 228 KiB of shared memory per SM), from NVIDIA's published H100 SXM and H200
 SXM specifications, which list BF16 tensor-core throughput "with sparsity" (1,979
-TFLOP/s): dense is half, 989.4 TFLOP/s; HBM3 3.35 TB/s (H100), HBM3e 4.8 TB/s (H200).
+TFLOP/s): dense is half, 989.4 TFLOP/s; HBM3 3.35 TB/s (H100), HBM3e 4.8 TB/s (H200);
+both boost to 1,980 MHz (the issue bound's clock).
 
 The selected kernels' work depends on which blocks were chosen. Without a real selection
 the model takes the forced blocks (initial, local) and the rest spread uniformly over the
@@ -90,17 +95,19 @@ RECORDS = ROOT / "bench" / "results"
 
 @dataclasses.dataclass(frozen=True)
 class Device:
-    """Peak bf16 dense tensor-core FLOP/s, HBM bytes/s and SMs (module docstring: sources)."""
+    """Peak bf16 dense tensor-core FLOP/s, HBM bytes/s, SMs and boost clock (module docstring:
+    sources)."""
 
     name: str
     sms: int
     flops: float
     bandwidth: float
+    clock_hz: float
 
 
 DEVICES = {
-    "H100": Device("H100 SXM", 132, 989.4e12, 3.35e12),
-    "H200": Device("H200 SXM", 132, 989.4e12, 4.8e12),
+    "H100": Device("H100 SXM", 132, 989.4e12, 3.35e12, 1.98e9),
+    "H200": Device("H200 SXM", 132, 989.4e12, 4.8e12, 1.98e9),
 }
 # Per-SM limits of sm_90 (both parts): what bounds the resident programs of a kernel.
 SM_REGS = 65536
@@ -207,6 +214,7 @@ class Row:
     ms: dict[str, float]  # device -> bound
     balanced_ms: dict[str, float]
     mma: str | None = None  # with --mma: the MMA instructions its sm_90 PTX uses
+    sass: dict[str, Any] | None = None  # with --sass: its hot loops (bench.sass) and issue bound per device
 
 
 @dataclasses.dataclass
@@ -252,11 +260,11 @@ def analyse(layout: str, s: Shape, devices: Sequence[str], union: str = "random"
     return Case(layout, s, rows, {d: bound_ms(dflops, dbytes, DEVICES[d]) for d in devices}, dflops, dbytes)
 
 
-def mma_kinds(layout: str, s: Shape, sms: int) -> dict[tuple[str, str], str]:
-    """``(kernel, branch) -> "wgmma" | "mma.sync" | "-"``: each default-config launch of the
-    case compiled for sm_90 by the compile gate's machinery (Triton's real compiler, no
-    GPU; minutes where Triton's cache lacks them), read from its PTX. Needs the compiled
-    kernels: not under ``TRITON_INTERPRET=1``."""
+def compiled_kernels(layout: str, s: Shape, sms: int) -> dict[tuple[str, str], Any]:
+    """``(kernel, branch) -> compiled kernel`` (its ``asm["ptx"]``, ``asm["cubin"]`` and
+    ``metadata``): each default-config launch of the case compiled for sm_90 by the compile
+    gate's machinery (Triton's real compiler, no GPU; minutes where Triton's cache lacks
+    them). Needs the compiled kernels: not under ``TRITON_INTERPRET=1``."""
     from bench.compile_check import _compile
     from bench.compile_launches import Shape as GateShape
     from bench.compile_launches import drive_ops
@@ -264,14 +272,31 @@ def mma_kinds(layout: str, s: Shape, sms: int) -> dict[tuple[str, str], str]:
     branch = {"compressed+selection": "compressed", "selected": "selected", "window": "window",
               "gated combine": "combine"}
     gate = GateShape(layout, s.B, s.T, s.H, s.G, s.D, s.block, s.stride, s.select_block, s.n, s.window)
-    out: dict[tuple[str, str], str] = {}
+    out: dict[tuple[str, str], Any] = {}
     for la in drive_ops(gate, sms, CAPABILITY):
         key = (la.name, branch.get(la.case[len(layout) + 1:].rsplit(" ", 1)[0], ""))
         if not key[1] or la.config.startswith("alt") or key in out:
             continue
-        ptx = _compile(la, 90)[0].asm["ptx"]
-        out[key] = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "-"
+        out[key] = _compile(la, 90)[0]
     return out
+
+
+def mma_kind(kernel: Any) -> str:
+    """"wgmma" | "mma.sync" | "-": the MMA instructions of a compiled kernel's PTX."""
+    ptx = kernel.asm["ptx"]
+    return "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "-"
+
+
+def hot_loops(kernel: Any, flops: float, devices: Sequence[str]) -> dict[str, Any] | None:
+    """A compiled kernel's hot loops (``bench.sass``) and the issue bound of ``flops`` dot
+    FLOPs in them per device; None for a kernel without MMA in a loop."""
+    from bench import sass
+
+    hot = sass.summarise(sass.loops(sass.disassemble(kernel.asm["cubin"])), kernel.metadata.num_warps)
+    if hot is None:
+        return None
+    return dict(dataclasses.asdict(hot), warps=kernel.metadata.num_warps,
+                issue_ms={d: hot.issue_ms(flops, DEVICES[d].sms, DEVICES[d].clock_hz) for d in devices})
 
 
 # ----------------------------------------------------------------------------- measured times
@@ -365,9 +390,34 @@ def case_markdown(c: Case, devices: Sequence[str]) -> list[str]:
     dense = " | ".join(f"{_ms(c.dense[d])} | {_ms(c.dense[d])} | -" for d in devices)
     out.append(f"| | dense flash (bound) | fwd+bwd | | | | | | | | {_g(c.dense_flops)} | "
                f"{_pct(c.dense_flops * 3 / 3.5, c.dense_flops)} | | {_mb(c.dense_bytes)} | | {dense} |")
+    if any(r.sass for r in c.rows):
+        out += _sass_lines(c, devices)
     if measured:
         out += _measured_lines(c, devices)
     out += ["", *findings(c, devices)]
+    return out
+
+
+def _sass_lines(c: Case, devices: Sequence[str]) -> list[str]:
+    """``--sass``: each launch's hot loops, what one iteration issues per warp, and the issue
+    bound beside the FLOP/byte bound."""
+    dev = devices[-1]
+    out = ["", f"Hot loops, sm_90 SASS (per warp and iteration; `around` = the enclosing loop's own "
+               f"instructions; issue bound on the {dev}):", "",
+           "| # | kernel | branch | warps | loops | instr/iter | around | MMA | MUFU | SHFL | BAR | global | "
+           f"shared | warp instr / kFLOP | {dev} issue ms | {dev} bound ms | issue / bound |",
+           "|" + "---|" * 17]
+    for i, r in enumerate(c.rows, 1):
+        h = r.sass
+        if not h:
+            continue
+        k = h["by_class"]
+        issue = h["issue_ms"][dev]
+        per_kflop = 1e3 * h["warp_instructions_per_flop"]
+        out.append(f"| {i} | `{r.kernel}` | {r.branch} {r.phase} | {h['warps']} | {h['loops']} | "
+                   f"{h['instructions']} | {h['outer'] or '-'} | {k['mma']} | {k['mufu']} | {k['shfl']} | "
+                   f"{k['bar']} | {k['global']} | {k['shared']} | {per_kflop:.2f} | "
+                   f"{_ms(issue)} | {_ms(r.ms[dev])} | {issue / r.ms[dev]:.1f}x |")
     return out
 
 
@@ -400,15 +450,25 @@ def _measured_lines(c: Case, devices: Sequence[str]) -> list[str]:
             other += ms
         else:
             got[mine] = got.get(mine, 0.0) + ms
+    issue: dict[str, float] = {}
+    for r in c.rows:
+        if r.sass and not any(r is w for w in window):
+            issue[r.kernel] = issue.get(r.kernel, 0.0) + r.sass["issue_ms"][dev]
+    cols = " issue ms (`--sass`) | measured / issue |" if issue else ""
     out = ["", f"Measured ({m.get('device') or 'device not named'}) beside the {dev} bound / balance:", "",
-           "| kernel | bound / balance ms | measured ms | measured / bound |", "|---|---|---|---|"]
+           "| kernel | bound / balance ms | measured ms | measured / bound |" + cols,
+           "|---|---|---|---|" + ("---|---|" if issue else "")]
 
-    def line(name: str, bound: float, ms: float | None) -> str:
+    def line(name: str, bound: float, ms: float | None, issued: float | None = None) -> str:
         ratio = f"{ms / bound:.1f}x" if ms and bound > 0 else "-"
-        return f"| {name} | {_ms(bound)} | {'-' if ms is None else _ms(ms)} | {ratio} |"
+        text = f"| {name} | {_ms(bound)} | {'-' if ms is None else _ms(ms)} | {ratio} |"
+        if issue:
+            text += (f" {_ms(issued)} | {ms / issued:.1f}x |" if issued and ms else
+                     f" {'-' if issued is None else _ms(issued)} | - |")
+        return text
 
     for name in sorted(by, key=lambda k: -got.get(k, 0.0)):
-        out.append(line(f"`{name}`", by[name], got.get(name)))
+        out.append(line(f"`{name}`", by[name], got.get(name), issue.get(name)))
     if flex:
         out.append(line(f"window branch on FlexAttention ({len(flex)} kernels) vs the band kernels' bound",
                         sum(r.balanced_ms[dev] for r in window), sum(flex.values())))
@@ -524,12 +584,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mma", action="store_true",
                     help="compile each kernel for sm_90 (Triton's compiler, no GPU) and show whether its PTX "
                          "uses wgmma or mma.sync")
+    ap.add_argument("--sass", action="store_true",
+                    help="compile each kernel for sm_90 and disassemble it (nvdisasm, shipped with Triton): "
+                         "its hot loops' instructions per iteration and the issue bound")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT")
     args = ap.parse_args(argv)
     if args.batch is not None and args.batch < 1 or any(t < 1 for t in args.seqs):
         ap.error("--batch and --seqs must be positive")
-    if args.mma and os.environ.get("TRITON_INTERPRET") == "1":
-        ap.error("--mma compiles the kernels: unset TRITON_INTERPRET")
+    if (args.mma or args.sass) and os.environ.get("TRITON_INTERPRET") == "1":
+        ap.error("--mma and --sass compile the kernels: unset TRITON_INTERPRET")
     if args.sel_positions is not None and not 1 <= args.sel_positions <= selected.MAX_POSITIONS:
         ap.error(f"--sel-positions must be 1..{selected.MAX_POSITIONS} (rounded up to a power of two)")
     before = selected.POSITIONS
@@ -551,10 +614,14 @@ def _run(args: argparse.Namespace, layouts: dict[str, tuple[int, int, int]]) -> 
             c = analyse(layout, Shape(B, T, H, G, D), args.devices, args.union, record)
             if args.measured:
                 c.measured = load_measured(args.measured, c)
-            if args.mma:
-                kinds = mma_kinds(layout, c.shape, DEVICES[args.devices[0]].sms)
+            if args.mma or args.sass:
+                kernels = compiled_kernels(layout, c.shape, DEVICES[args.devices[0]].sms)
                 for r in c.rows:
-                    r.mma = kinds.get((r.kernel, r.branch)) if r.grid else None
+                    k = kernels.get((r.kernel, r.branch)) if r.grid else None
+                    if k is not None and args.mma:
+                        r.mma = mma_kind(k)
+                    if k is not None and args.sass:
+                        r.sass = hot_loops(k, r.flops, args.devices)
             cases.append(c)
     print(format_markdown(cases, args.devices, record_path, args.union), end="")
     if args.json:

@@ -305,16 +305,28 @@ def test_sel_positions_sets_the_selected_programs_and_is_restored(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_mma_reads_the_sm90_ptx_of_every_kernel(tmp_path: Path) -> None:
+def test_mma_and_sass_read_the_sm90_compiles_of_every_kernel(tmp_path: Path) -> None:
     """``--mma`` compiles the kernels (Triton's compiler, no GPU): the dots of fewer than 64
-    rows are the kernels whose PTX has no wgmma."""
+    rows are the kernels whose PTX has no wgmma. ``--sass`` disassembles the same compiles:
+    every kernel with dots has a hot loop holding the MMA instructions its PTX names (HGMMA
+    for wgmma, HMMA for mma.sync), and its issue bound is its dot FLOPs at that loop's
+    instructions per FLOP."""
     out_json = tmp_path / "mma.json"
     out = run_compiled(["-m", "bench.roofline", "--layouts", "nsa-125m", "--seqs", "2048", "--devices",
-                        "H200", "--mma", "--json", str(out_json)], timeout=1800)
+                        "H200", "--mma", "--sass", "--json", str(out_json)], timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
-    launches = json.loads(out_json.read_text())["cases"][0]["launches"]
+    assert "Hot loops, sm_90 SASS" in out.stdout
+    data = json.loads(out_json.read_text())
+    launches = data["cases"][0]["launches"]
     kinds = {(la["kernel"], la["branch"]): la["mma"] for la in launches if la["grid"]}
     assert all(kinds.values()), kinds
+    dev = data["devices"]["H200"]
     for la in launches:
         if la["grid"] and la["dot_rows"]:
             assert la["mma"] == ("wgmma" if la["dot_rows"] >= rl.WGMMA_ROWS else "mma.sync"), la["kernel"]
+            hot = la["sass"]
+            assert hot and hot["by_class"]["mma"] > 0 and hot["instructions"] > hot["by_class"]["mma"], la
+            want = 1e3 * la["flops"] * hot["warp_instructions_per_flop"] / (4 * dev["sms"] * dev["clock_hz"])
+            assert hot["issue_ms"]["H200"] == pytest.approx(want), la["kernel"]
+        elif la["grid"]:
+            assert la["sass"] is None, la["kernel"]  # no dot, no hot loop
