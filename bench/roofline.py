@@ -42,9 +42,9 @@ it reports:
   the same case are shown beside the bounds. ``--mma``: each kernel compiled for sm_90
   (the compile gate's machinery), and whether its PTX uses wgmma or mma.sync. ``--sass``:
   the same compiles disassembled (``bench.sass``): each kernel's hot loops, what one
-  iteration issues, and the **issue bound** (the warp instructions of its executed dot
-  FLOPs over four per SM and cycle at the boost clock), beside the measured time with
-  ``--measured``.
+  iteration of the leanest issues, and the **issue bound** (the warp instructions of its
+  executed dot FLOPs at that loop's rate, over four per SM and cycle at the boost clock),
+  beside the measured time with ``--measured``.
 
 Peaks (bf16 dense tensor-core math, HBM bandwidth; both parts have 132 SMs, 64K
 registers and 228 KiB of shared memory per SM), from NVIDIA's published H100 SXM and H200
@@ -402,8 +402,9 @@ def _sass_lines(c: Case, devices: Sequence[str]) -> list[str]:
     """``--sass``: each launch's hot loops, what one iteration issues per warp, and the issue
     bound beside the FLOP/byte bound."""
     dev = devices[-1]
-    out = ["", f"Hot loops, sm_90 SASS (per warp and iteration; `around` = the enclosing loop's own "
-               f"instructions; issue bound on the {dev}):", "",
+    out = ["", f"Hot loops, sm_90 SASS (the leanest one's shortest way through an iteration, per warp; "
+               f"in brackets the most instructions in a hot loop's body, every branch counted; `around` = "
+               f"the enclosing loop's own instructions; issue bound on the {dev}):", "",
            "| # | kernel | branch | warps | loops | instr/iter | around | MMA | MUFU | SHFL | BAR | global | "
            f"shared | warp instr / kFLOP | {dev} issue ms | {dev} bound ms | issue / bound |",
            "|" + "---|" * 17]
@@ -414,8 +415,10 @@ def _sass_lines(c: Case, devices: Sequence[str]) -> list[str]:
         k = h["by_class"]
         issue = h["issue_ms"][dev]
         per_kflop = 1e3 * h["warp_instructions_per_flop"]
+        most = f" ({h['most']})" if h["most"] != h["instructions"] else ""
         out.append(f"| {i} | `{r.kernel}` | {r.branch} {r.phase} | {h['warps']} | {h['loops']} | "
-                   f"{h['instructions']} | {h['outer'] or '-'} | {k['mma']} | {k['mufu']} | {k['shfl']} | "
+                   f"{h['instructions']}{most} | {h['outer'] or '-'} | {k['mma']} | {k['mufu']} | "
+                   f"{k['shfl']} | "
                    f"{k['bar']} | {k['global']} | {k['shared']} | {per_kflop:.2f} | "
                    f"{_ms(issue)} | {_ms(r.ms[dev])} | {issue / r.ms[dev]:.1f}x |")
     return out

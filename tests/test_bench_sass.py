@@ -57,7 +57,7 @@ def test_loops_are_backward_branches_and_the_hot_loop_is_the_innermost_with_mma(
 def test_summary_counts_warp_groups_and_the_issue_bound_follows() -> None:
     hot = sass.summarise(sass.loops(LISTING), warps=8)
     assert hot is not None
-    assert (hot.loops, hot.instructions, hot.outer) == (1, 8, 6)
+    assert (hot.loops, hot.instructions, hot.outer, hot.most) == (1, 8, 6, 8)
     # 8 warps are two warp groups, each doing the iteration's two HGMMAs on its own rows
     flops_per_iteration = 2 * 2 * (2 * 64 * 64 * 16)
     assert hot.warp_instructions_per_flop == pytest.approx(8 * 8 / flops_per_iteration)
@@ -65,6 +65,52 @@ def test_summary_counts_warp_groups_and_the_issue_bound_follows() -> None:
     # 1000 iterations of 8 warps x 8 instructions, 4 per SM and cycle, on 2 SMs at 1 GHz
     assert hot.issue_ms(iterations * flops_per_iteration, sms=2, clock_hz=1e9) == pytest.approx(
         1e3 * iterations * 64 / (4 * 2 * 1e9))
+
+
+def test_the_bound_takes_the_leanest_of_several_hot_loops() -> None:
+    """A masked loop beside an unmasked one (most iterations): the issue bound is the lean
+    loop's, and the fuller one's size is reported beside it."""
+    masked = LISTING.replace(
+        "        /*0100*/                   STG.E desc[UR4][R6.64], R12 ;",
+        "        /*0100*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ;\n"
+        "        /*0104*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;\n"
+        "        /*0108*/                   FSEL R1, R2, -INF , P0 ;\n"
+        "        /*010c*/                   FSEL R3, R4, -INF , P0 ;")
+    found = sass.loops(masked)
+    assert [lp.instructions for lp in sass.hot_loops(found)] == [8, 6]
+    hot = sass.summarise(found, warps=4)
+    assert hot is not None and (hot.loops, hot.instructions, hot.most) == (2, 6, 8)
+    assert hot.warp_instructions_per_flop == pytest.approx(6 * 4 / (2 * 2 * 64 * 64 * 16))
+
+
+BRANCHED = """
+.L_x_5:
+        /*0200*/                   LDG.E.128 R8, desc[UR4][R6.64] ;
+        /*0210*/               @P0 BRA `(.L_x_6) ;
+        /*0220*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ;
+        /*0230*/                   BRA `(.L_x_7) ;
+.L_x_6:
+        /*0240*/                   FSEL R1, R2, -INF , P1 ;
+        /*0250*/                   FSEL R3, R4, -INF , P1 ;
+        /*0260*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ;
+.L_x_7:
+        /*0270*/               @P2 BRA `(.L_x_9) ;
+        /*0280*/                   EXIT ;
+.L_x_9:
+        /*0290*/               @P3 BRA `(.L_x_5) ;
+"""
+
+
+def test_an_iteration_takes_the_shorter_side_of_a_branch_inside_the_loop() -> None:
+    """A loop whose body branches to a masked variant: the lean way skips it (and the exit);
+    its instructions and dot FLOPs are those of the way taken, not the body's."""
+    (lp,) = sass.loops(BRANCHED)
+    assert lp.instructions == 10 and lp.mma_flops == 2 * (2 * 64 * 64 * 16)
+    assert [lp.mnemonics[i] for i in lp.lean] == ["LDG", "BRA", "HGMMA", "BRA", "BRA", "BRA"]
+    assert lp.lean_flops == 2 * 64 * 64 * 16 and lp.count("mma", lean=True) == 1
+    hot = sass.summarise([lp], warps=4)
+    assert hot is not None and (hot.instructions, hot.most) == (6, 10)
+    assert hot.warp_instructions_per_flop == pytest.approx(6 * 4 / (2 * 64 * 64 * 16))
 
 
 def test_mma_sync_flops_are_per_warp_and_no_mma_means_no_hot_loop() -> None:

@@ -50,6 +50,8 @@ SEL_CASES = [  # B, T, H, G, D, l', n, initial, local
     (2, 131, 16, 1, 32, 32, 3, 1, 1),  # 16 heads per group: one full tile
     (3, 70, 4, 1, 16, 16, 8, 0, 1),  # n larger than the blocks that exist: many -1 slots
     (1, 40, 40, 1, 16, 16, 3, 1, 1),  # 40 heads (padded to 64): dK/dV takes two 32-head tiles per position
+    (2, 77, 4, 1, 16, 24, 3, 1, 1),  # blocks of 24 in 32-key tiles: padding columns in unmasked blocks too
+    (1, 50, 4, 2, 16, 8, 4, 1, 1),  # blocks of 8 in 16-key tiles, several blocks per program's positions
 ]
 
 
@@ -85,6 +87,27 @@ def test_selected_attention_unsorted_idx_and_scale():
     out = T_OPS.selected_attention(q, k, v, perm, block, scale=0.3)
     ref = R.selected_attention(q, k, v, idx, block, scale=0.3)
     assert rel_err(out, ref) <= TOL, f"seed={seed}"
+
+
+def test_blocks_after_their_query_give_nothing_forward_or_backward():
+    """The contract's idx may name a block that starts after its query (``select_blocks``
+    never does): its keys are all hidden from that query, in the gradients too. Here every
+    query also lists the last block, so its dK/dV list holds more queries before its last key
+    than a block has keys, the case where the kernel masks that block's whole chunk."""
+    seed = fresh_seed()
+    B, T, H, G, D, block, n = 1, 96, 4, 1, 16, 16, 3
+    q, do = torch.randn(B, T, H, D), torch.randn(B, T, H, D)
+    k, v = torch.randn(B, T, G, D), torch.randn(B, T, G, D)
+    idx = _random_idx(B, T, G, block, n, 1, 1)
+    last = R.num_select_blocks(T, block) - 1
+    idx[..., -1] = torch.where((idx[..., :-1] == last).any(-1), -1, last)  # distinct, -1 where already listed
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    T_OPS.selected_attention(*xs, idx, block).backward(do)
+    rs = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = R.selected_attention(*rs, idx, block)
+    ref.backward(do)
+    for name, a, r in zip("qkv", xs, rs):
+        assert rel_err(a.grad, r.grad) <= TOL, f"seed={seed} d{name}"
 
 
 def test_inverted_index_lists_every_selection_once():
