@@ -60,7 +60,7 @@ class Loop:
     start: int
     end: int  # address of its backward branch
     mnemonics: tuple[str, ...]
-    flops: tuple[int, ...]  # per instruction: an MMA's dot FLOPs (a warp group's for HGMMA, a warp's for HMMA)
+    flops: tuple[int, ...]  # per instruction: an MMA's dot FLOPs (a warp group's: HGMMA; a warp's: HMMA)
     warp_group_mma: bool  # True: HGMMA (the flops are a warp group's), False: HMMA (a warp's)
     lean: tuple[int, ...]  # indices of the body's instructions on the shortest way through
 
