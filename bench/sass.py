@@ -27,7 +27,6 @@ bound is bound by latency (too few warps to hide dependent instructions), not by
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import re
 import subprocess
@@ -91,14 +90,11 @@ def mnemonic(instruction: str) -> str:
 
 
 def _mma_flops(instruction: str) -> tuple[int, bool]:
-    m = _HGMMA.search(instruction)
-    if m:
-        rows, cols, k = (int(g) for g in m.groups())
-        return 2 * rows * cols * k, True
-    m = _HMMA.search(instruction)
-    if m:
-        rows, cols, k = (int(g) for g in m.groups())
-        return 2 * rows * cols * k, False
+    for pattern, warp_group in ((_HGMMA, True), (_HMMA, False)):
+        m = pattern.search(instruction)
+        if m:
+            rows, cols, k = (int(g) for g in m.groups())
+            return 2 * rows * cols * k, warp_group
     return 0, False
 
 
@@ -225,8 +221,3 @@ def disassemble(cubin: bytes) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"nvdisasm failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     return done.stdout
-
-
-def mnemonic_counts(found: list[Loop]) -> collections.Counter[str]:
-    """Mnemonics of the hot loops, most common first (for a closer look at one kernel)."""
-    return collections.Counter(m for lp in hot_loops(found) for m in lp.mnemonics)
