@@ -58,7 +58,19 @@ from bench.compile_launches import (
     package_modules,
     uncovered,
 )
-from bench.compile_records import Recorder, record_path, reusable_record, run_under, work_hash
+from bench.compile_records import (
+    KERNEL_PACKAGE,
+    Recorder,
+    Verdict,
+    file_hashes,
+    flags_of,
+    record_path,
+    recorded_verdicts,
+    reusable_record,
+    run_under,
+    sources_hash,
+    work_hash,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -420,6 +432,12 @@ def compile_all(work: list[tuple[int, Launch, list[str]]], jobs: int) -> Iterato
     _WORK.clear()
 
 
+def _source_file(launch: Launch) -> str:
+    """The kernel source file that defines a launch's kernel."""
+    module = launch.kernel.fn.__module__
+    return "__init__.py" if module == KERNEL_PACKAGE else module.rsplit(".", 1)[-1] + ".py"
+
+
 def format_line(name: str, capability: int, res: Result, cases: list[str], config: str = "") -> str:
     where = f"{'(' + config + ') ' if config else ''}[{', '.join(cases)}]"
     if res.error is not None:
@@ -451,7 +469,10 @@ def main(argv: list[str] | None = None) -> int:
                          "kernels' hash, the compiles' fingerprint)")
     ap.add_argument("--reuse-record", action="store_true",
                     help="pass without compiling when this Triton's record passed these exact compiles "
-                         "(the same kernels' source and the same signatures, constexprs and options)")
+                         "(the same kernels' source and the same signatures, constexprs and options); "
+                         "else compile only the compiles the record holds no verdict of")
+    ap.add_argument("--fresh", action="store_true",
+                    help="with --record: compile everything, taking no verdict from the existing record")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     if args.triton:
@@ -495,20 +516,20 @@ def main(argv: list[str] | None = None) -> int:
         failed = True
 
     n_cases = 0
-    work: list[tuple[int, Launch, list[str]]] = []  # one per distinct compile
-    keys: list[str] = []
+    items: list[tuple[int, Launch, list[str], str]] = []  # one per distinct compile, with its key
     for cap in args.arch:
         groups: dict[str, list[Launch]] = {}
         for x in launches[cap]:
             groups.setdefault(spec_key(x, cap), []).append(x)
         n_cases += len(launches[cap])
         for key, members in groups.items():
-            work.append((cap, members[0], [m.case for m in members]))
-            keys.append(key + repr([m.case for m in members]))
+            cases = [m.case for m in members]
+            items.append((cap, members[0], cases, key + repr(cases)))
     # the configs launches use by default first, then the ones only autotuning may pick:
     # a run stopped early has checked what a host runs unless it autotunes
-    work.sort(key=lambda w: w[1].config.startswith("alt"))
-    fingerprint = work_hash(keys)
+    items.sort(key=lambda w: w[1].config.startswith("alt"))
+    work = [(cap, first, cases) for cap, first, cases, _ in items]
+    fingerprint = work_hash([key for *_, key in items])
     if args.reuse_record and not args.list and not args.extra_module and not failed:
         reused = reusable_record(fingerprint)
         if reused is not None:
@@ -518,7 +539,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"{record_path(reused['triton']).name} ({reused['started']}); nothing compiled, "
                   f"{time.perf_counter() - t0:.0f} s")
             return 0
-        print("compile_check: no record of these exact compiles under this Triton: compiling", flush=True)
+        print("compile_check: no record of these exact compiles under this Triton: compiling what it "
+              "holds no verdict of", flush=True)
+    # each compile's verdict as a record keeps it, and the record's verdicts that still hold
+    takes_verdicts = not args.list and not args.extra_module and (args.reuse_record or args.record)
+    made = [("", "")] * len(items)
+    recorded: dict[str, Verdict] = {}
+    recorded_at = ""
+    if takes_verdicts:
+        import triton
+
+        hashes = file_hashes()
+        made = [(Verdict.id_of(key), sources_hash(_source_file(first), hashes)) for _, first, _, key in items]
+        if not args.fresh:
+            recorded, recorded_at = recorded_verdicts(triton.__version__)
+    keep: list[Verdict | None] = []
+    for cid, src in made:
+        old = recorded.get(cid)
+        keep.append(old if old is not None and old.sources == src else None)
     recorder = None if args.list or not args.record else Recorder(args.arch, args.jobs, len(work), n_cases,
                                                                   fingerprint)
     if recorder is not None:
@@ -529,15 +567,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"LIST sm_{cap} {first.name:16s} {'(' + first.config + ') ' if first.config else ''}"
                   f"[{', '.join(cases)}]")
     else:
-        for (cap, first, cases), res in zip(work, compile_all(work, args.jobs)):
+        n_kept = sum(v is not None for v in keep)
+        if n_kept:
+            print(f"compile_check: {n_kept} of {len(work)} compiles have a verdict in the record begun "
+                  f"{recorded_at} (the same compile of the same kernel sources, by this gate's code): "
+                  f"taken from it; compiling {len(work) - n_kept}", flush=True)
+        for kept in keep:
+            if kept is not None:
+                failed |= kept.failed
+                print(kept.line, flush=True)
+                if recorder is not None:
+                    recorder.add(kept.line, kept, recorded_at)
+        todo = [(w, m) for w, m, v in zip(work, made, keep) if v is None]
+        for ((cap, first, cases), (cid, src)), res in zip(todo, compile_all([w for w, _ in todo], args.jobs)):
             failed |= res.failed
             line = format_line(first.name, cap, res, cases, first.config)
             print(line, flush=True)
             if recorder is not None:
-                recorder.add(line, res)
+                recorder.add(line, Verdict(cid, src, flags_of(res), line))
     n_compiles = 0 if args.list else len(work)
+    taken = sum(v is not None for v in keep)
     verdict = "FAILED" if failed else "passed"
-    summary = (f"compile_check: {verdict}: {n_cases} launch cases, {n_compiles} distinct compiles, "
+    summary = (f"compile_check: {verdict}: {n_cases} launch cases, {n_compiles} distinct compiles"
+               f"{f' ({taken} verdicts from the record)' if taken else ''}, "
                f"archs {', '.join(f'sm_{c}' for c in args.arch)}, {time.perf_counter() - t0:.0f} s")
     print(summary)
     if recorder is not None:
