@@ -349,12 +349,26 @@ _WORK: list[tuple[int, Launch, list[str]]] = []  # what forked workers compile, 
 # compiles take seconds; Triton 3.1 never finished some at sm_90 (the selected forward and dQ
 # on 64-row tiles at 4 and 8 heads per group, in its TTGIR passes), which held the gate.
 COMPILE_TIMEOUT_S = 300
+# Under a Triton below the kernels' floor (``nsa.ops.self_check.MIN_TRITON``) a record only
+# has to show how it fails, and a compile still running after two minutes is a failure
+# for anyone who would launch it: 3.1 never finishes 24 compiles, and at 300 s each they
+# were most of its record's hour.
+OLD_TRITON_TIMEOUT_S = 120
+
+
+def compile_timeout() -> float:
+    """Seconds a compile may take before it is killed and counted failed."""
+    import triton
+
+    from nsa.ops.self_check import triton_too_old
+
+    return OLD_TRITON_TIMEOUT_S if triton_too_old(triton.__version__) else COMPILE_TIMEOUT_S
 
 
 def compile_isolated(launch: Launch, capability: int, timeout_s: float | None = None) -> Result:
     """``compile_launch`` in a forked child: a compiler that aborts (Triton 3.1 fails a C++
     assertion on some sm_90 layouts, which kills the process) or runs past ``timeout_s``
-    (default ``COMPILE_TIMEOUT_S``; the child is killed) becomes a failed result naming
+    (default ``compile_timeout()``; the child is killed) becomes a failed result naming
     the signal and the compiler's last words, instead of taking the gate down."""
     import faulthandler
     import pickle
@@ -379,7 +393,7 @@ def compile_isolated(launch: Launch, capability: int, timeout_s: float | None = 
             finally:
                 os._exit(code)
         os.close(write)
-        limit = COMPILE_TIMEOUT_S if timeout_s is None else timeout_s
+        limit = compile_timeout() if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
         chunks: list[bytes] = []
         timed_out = False

@@ -226,3 +226,16 @@ def test_a_compiler_that_never_finishes_is_killed(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(cc, "compile_launch", lambda launch, capability: cc.Result(registers=7))
     ok = cc.compile_isolated(None, 90, timeout_s=30.0)
     assert not ok.failed and ok.registers == 7
+
+
+def test_a_triton_below_the_floor_gets_less_time_per_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its record only shows how it fails: a compile past two minutes is failed there, where
+    a supported Triton gets the full limit (a loaded machine's slow compile is not a failure)."""
+    import triton
+
+    import bench.compile_check as cc
+
+    monkeypatch.setattr(triton, "__version__", "3.1.0")
+    assert cc.compile_timeout() == cc.OLD_TRITON_TIMEOUT_S < cc.COMPILE_TIMEOUT_S
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert cc.compile_timeout() == cc.COMPILE_TIMEOUT_S
