@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from bench.core import NSA
-from nsa.ops.triton import band, glue, selected, topn, tuning
+from nsa.ops.triton import band, glue, invert, selected, topn, tuning
 
 CAPABILITY = 90  # the devices modelled (H100, H200) are sm_90: the configs the wrappers choose there
 E = 2  # bytes per element of q, k, v, o and their gradients (bf16, as bench.run)
 F32 = 4
 I64 = 8
+I32 = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +236,15 @@ def _delta(s: Shape, branch: str, heads_major: bool) -> Launch:
                   note="heads-major" if heads_major else "")
 
 
+def _elementwise(kernel: str, branch: str, n: int, block: int, per_element: int) -> Launch:
+    """A backward kernel of ``block`` elements per program, ``per_element`` bytes each."""
+    programs = _cdiv(n, block)
+    r = np.full(programs, block)
+    r[-1] = n - block * (programs - 1)
+    tb = (r * per_element).astype(float)
+    return Launch(kernel, branch, "bwd", (programs,), 4, np.zeros(programs), tb, min_bytes=float(tb.sum()))
+
+
 def _combine(s: Shape) -> list[Launch]:
     """``GatedCombine`` forward (4 warps) and backward (8 warps)."""
     rows = s.B * s.T * s.H
@@ -390,14 +400,23 @@ def _selected_launches(s: Shape, sel: Selection, sms: int) -> tuple[list[Launch]
     bwd.append(Launch("_sel_bwd_dq", "selected", "bwd", grid, w, u * 6.0 * R * ls * bd, dq_bytes, useful,
                       1.5 * useful, 3 * qbytes + 2 * kbytes + idx_bytes + 2 * lse + scr_bytes,
                       f"R={R} P={P} STAGES={cfg['STAGES']}", R))
-    # the inverted index and chunk map (torch): where + copy, sort (8 radix passes over
-    # 64-bit keys with int64 indices), the gather of positions; the searchsorted are small
+    # the inverted index and chunk map (invert.py): the keys, their sort (4 radix passes over
+    # 32-bit keys carrying int64 indices, read and written), the positions and segments
     N = B * T * G * s.n
     nkeys = B * G * s.ns
-    bwd.append(_torch("inverted index", "selected", float(N * (8 + 8 + 16 + 4 + 8 * 32 + 16)), launches=8))
+    kb = I32 if nkeys * T < invert.INT32_KEYS else I64
+    bwd.append(_elementwise("_index_keys", "selected", N, invert.BLOCK, I64 + kb))
+    passes = 4 if kb == I32 else 8
+    sort_bytes = float(N * passes * 2 * (kb + I64))
+    bwd.append(_torch("sort of the index keys", "selected", sort_bytes, launches=passes))
+    bwd.append(_elementwise("_index_segments", "selected", N + 1, invert.BLOCK, 2 * kb + I32))
     ch = max(qc, selected.dkdv_chunk(N, s.n, s.select_block, sms))
     ch = _cdiv(ch, qc) * qc
     max_chunks = nkeys + _cdiv(N, ch)
+    plan = float(nkeys * 3 * I64 + max_chunks * I64)
+    tiles = _cdiv(nkeys, invert.KEYS_PER_TILE)
+    bwd.append(Launch("_index_chunks", "selected", "bwd", (1,), 4, np.zeros(1), np.array([plan]),
+                      min_bytes=plan, note=f"one program: {tiles} tiles of blocks"))
     hc = selected._dkdv_heads(hpgp)
     htiles = _cdiv(hpgp, hc)
     seg = sel.seg.reshape(-1).astype(np.int64)

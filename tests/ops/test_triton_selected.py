@@ -11,10 +11,10 @@ import torch
 
 import nsa.ops.triton as T_OPS
 from nsa.ops import reference as R
+from nsa.ops.triton.invert import inverted_index
 from nsa.ops.triton.selected import (  # noqa: E402
     _sizes,
     dkdv_chunk,
-    inverted_index,
     selected_backward,
     selected_forward,
 )

@@ -13,14 +13,14 @@ offset of ``+inf``), the rest (the diagonal block) the full one. dK/dV splits it
 query list the same way.
 
 dK/dV: KV-block-major, no atomics. An inverted index (which query positions selected
-block j of group g) is built with torch ops (a stable sort of the flattened selection,
-``searchsorted`` for the segment offsets: no host sync, fixed shapes). Each block's query
-list is cut into chunks of at most CH queries; one program per chunk loads the block's
-K/V once and loops over its queries, QC positions x heads rows per tile (32 rows; a group
-of more than 32 heads takes several tiles per position), accumulating
-fp32 partial dK/dV in registers; a second kernel sums each block's partials in chunk
-order. Deterministic, and the blocks that every query selects (initial and local ones)
-are spread over many programs instead of one long serial loop (``dkdv_chunk``).
+block j of group g: ``invert.py``, a sort of the selections' keys between small kernels; no
+host sync, fixed shapes). Each block's query list is cut into chunks of at most CH
+queries; one program per chunk loads the block's K/V once and loops over its queries, QC
+positions x heads rows per tile (32 rows; a group of more than 32 heads takes several
+tiles per position), accumulating fp32 partial dK/dV in registers; a second kernel sums
+each block's partials in chunk order. Deterministic, and the blocks that every query
+selects (initial and local ones) are spread over many programs instead of one long serial
+loop (``dkdv_chunk``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from . import tuning
 from .band import LOG2E, NEG, _prec
 from .bitonic import NO_BLOCK, _bitonic_sort
 from .glue import row_delta
+from .invert import chunk_map, inverted_index
 from .tuning import launch, tunable
 
 # Query positions per forward/dQ program. None: ``_sizes``' choice (ROWS rows of positions x
@@ -439,24 +440,6 @@ def _dkdv_heads(hpgp: int) -> int:
     return min(hpgp, 32)
 
 
-def inverted_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every (b, g, block j): the query positions that selected it, ascending.
-
-    Returns (tlist int32 [B*G*T*n], offsets int64 [B*G*Ns + 1]); segment
-    ``offsets[k]:offsets[k+1]`` with ``k = (b*G + g)*Ns + j``. Fixed shapes, no host sync.
-    """
-    B, T, G, n = idx.shape
-    sel = idx.permute(0, 2, 1, 3)  # [B,G,T,n]
-    bg = torch.arange(B * G, device=idx.device).view(B, G, 1, 1)
-    keys = torch.where(sel >= 0, bg * n_blocks + sel, B * G * n_blocks).reshape(-1)
-    tpos = torch.arange(T, device=idx.device, dtype=torch.int32).view(1, 1, T, 1).expand(B, G, T, n)
-    sorted_keys, order = torch.sort(keys, stable=True)
-    tlist = tpos.reshape(-1)[order].contiguous()
-    bounds = torch.arange(B * G * n_blocks + 1, device=idx.device, dtype=sorted_keys.dtype)
-    offsets = torch.searchsorted(sorted_keys, bounds)
-    return tlist, offsets
-
-
 def _union_args(T: int, B: int, G: int, n: int, pos: int, device: torch.device) -> tuple[torch.Tensor, dict]:
     """The per-program scratch rows of ``_union`` and its constexprs (NP slots, log2 of P x NP)."""
     np_ = triton.next_power_of_2(max(n, 1))
@@ -514,11 +497,8 @@ def selected_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     # serial loop; partials are summed per block in chunk order afterwards.
     ch = chunk if chunk is not None else max(qc, dkdv_chunk(B * T * G * n, n, block, sms))
     ch = triton.cdiv(ch, qc) * qc
-    n_chunks = (offsets[1:] - offsets[:-1] + ch - 1) // ch
-    chunk_start = torch.zeros(nkeys + 1, device=q.device, dtype=torch.int64)
-    chunk_start[1:] = torch.cumsum(n_chunks, 0)
     max_chunks = nkeys + triton.cdiv(B * T * G * n, ch)  # static bound: no host sync
-    key_of_chunk = torch.searchsorted(chunk_start[1:], torch.arange(max_chunks, device=q.device), right=True)
+    chunk_start, key_of_chunk = chunk_map(offsets, ch, max_chunks)
     dkp = poison.empty(max_chunks, ls, bd, device=q.device, dtype=torch.float32)
     dvp = poison.empty_like(dkp)
     _sel_bwd_dkdv[(max_chunks,)](q, k, v, do, lse, delta, tlist, offsets, key_of_chunk, chunk_start, dkp, dvp,
