@@ -7,7 +7,8 @@
 # GPU_MEASURE_S: the deadline in seconds (default 420): each step gets at most what is left,
 # a step that would get under 20 s is skipped and says so. Results and a log under $OUT
 # (default gpu-measure/): the kernels' GPU tests (in the log), bench.run's results files
-# (tags p4, train, p8, band, 64k; the trainer's step against the bare one in the log), decoding at batch 1 and 64 with its kernels (and each launch against its
+# (tags p4, train, p8, band, 64k; the trainer's step against the bare one in the log), the
+# inverted index's kernels against its torch ops, decoding at batch 1 and 64 with its kernels (and each launch against its
 # bytes, bench.decode_roofline), tiles, the decode kernels' split sweeps, and a staggered
 # batch-64 decode with each kind of step's kernels.
 # GPU_MEASURE_DRY=1: list the commands (one per line, shell-quoted) in $OUT/commands.txt, run none.
@@ -48,6 +49,8 @@ step gpu-tests 180 pytest -q -p no:cacheprovider -m gpu tests/ops/test_triton_de
 #    program (128 rows) against those 4 (docs/kernels.md, "Positions per selected program").
 run=(bench.run --layouts nsa-125m --seqs 2048 16384 --no-reference --no-check --no-train --out-dir "$OUT")
 step sel-p4 100 "${run[@]}" --tag p4
+# The selected dK/dV's inverted index as kernels against the torch ops it was (kept if faster).
+step index 40 bench.inverted_index --json "$OUT/inverted-index.json"
 step decode-b1 60 bench.decode --contexts 8192 65536 --kernels --json "$OUT/decode-b1.json"
 step decode-b64 60 bench.decode --contexts 8192 65536 --batch 64 --kernels --json "$OUT/decode-b64.json"
 step decode-bounds 20 bench.decode_roofline --measured "$OUT/decode-b1.json" "$OUT/decode-b64.json" \

@@ -4,6 +4,9 @@ every output buffer poisoned first so that an element a kernel leaves unwritten 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,3 +84,19 @@ def test_a_non_contiguous_selection() -> None:
     idx = _selection(2, 30, 3, 4, 6, seed).transpose(1, 2).contiguous().transpose(1, 2)
     assert not idx.is_contiguous()
     _check(idx, 6, [2], seed)
+
+
+def test_the_benchmark_checks_both_ways_agree(tmp_path: Path) -> None:
+    """``python -m bench.inverted_index`` off a GPU: one small interpreted case per layout,
+    the model-like selection built both ways and compared (the timings mean nothing here)."""
+    from bench import inverted_index
+
+    out = tmp_path / "index.json"
+    assert inverted_index.main(["--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["layout"] for r in rows] == ["nsa-125m", "paper"] and all(r["agree"] for r in rows)
+    idx = inverted_index.selection(1, 200, 2, "cpu")
+    assert idx.shape == (1, 200, 2, 16)
+    own = torch.arange(200) // 64
+    assert ((idx == 0).sum(-1) == 1).all() and ((idx == own[None, :, None, None]).sum(-1) == 1).all()
+    assert (idx <= own[None, :, None, None]).all()
