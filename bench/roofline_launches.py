@@ -224,38 +224,31 @@ def _band_launches(s: Shape, branch: str, NK: int, stride: int, off: int, win: i
 # ----------------------------------------------------------------------------- glue and torch
 
 
+def _streaming(kernel: str, branch: str, phase: str, n: int, per_program: int, per_item: int,
+               warps: int = 4, note: str = "") -> Launch:
+    """A memory-only launch: ``per_program`` items (rows, elements) of ``per_item`` bytes per
+    program, the last program the remainder of ``n``."""
+    programs = _cdiv(n, per_program)
+    r = np.full(programs, per_program)
+    r[-1] = n - per_program * (programs - 1)
+    tb = (r * per_item).astype(float)
+    return Launch(kernel, branch, phase, (programs,), warps, np.zeros(programs), tb,
+                  min_bytes=float(tb.sum()), note=note)
+
+
 def _delta(s: Shape, branch: str, heads_major: bool) -> Launch:
     """``glue.row_delta``: one program per ``4096 // BD`` rows of O and dO."""
-    rows = s.B * s.T * s.H
     _, br = glue._rows_per_program(s.D)
-    n = _cdiv(rows, br)
-    r = np.full(n, br)
-    r[-1] = rows - br * (n - 1)
-    tb = (r * (2 * s.D * E + F32)).astype(float)
-    return Launch("_delta_kernel", branch, "bwd", (n,), 4, np.zeros(n), tb, min_bytes=float(tb.sum()),
-                  note="heads-major" if heads_major else "")
-
-
-def _elementwise(kernel: str, branch: str, n: int, block: int, per_element: int) -> Launch:
-    """A backward kernel of ``block`` elements per program, ``per_element`` bytes each."""
-    programs = _cdiv(n, block)
-    r = np.full(programs, block)
-    r[-1] = n - block * (programs - 1)
-    tb = (r * per_element).astype(float)
-    return Launch(kernel, branch, "bwd", (programs,), 4, np.zeros(programs), tb, min_bytes=float(tb.sum()))
+    return _streaming("_delta_kernel", branch, "bwd", s.B * s.T * s.H, br, 2 * s.D * E + F32,
+                      note="heads-major" if heads_major else "")
 
 
 def _combine(s: Shape) -> list[Launch]:
     """``GatedCombine`` forward (4 warps) and backward (8 warps)."""
     rows = s.B * s.T * s.H
     _, br = glue._rows_per_program(s.D)
-    n = _cdiv(rows, br)
-    r = np.full(n, br)
-    r[-1] = rows - br * (n - 1)
-    fwd = (r * (3 * E + 4 * s.D * E)).astype(float)
-    bwd = (r * (3 * E + 3 * F32 + 7 * s.D * E)).astype(float)
-    return [Launch("_combine_fwd", "combine", "fwd", (n,), 4, np.zeros(n), fwd, min_bytes=float(fwd.sum())),
-            Launch("_combine_bwd", "combine", "bwd", (n,), 8, np.zeros(n), bwd, min_bytes=float(bwd.sum()))]
+    return [_streaming("_combine_fwd", "combine", "fwd", rows, br, 3 * E + 4 * s.D * E),
+            _streaming("_combine_bwd", "combine", "bwd", rows, br, 3 * E + 3 * F32 + 7 * s.D * E, warps=8)]
 
 
 def _torch(what: str, branch: str, moved: float, launches: int = 1) -> Launch:
@@ -405,11 +398,11 @@ def _selected_launches(s: Shape, sel: Selection, sms: int) -> tuple[list[Launch]
     N = B * T * G * s.n
     nkeys = B * G * s.ns
     kb = I32 if nkeys * T < invert.INT32_KEYS else I64
-    bwd.append(_elementwise("_index_keys", "selected", N, invert.BLOCK, I64 + kb))
+    bwd.append(_streaming("_index_keys", "selected", "bwd", N, invert.BLOCK, I64 + kb))
     passes = 4 if kb == I32 else 8
     sort_bytes = float(N * passes * 2 * (kb + I64))
     bwd.append(_torch("sort of the index keys", "selected", sort_bytes, launches=passes))
-    bwd.append(_elementwise("_index_segments", "selected", N + 1, invert.BLOCK, 2 * kb + I32))
+    bwd.append(_streaming("_index_segments", "selected", "bwd", N + 1, invert.BLOCK, 2 * kb + I32))
     ch = max(qc, selected.dkdv_chunk(N, s.n, s.select_block, sms))
     ch = _cdiv(ch, qc) * qc
     max_chunks = nkeys + _cdiv(N, ch)
