@@ -33,7 +33,7 @@ it reports:
   ``tiles at HBM`` = tiles / bandwidth.
 - **bound** = max(FLOPs executed / peak, min bytes / bandwidth) per device, and that
   bound / balance. Kernels run one after another, so the sums are the fwd+bwd's bound.
-  Torch ops between the kernels (the selected backward's inverted index, the split
+  Torch ops between the kernels (the sort of the selected backward's index keys, the split
   dK/dV sum, autograd's sum of the three dQ) are rows of bytes only, estimated.
 - **dense**: causal FlashAttention-2 at the same shapes (forward 2 matmuls, backward 5,
   over the T(T+1)/2 visible pairs per head; Q, K, V, O, dO, dQ, dK, dV and the row
