@@ -43,6 +43,7 @@ from nsa.infer import fused
 from nsa.infer.cache_dense import DenseCache
 from nsa.infer.step_shared import StepShared, angles_at
 from nsa.model.attention import Angles, DenseAttention, NSAAttention
+from nsa.model.compress import stacked_weights
 from nsa.model.layers import RMSNorm, upcast_dtype
 from nsa.ops.reference import (
     _acc_dtype,
@@ -295,12 +296,8 @@ class NSACache:
         """phi's weights for ``decode_compress``, K's and V's stacked (none: average pooling);
         built once (``allocate`` does it where the kernel will run)."""
         if self.phi_weights is None:
-            ck, cv = self.attn.compress_k, self.attn.compress_v
             with torch.no_grad():
-                self.phi_weights = [] if ck.mode != "mlp" else [
-                    torch.stack([ck.pos, cv.pos]), torch.stack([ck.fc1.weight, cv.fc1.weight]),
-                    torch.stack([ck.fc1.bias, cv.fc1.bias]), torch.stack([ck.fc2.weight, cv.fc2.weight]),
-                    torch.stack([ck.fc2.bias, cv.fc2.bias])]
+                self.phi_weights = stacked_weights(self.attn.compress_k, self.attn.compress_v)
         return self.phi_weights
 
     def _branches(self, q: torch.Tensor, pos: torch.Tensor

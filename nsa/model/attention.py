@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nsa.config import AttentionConfig
-from nsa.model.compress import Compressor
+from nsa.model.compress import Compressor, compress_pair
 from nsa.model.layers import add_linear_, upcast, upcast_dtype
 from nsa.ops import apply_rope as ops_rope
 from nsa.ops import compressed_attention_and_selection, gated_combine, get_ops, window_attention
@@ -89,10 +89,11 @@ class NSAAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # RoPE's angles from the model's cache, no op per layer (a small model's train step
         # is bound by the host's ops, not by the GPU)
-        q, k_raw, v_raw, k_slc, v_slc, k_win, v_win = self._project(x, _token_angles(self.rope_cache, x))
-        # Compressed branch: phi over raw keys/values, then RoPE at each block's last
-        # token (the first position allowed to see it), so scores stay relative.
-        k_cmp, v_cmp = self.compress(k_raw, v_raw)
+        q, kv_raw, k_slc, v_slc, k_win, v_win = self._project(x, _token_angles(self.rope_cache, x), pair=True)
+        # Compressed branch: phi over raw keys/values (both maps in one pass), then RoPE at
+        # each block's last token (the first position allowed to see it), so scores stay relative.
+        k_cmp, v_cmp = compress_pair(self.compress_k, self.compress_v, kv_raw)
+        k_cmp, v_cmp = self._rotate_compressed(k_cmp, v_cmp, x.shape[1])
         return self.attend(x, q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
 
     def block_ends(self, T: int, device: torch.device) -> torch.Tensor:
@@ -130,8 +131,10 @@ class NSAAttention(nn.Module):
             angles = rope_angles(pos, self.head_dim, self.rope_theta, upcast_dtype(x.dtype))
         return self._project(x, angles)
 
-    def _project(self, x: torch.Tensor, angles: Angles) -> tuple[torch.Tensor, ...]:
-        """``project`` of the positions whose RoPE ``angles`` are given."""
+    def _project(self, x: torch.Tensor, angles: Angles, pair: bool = False) -> tuple[torch.Tensor, ...]:
+        """``project`` of the positions whose RoPE ``angles`` are given; with ``pair`` the
+        compressed branch's raw keys and values side by side, ``(q, kv_raw [B,T,2,G,D], k_slc,
+        v_slc, k_win, v_win)``, for phi's one pass over both (``compress_pair``)."""
         B, T, _ = x.shape
         H, G, D = self.n_heads, self.n_kv_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
@@ -140,11 +143,16 @@ class NSAAttention(nn.Module):
         ops = get_ops(self.cfg.backend, x.device.type)
         # q is rotated once and shared by the three branches
         q = ops_rope(ops, q, cos, sin)
-        # unbind, not six selects: its backward is one stack, where six selects' were six
-        # zero-filled copies of the whole projection summed
-        k_raw, v_raw, k_slc, v_slc, k_win, v_win = kv.unbind(2)
+        # one split or unbind, not six selects: its backward is one cat or stack, where six
+        # selects' were six zero-filled copies of the whole projection summed
+        if pair:
+            kv_raw, *singles = kv.split([2, 1, 1, 1, 1], 2)
+            raw: tuple[torch.Tensor, ...] = (kv_raw,)
+            k_slc, v_slc, k_win, v_win = (t.squeeze(2) for t in singles)
+        else:
+            *raw, k_slc, v_slc, k_win, v_win = kv.unbind(2)
         k_slc, k_win = ops_rope(ops, k_slc, cos, sin), ops_rope(ops, k_win, cos, sin)
-        return q, k_raw, v_raw, k_slc, v_slc.contiguous(), k_win, v_win.contiguous()
+        return q, *raw, k_slc, v_slc.contiguous(), k_win, v_win.contiguous()
 
     def compress(self, k_raw: torch.Tensor, v_raw: torch.Tensor, ends: torch.Tensor | None = None,
                  angles: Angles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,13 +161,20 @@ class NSAAttention(nn.Module):
         sequence that starts at position 0, ``i*d + l - 1``, whose angles are rows of the
         layers' cache; ``angles``: theirs, as for ``rotate``)."""
         k_cmp, v_cmp = self.compress_k(k_raw), self.compress_v(v_raw).contiguous()
+        return self._rotate_compressed(k_cmp, v_cmp, k_raw.shape[1], ends, angles)
+
+    def _rotate_compressed(self, k_cmp: torch.Tensor, v_cmp: torch.Tensor, T: int,
+                           ends: torch.Tensor | None = None, angles: Angles | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``compress``'s RoPE of the compressed keys ``[B,Nc,G,D]`` of ``T`` raw tokens at
+        their blocks' ends."""
         if ends is None and angles is None:  # a sequence from position 0: rows of the cache
             c = self.cfg
-            angles = self.rope_cache.angles(k_cmp.shape[1], k_raw.device, upcast_dtype(k_raw.dtype),
+            angles = self.rope_cache.angles(k_cmp.shape[1], k_cmp.device, upcast_dtype(k_cmp.dtype),
                                             start=c.compress_block - 1, step=c.compress_stride)
-            return ops_rope(get_ops(c.backend, k_raw.device.type), k_cmp, *angles), v_cmp
+            return ops_rope(get_ops(c.backend, k_cmp.device.type), k_cmp, *angles), v_cmp
         if ends is None:
-            ends = self.block_ends(k_raw.shape[1], k_raw.device)
+            ends = self.block_ends(T, k_cmp.device)
         return self.rotate(k_cmp, ends, angles), v_cmp
 
     def attend(self, x: torch.Tensor, q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor,
