@@ -86,7 +86,8 @@ def compress_pair(ck: Compressor, cv: Compressor, kv: torch.Tensor) -> tuple[tor
 class _PairPhi(torch.autograd.Function):
     """phi of both maps over ``kv [B, T, 2, G, D]`` -> ``[2, B, Nc, G, D]``, in ``kv``'s dtype
     (the weights cast to it: what autocast does to ``nn.Linear``), with two batched GEMMs per
-    direction and per matrix."""
+    direction and per matrix. No op in place: with some, torch 2.11's ``torch.compile`` gave
+    the values' map wrong gradients (tests/model/test_compile.py under that torch)."""
 
     @staticmethod
     def forward(ctx: Any, kv: torch.Tensor, block: int, stride: int, pos: torch.Tensor, w1: torch.Tensor,
@@ -104,14 +105,13 @@ class _PairPhi(torch.autograd.Function):
         n = B * Nc * G
         # x + P in the GEMM's row layout [2, B, Nc, G, l, D] (an add alone would keep the
         # blocks' interleaved layout)
-        z = blocks.permute(2, 0, 1, 3, 5, 4).contiguous().add_(pos.to(dt)[:, None, None, None])
+        z = blocks.permute(2, 0, 1, 3, 5, 4).contiguous() + pos.to(dt)[:, None, None, None]
         z = z.view(2, n, block * D)
         w1, w2 = w1.to(dt), w2.to(dt)
         h = torch.baddbmm(b1.to(dt)[:, None, :], z, w1.transpose(1, 2))  # [2, n, 4D]
         a = F.gelu(h)
         out = torch.baddbmm(b2.to(dt)[:, None, :], a, w2.transpose(1, 2))  # [2, n, D]
-        out = out.view(2, B, Nc, G, D)
-        out.add_(blocks.mean(-1).permute(2, 0, 1, 3, 4))  # + the mean path
+        out = out.view(2, B, Nc, G, D) + blocks.mean(-1).permute(2, 0, 1, 3, 4)  # + the mean path
         ctx.save_for_backward(z, h, a, w1, w2)
         ctx.shape, ctx.block, ctx.stride = kv.shape, block, stride
         return out
@@ -132,7 +132,7 @@ class _PairPhi(torch.autograd.Function):
         g_z = torch.bmm(g_h, w1)  # [2, n, l*D]: the gradient of x + P
         g_pos = g_z.view(2, -1, block, D).sum(1)
         # the mean path's share, 1/l of the output's gradient on each of the block's rows
-        g_blocks = g_z.view(2, B, Nc, G, block, D).add_(g.view(2, B, Nc, G, 1, D), alpha=1 / block)
+        g_blocks = torch.add(g_z.view(2, B, Nc, G, block, D), g.view(2, B, Nc, G, 1, D), alpha=1 / block)
         g_kv = torch.ops.aten.unfold_backward(g_blocks.permute(1, 2, 0, 3, 5, 4), list(ctx.shape), 1, block,
                                               stride)
         return g_kv, None, None, g_pos, g_w1, g_b1, g_w2, g_b2
