@@ -275,7 +275,7 @@ class NSACache:
     def _append_compressed(self, pos: torch.Tensor, rope: Angles, shared: StepShared | None,
                            slots: dict[str, torch.Tensor]) -> None:
         """Compressed token ``i`` when the token at ``pos`` (already in the raw ring) completes
-        its block; what ``decode_compress`` does in five launches on CUDA (phi's weights
+        its block; what ``decode_compress`` does in three launches on CUDA (phi's weights
         stacked by ``_stacked_phi``)."""
         a, t, k = self.attn, self.tensors, self.consts
         rows = k["rows"]

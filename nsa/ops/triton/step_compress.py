@@ -1,4 +1,4 @@
-"""A decode step's compression: the block that ends at the new token through phi, in 5 launches.
+"""A decode step's compression: the block that ends at the new token through phi, in 3 launches.
 
 When a sequence's new token at position p completes compressed token i = (p - l + 1) / d,
 ``NSACache._append_compressed`` (nsa/infer/cache.py) gathers the block's l raw keys and
@@ -12,11 +12,15 @@ always. Here:
 
 1. ``_compress_gather``: per (sequence, KV group) and K or V, the block in order from the
    ring, its mean and ``x + P`` flattened (in the weights' dtype, as torch rounds them);
-2. phi's two matmuls for K and V together (``torch.baddbmm`` on the stacked weights) and
-   the GELU between them (three launches; ``avgpool`` mode has none);
-3. ``_compress_finish``: mean + MLP rounded to the cache dtype as torch's sum is, the key
-   rotated at p (fp32, ``_rope_kernel``'s maths, the angles row p of RoPE's tables), both
-   written at row i where p completes a block, nothing elsewhere.
+2. phi's first matmul for K and V together (``torch.baddbmm`` on the stacked weights;
+   ``avgpool`` mode has none);
+3. ``_compress_finish``: the GELU and the second matmul (a ``[D, hidden]`` matrix by one
+   vector per program, fp32 sums of the operands rounded as torch rounds them: the GELU's
+   output to the weights' dtype), mean + MLP rounded to the cache dtype as torch's sum is,
+   the key rotated at p (fp32, ``_rope_kernel``'s maths, the angles row p of RoPE's
+   tables), both written at row i where p completes a block, nothing elsewhere. The GELU
+   and the second matmul were two launches of their own (5 a layer), and at a batch of
+   prompts at their own positions some sequence completes a block at nearly every step.
 
 Positions are read on the device and the grids depend on shapes alone: no host sync, a
 CUDA graph holds it. The torch ops stay the reference (the CPU's path) and the tests
@@ -26,7 +30,6 @@ compare them.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -61,10 +64,30 @@ def _compress_gather(KR, VR, POS, PE, Z, MEAN, BG, G, L, srb, srt, srg,
 
 
 @triton.jit
-def _compress_finish(MLPOUT, MEAN, POS, COS, SIN, KC, VC, BG, G, NC, L, STRIDE, scb, sct, scg,
-                     HALF: tl.constexpr, BH: tl.constexpr, MLP: tl.constexpr):
-    """Program (bg, kv): phi's output ``MEAN + MLPOUT`` (kv 0: rotated at the position) into
-    row i of the compressed cache where the position completes compressed token i."""
+def _mlp_half(A, W2, B2, row, kv, c, m, h0, HID, HALF: tl.constexpr, BH: tl.constexpr, BHID: tl.constexpr):
+    """Rows ``h0 + c`` (c < HALF) of ``W2[kv] @ A[row] + B2[kv]``: fp32 sums of the hidden
+    vector (GELU applied, rounded to the weights' dtype) against a ``[HALF, BHID]`` tile of
+    the matrix at a time, the result rounded to the weights' dtype (torch's baddbmm output)."""
+    acc = tl.zeros([BH], tl.float32)
+    for j0 in range(0, HID, BHID):
+        j = j0 + tl.arange(0, BHID)
+        jm = j < HID
+        a = tl.load(A + row * HID + j, mask=jm, other=0.0).to(tl.float32)
+        a = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))  # exact GELU, as F.gelu
+        a = a.to(W2.dtype.element_ty).to(tl.float32)
+        w = tl.load(W2 + kv * 2 * HALF * HID + (h0 + c)[:, None] * HID + j[None, :],
+                    mask=m[:, None] & jm[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(w * a[None, :], 1)
+    acc += tl.load(B2 + kv * 2 * HALF + h0 + c, mask=m, other=0.0).to(tl.float32)
+    return acc.to(W2.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _compress_finish(HID1, W2, B2, MEAN, POS, COS, SIN, KC, VC, BG, G, NC, L, STRIDE, HID, scb, sct, scg,
+                     HALF: tl.constexpr, BH: tl.constexpr, BHID: tl.constexpr, MLP: tl.constexpr):
+    """Program (bg, kv): phi's output ``MEAN + W2 gelu(HID1) + b2`` (``HID1``: the first
+    matmul's output; kv 0: rotated at the position) into row i of the compressed cache where
+    the position completes compressed token i."""
     bg = tl.program_id(0)
     kv = tl.program_id(1)
     b = bg // G
@@ -79,8 +102,8 @@ def _compress_finish(MLPOUT, MEAN, POS, COS, SIN, KC, VC, BG, G, NC, L, STRIDE, 
     x1 = tl.load(MEAN + row * 2 * HALF + c, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(MEAN + row * 2 * HALF + HALF + c, mask=m, other=0.0).to(tl.float32)
     if MLP:  # torch's sum of the two, rounded to the cache dtype, before the rotation
-        x1 = (x1 + tl.load(MLPOUT + row * 2 * HALF + c, mask=m, other=0.0).to(tl.float32))
-        x2 = (x2 + tl.load(MLPOUT + row * 2 * HALF + HALF + c, mask=m, other=0.0).to(tl.float32))
+        x1 = x1 + _mlp_half(HID1, W2, B2, row, kv, c, m, 0, HID, HALF, BH, BHID)
+        x2 = x2 + _mlp_half(HID1, W2, B2, row, kv, c, m, HALF, HID, HALF, BH, BHID)
     dst = b * scb + i * sct + g * scg + c
     if kv == 0:
         x1 = x1.to(KC.dtype.element_ty).to(tl.float32)
@@ -133,12 +156,15 @@ def decode_compress(k_raw: torch.Tensor, v_raw: torch.Tensor, pos: torch.Tensor,
     bl, bd = max(16, triton.next_power_of_2(L)), max(16, triton.next_power_of_2(D))
     _compress_gather[(BG, 2)](k_raw, v_raw, pos, pos_emb if mlp else mean, z, mean, BG, G, L,
                               *k_raw.stride()[:3], D=D, BL=bl, BD=bd, MLP=mlp)
-    out = mean
+    hidden, w2_, b2_ = mean, mean, mean  # unused pointers without the MLP
     if mlp:
         assert pos_emb is not None and w1 is not None and b1 is not None and w2 is not None and b2 is not None
-        hidden = F.gelu(torch.baddbmm(b1[:, None, :], z, w1.transpose(1, 2)))
-        out = torch.baddbmm(b2[:, None, :], hidden, w2.transpose(1, 2))  # [2, BG, D]
-        out = out if out.is_contiguous() else out.contiguous()
-    _compress_finish[(BG, 2)](out, mean, pos, cos, sin, k_cmp, v_cmp, BG, G, NC, L, stride,
-                              k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
-                              HALF=D // 2, BH=max(16, triton.next_power_of_2(D // 2)), MLP=mlp)
+        hidden = torch.baddbmm(b1[:, None, :], z, w1.transpose(1, 2))  # [2, BG, hidden], before the GELU
+        hidden = hidden if hidden.is_contiguous() else hidden.contiguous()
+        w2_, b2_ = w2.contiguous(), b2.contiguous()
+    n_hidden = hidden.shape[-1] if mlp else 1
+    bh = max(16, triton.next_power_of_2(D // 2))
+    bhid = max(16, min(triton.next_power_of_2(n_hidden), 4096 // bh))  # [BH, BHID] tiles of W2
+    _compress_finish[(BG, 2)](hidden, w2_, b2_, mean, pos, cos, sin, k_cmp, v_cmp, BG, G, NC, L, stride,
+                              n_hidden, k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
+                              HALF=D // 2, BH=bh, BHID=bhid, MLP=mlp)
