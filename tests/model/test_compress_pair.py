@@ -28,8 +28,8 @@ def _run(fn, kv: torch.Tensor, maps: tuple[Compressor, Compressor]) -> list[torc
     k, v = fn()
     gen = torch.Generator().manual_seed(7)
     if k.requires_grad:
-        torch.autograd.backward([k, v], [torch.randn(k.shape, generator=gen, dtype=k.dtype),
-                                         torch.randn(v.shape, generator=gen, dtype=v.dtype)])
+        grads = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in (k, v)]
+        torch.autograd.backward([k, v], grads)
     params = [p.grad for m in maps for p in m.parameters()]
     return [k, v, kv.grad, *params]
 
@@ -83,3 +83,26 @@ def test_maps_that_differ_or_a_wrong_shape_are_refused() -> None:
         compress_pair(ck, Compressor(8, 8, 2, "mlp"), kv)
     with pytest.raises(ValueError, match="side by side"):
         compress_pair(ck, Compressor(8, 8, 4, "mlp"), torch.randn(1, 32, 3, 1, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_under_bf16_autocast_it_matches_the_maps() -> None:
+    """nsa-125m's phi (head dim 64, l 32, d 16, one KV group) as a GPU run trains it: cuBLAS's
+    batched GEMMs against the two modules' own, outputs and every gradient within bf16's
+    rounding (relative 1e-2 of each tensor's largest entry)."""
+    torch.manual_seed(0)
+    maps = tuple(m.cuda() for m in _maps("mlp", 64, 32, 16, torch.float32))
+    joint = torch.randn(4, 2048, 6, 1, 64, device="cuda", requires_grad=True)
+
+    def under_autocast(fn):
+        def run():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return fn(joint.to(torch.bfloat16))
+        return run
+
+    want = _run(under_autocast(lambda x: (maps[0](x[:, :, 0]), maps[1](x[:, :, 1]))), joint, maps)
+    got = _run(under_autocast(lambda x: compress_pair(*maps, x[:, :, :2])), joint, maps)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        err = float((g.float() - w.float()).abs().max() / w.float().abs().max())
+        assert err <= 1e-2, f"tensor {i}: relative error {err:.2e}"
