@@ -40,11 +40,12 @@ step() {  # step NAME MAX_SECONDS ARGS...: python -m ARGS, within MAX_SECONDS an
 # 0. The compiled kernels against the reference first: the decode launches that merge their own
 #    partials (a cross-program atomic only the hardware can order wrongly), the selected dK/dV's
 #    GPU-sized chunks, the scores kernel's carried halo, phi's second matmul in the decode
-#    compression's last kernel, and training's one pass of both phi maps (cuBLAS's batched GEMMs).
+#    compression's last kernel, training's one pass of both phi maps (cuBLAS's batched GEMMs), and
+#    FlexAttention's backward taking the window's gradient without a copy.
 step gpu-tests 180 pytest -q -p no:cacheprovider -m gpu tests/ops/test_triton_decode.py \
   tests/ops/test_triton_decode_dense.py tests/ops/test_triton_selected.py tests/ops/test_triton_scores.py \
   tests/ops/test_triton_step_compress.py tests/model/test_decode.py tests/model/test_decode_syncs.py \
-  tests/model/test_compress_pair.py
+  tests/model/test_compress_pair.py tests/ops/test_flex_window.py::test_its_backward_copies_no_gradient_on_gpu
 # 1. The default kernels at 2k and 16k with their per-kernel breakdown (the dK/dV chunks and the
 #    scores kernel since 2026-11-28), then the decode steps' kernels at batch 1 and 64 (the
 #    merge launches gone), then the selected forward/dQ at head dim 64 with 8 positions per

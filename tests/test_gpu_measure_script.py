@@ -61,8 +61,12 @@ def test_every_command_parses(tmp_path: Path, parse_only: None) -> None:
     for cmd in commands:
         if cmd[0] == "pytest":  # the GPU tests: files that exist and hold tests marked gpu
             assert cmd[cmd.index("-m") + 1] == "gpu", cmd
-            files = [a for a in cmd[1:] if a.endswith(".py")]
-            assert files and all("@pytest.mark.gpu" in (ROOT / f).read_text() for f in files), files
+            tests = [a.split("::") for a in cmd[1:] if a.endswith(".py") or ".py::" in a]
+            assert tests and all("@pytest.mark.gpu" in (ROOT / t[0]).read_text() for t in tests), tests
+            # a single test named by its node id: that test, marked gpu
+            for t in (t for t in tests if len(t) == 2):
+                src = (ROOT / t[0]).read_text()
+                assert f"def {t[1]}(" in src and "@pytest.mark.gpu" in src.split(f"def {t[1]}(")[0][-200:], t
             continue
         module = importlib.import_module(cmd[0])
         with pytest.raises(Parsed):

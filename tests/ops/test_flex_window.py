@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import nsa.ops as ops_pkg
 from nsa.ops import AttentionShape, choose_ops, flex, reference, self_check, window_attention
@@ -74,6 +75,20 @@ def test_its_compiled_forward_equals_the_reference() -> None:
     q, k, v = (torch.randn(2, 300, n, 32, generator=gen) for n in (4, 2, 2))
     with torch.no_grad():
         got = flex.window_attention(q, k, v, 100, compiled=True)
+    torch.testing.assert_close(got, reference.window_attention(q, k, v, 100), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_the_compiled_graph_takes_and_returns_tokens_by_heads() -> None:
+    """The transposes to FlexAttention's [B, heads, T, D] are inside the compiled graph, and
+    what it returns is contiguous [B, T, H, D]: so is the gradient autograd hands its backward
+    on a GPU, which torch 2.11 would otherwise copy into the layout it traced (a strided copy
+    the size of the output, every backward; the gpu test below counts the copies)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 300, n, 32, generator=gen) for n in (4, 2, 2))
+    with torch.no_grad():
+        got = flex._compiled()(q, k, v, flex.window_block_mask(300, 100, q.device), 32**-0.5, True)
+    assert got.shape == q.shape and got.is_contiguous()
     torch.testing.assert_close(got, reference.window_attention(q, k, v, 100), rtol=1e-5, atol=1e-5)
 
 
@@ -163,6 +178,35 @@ def test_compiled_forward_and_backward_on_gpu(H: int, G: int, D: int) -> None:
     for a, b in [(got, want), *((m.grad, t.grad) for m, t in zip(mine, theirs))]:
         err = float((a.double() - b.double()).norm() / b.double().norm())
         assert err <= 1e-2, err
+
+
+class _CopiesOf(TorchDispatchMode):
+    """How many copies the ops under it make of ``source``'s memory (a view of it included)."""
+
+    def __init__(self, source: torch.Tensor) -> None:
+        super().__init__()
+        self.ptr, self.copies = source.untyped_storage().data_ptr(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        src = {torch.ops.aten.clone.default: 0, torch.ops.aten.copy_.default: 1}.get(func)
+        if src is not None and args[src].untyped_storage().data_ptr() == self.ptr:
+            self.copies += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.gpu
+@GPU
+def test_its_backward_copies_no_gradient_on_gpu() -> None:
+    """The window's gradient reaches FlexAttention's compiled backward as it is, not copied
+    (torch 2.11 copied it when the graph returned a transposed view)."""
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2, 1000, n, 64, generator=gen).bfloat16().cuda().requires_grad_() for n in (16, 1, 1)]
+    do = torch.randn(2, 1000, 16, 64, generator=gen).bfloat16().cuda()
+    flex.window_attention(*xs, 256).backward(do)  # compiles the forward and the backward
+    out = flex.window_attention(*xs, 256)
+    with _CopiesOf(do) as seen:
+        out.backward(do)
+    assert seen.copies == 0
 
 
 @pytest.mark.gpu
