@@ -35,6 +35,7 @@ from nsa.contract.io import (
 )
 from nsa.contract.protocol import PROTOCOL, Hello
 from nsa.contract.records import (
+    WATCHDOG_STOP,
     Alert,
     AlertEvent,
     Archived,
@@ -77,7 +78,7 @@ from nsa.contract.status import (
 __all__ = [
     "AppendedReader", "StreamPos", "rotate_bytes",
     "PROTOCOL", "TRAINER_STATUSES", "FAILED_STATUSES", "LIVE_STATUSES", "TERMINAL_STATUSES",
-    "UNHEALTHY_STATUSES", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat",
+    "UNHEALTHY_STATUSES", "WATCHDOG_STOP", "Alert", "AlertEvent", "Archived", "AttentionOps", "Beat",
     "CheckpointMeta", "CpuThreads", "CudaGraph",
     "ContractError", "DeviceInfo", "EpochMetric", "EvalMetric", "ExitInfo", "GateShares", "GpuReading",
     "Hello", "HostSample", "JsonlWriter", "LaunchInfo", "Lease", "LineStats", "Metric", "MetricsFolder",

@@ -169,11 +169,21 @@ class ExitInfo(Record, kw_only=True):
     watchdog: bool = False  # the supervisor's watchdog ran and wrote its final alerts before this file
 
 
+# how stop.json's ``by`` starts when the run's own watchdog stopped it (its on_failure policy,
+# which relaunches after the stop it made), not a person through the agent
+WATCHDOG_STOP = "nsa-tui watchdog"
+
+
 class StopInfo(Record, kw_only=True):
     """stop.json: a stop was requested through the agent."""
 
     ts: float
     by: str = "nsa-tui agent"
+
+    @property
+    def by_watchdog(self) -> bool:
+        """The run's watchdog asked (its on_failure policy), not a person."""
+        return self.by.startswith(WATCHDOG_STOP)
 
 
 class Relaunch(Record, kw_only=True):

@@ -29,6 +29,7 @@ from typing import Any
 
 from nsa.contract import (
     FAILED_STATUSES,
+    WATCHDOG_STOP,
     Alert,
     LaunchInfo,
     Relaunch,
@@ -102,7 +103,7 @@ class PolicyRunner:
 
         with run_lock(self.run_dir):
             write_json_atomic(own_part(self.run_dir) / STOP_JSON,
-                              StopInfo(ts=time.time(), by=f"nsa-tui watchdog (on_failure={self.action})"))
+                              StopInfo(ts=time.time(), by=f"{WATCHDOG_STOP} (on_failure={self.action})"))
             ranks = self._ranks()
             _signal(ranks, signal.SIGTERM)
             deadline = time.monotonic() + self.p.grace_s

@@ -13,14 +13,25 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nsa.contract import CheckpointMeta, NodeLayout, Relaunch, RunInfo, read_json, write_json_atomic
+from nsa.contract import (
+    CheckpointMeta,
+    ExitInfo,
+    NodeLayout,
+    Relaunch,
+    RunInfo,
+    StopInfo,
+    read_json,
+    write_json_atomic,
+)
 from nsa.contract.replies import ActionPlan, KillResult, LaunchResult
 from nsa.contract.rundir import (
     CHECKPOINTS,
     CONFIG_YAML,
+    EXIT_JSON,
     LATEST,
     RELAUNCH_JSON,
     RUN_JSON,
+    STOP_JSON,
     global_batch,
     grad_accum_for,
     is_complete_checkpoint,
@@ -32,12 +43,28 @@ from nsa.contract.rundir import (
 from nsa_tui.agent.describe import validate_config
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.owners import launch_of, own_part, owns_part, shown_part
-from nsa_tui.agent.procs import run_processes
+from nsa_tui.agent.procs import RunProcess, run_processes
 from nsa_tui.agent.runlock import run_lock, run_lock_async
 from nsa_tui.agent.shared import live_elsewhere_words, refuse_live_elsewhere
 
 if TYPE_CHECKING:
     from nsa_tui.agent.runs import RunStore
+
+
+def in_the_way_of_resume(run_id: str, run_dir: Path) -> list[RunProcess]:
+    """This host's processes of the run that a resume must wait for: all of them, but for its
+    supervisor once torchrun has ended (exit.json) after a person's stop. All it has left then
+    is the run's last alerts and their deliveries (up to a minute), and no on_failure policy
+    relaunches after a person's stop; after its own policy's stop it may, so then it counts.
+    (The run's view stops counting it as soon as torchrun ends: the panel shows the run
+    stopped, and a resume refused then said it was still running.)"""
+    part = own_part(run_dir)
+    procs = run_processes(run_id, run_dir=str(part))
+    launch = launch_of(run_dir)
+    stop = read_json(part / STOP_JSON, StopInfo)
+    if launch is None or stop is None or stop.by_watchdog or read_json(part / EXIT_JSON, ExitInfo) is None:
+        return procs
+    return [p for p in procs if p.pid != launch.launcher_pid]
 
 
 class RelaunchOps:
@@ -157,7 +184,7 @@ class RelaunchOps:
             plan.again = done.child_run
         elif plan.checkpoint is None:
             plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
-        elif op == "resume" and procs:
+        elif op == "resume" and in_the_way_of_resume(run_id, run_dir):
             plan.problem = f"{run_id} is still running: stop it first"
         if op == "fallback":
             view = self.store.view(run_id, with_tail=False)
@@ -216,7 +243,7 @@ class RelaunchOps:
             done = self._done_before(run_dir, "resume")
             if done is not None:
                 return done
-            if run_processes(run_id, run_dir=str(own_part(run_dir))):
+            if in_the_way_of_resume(run_id, run_dir):
                 raise OpError("running", f"{run_id} is still running: kill it first")
             refuse_live_elsewhere(self.store, run_id, "resume")
             return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)

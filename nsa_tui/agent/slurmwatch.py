@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsa.contract import ExitInfo, StopInfo, read_json, write_json_atomic
+from nsa.contract import WATCHDOG_STOP, ExitInfo, StopInfo, read_json, write_json_atomic
 from nsa.contract.rundir import EXIT_JSON, STOP_JSON
 from nsa_tui.agent.errors import OpError
 from nsa_tui.agent.owners import LeaseKeeper
@@ -92,7 +92,7 @@ class SlurmPolicy(PolicyRunner):
 
         with run_lock(self.run_dir):
             write_json_atomic(self.run_dir / STOP_JSON,
-                              StopInfo(ts=time.time(), by=f"nsa-tui watchdog (on_failure={self.action})"))
+                              StopInfo(ts=time.time(), by=f"{WATCHDOG_STOP} (on_failure={self.action})"))
             problem = signal_steps(self.job_id, "TERM")
             if problem:
                 self.announce(f"on_failure={self.action}: TERM not sent: {problem}")

@@ -4,17 +4,33 @@ transport) over real files; the Hub probe against real sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from nsa.config import load_config
-from nsa.contract import Beat, CheckpointMeta, LaunchInfo, Phase, RunInfo, RunStatus, write_json_atomic
+from nsa.contract import (
+    WATCHDOG_STOP,
+    Beat,
+    CheckpointMeta,
+    ExitInfo,
+    LaunchInfo,
+    Phase,
+    RunInfo,
+    RunStatus,
+    StopInfo,
+    write_json_atomic,
+)
 from nsa.size import param_count
 from nsa_tui.agent.dump import _missing_ranks
 from nsa_tui.hosts.client import AgentError, HostClient
+from tests.agent.e2e import stop_all
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny-cpu.yaml")
@@ -161,6 +177,62 @@ async def test_a_run_stopped_before_its_first_save_resumes_from_where_it_started
         gone = await c.plan(child.name, "resume")
         assert gone.checkpoint is None and "no complete checkpoint" in (gone.problem or "")
     finally:
+        await c.close()
+
+
+@pytest.fixture
+def finishing_supervisor(tmp_path: Path) -> Iterator[Callable[[Path], int]]:
+    """``start(run_dir)``: a live process of the run that is not a rank, as the run's supervisor
+    is between torchrun's end and its own (its last alerts and deliveries, up to a minute): the
+    agent tells a run's processes by their environment. Its pid; stopped after the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(run_dir: Path) -> int:
+        env = {**os.environ, "NSA_RUN_ID": run_dir.name, "NSA_RUN_DIR": str(run_dir)}
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env,
+                                      start_new_session=True))
+        return procs[-1].pid
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+async def test_a_resume_does_not_wait_for_the_supervisor_of_a_run_a_person_stopped(
+        tmp_path: Path, finishing_supervisor: Callable[[Path], int]) -> None:
+    """After a person's stop, once torchrun has ended (exit.json), the supervisor only finishes
+    its last alerts: the run shows stopped, and resume's plan and resume itself go ahead. Before
+    torchrun ends, or after a stop its own on_failure policy made (which relaunches next), the
+    supervisor is still the run's and resume waits for it."""
+    root = tmp_path / "runs"
+    runs = {name: stopped_run(root, f"20260101-000000-exp-000{i}") for i, name in
+            enumerate(("person", "policy", "torchrun up"), start=1)}
+    for name, d in runs.items():
+        pid = finishing_supervisor(d)
+        write_json_atomic(d / "launch.json", LaunchInfo(run_id=d.name, name="exp", created=time.time(),
+                                                        nproc=2, launcher_pid=pid, launcher_pgid=pid))
+        by = f"{WATCHDOG_STOP} (on_failure=restart)" if name == "policy" else "nsa-tui agent"
+        write_json_atomic(d / "stop.json", StopInfo(ts=time.time(), by=by))
+        if name != "torchrun up":
+            write_json_atomic(d / "exit.json", ExitInfo(exit_code=0, ended_at=time.time()))
+    c = await client(tmp_path)
+    child = None
+    try:
+        views = {v.run_id: v for v in await c.runs()}
+        assert not views[runs["person"].name].alive and views[runs["person"].name].status == RunStatus.STOPPED
+        assert (await c.plan(runs["person"].name, "resume")).problem is None
+        for name in ("policy", "torchrun up"):
+            problem = (await c.plan(runs[name].name, "resume")).problem
+            assert problem is not None and "still running" in problem, (name, problem)
+            with pytest.raises(AgentError) as err:
+                await c.resume(runs[name].name)
+            assert err.value.code == "running", name
+        child = (await c.resume(runs["person"].name)).run_id
+        assert child != runs["person"].name
+    finally:
+        if child is not None:
+            await stop_all(c, [child])
         await c.close()
 
 
