@@ -51,15 +51,14 @@ if TYPE_CHECKING:
     from nsa_tui.agent.runs import RunStore
 
 
-def in_the_way_of_resume(run_id: str, run_dir: Path) -> list[RunProcess]:
-    """This host's processes of the run that a resume must wait for: all of them, but for its
-    supervisor once torchrun has ended (exit.json) after a person's stop. All it has left then
-    is the run's last alerts and their deliveries (up to a minute), and no on_failure policy
-    relaunches after a person's stop; after its own policy's stop it may, so then it counts.
-    (The run's view stops counting it as soon as torchrun ends: the panel shows the run
+def in_the_way_of_resume(procs: list[RunProcess], run_dir: Path) -> list[RunProcess]:
+    """Of this host's processes of the run (``procs``), those a resume must wait for: all, but
+    for its supervisor once torchrun has ended (exit.json) after a person's stop. All it has
+    left then is the run's last alerts and their deliveries (up to a minute), and no on_failure
+    policy relaunches after a person's stop; after its own policy's stop it may, so then it
+    counts. (The run's view stops counting it as soon as torchrun ends: the panel shows the run
     stopped, and a resume refused then said it was still running.)"""
     part = own_part(run_dir)
-    procs = run_processes(run_id, run_dir=str(part))
     launch = launch_of(run_dir)
     stop = read_json(part / STOP_JSON, StopInfo)
     if launch is None or stop is None or stop.by_watchdog or read_json(part / EXIT_JSON, ExitInfo) is None:
@@ -184,7 +183,7 @@ class RelaunchOps:
             plan.again = done.child_run
         elif plan.checkpoint is None:
             plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
-        elif op == "resume" and in_the_way_of_resume(run_id, run_dir):
+        elif op == "resume" and in_the_way_of_resume(procs, run_dir):
             plan.problem = f"{run_id} is still running: stop it first"
         if op == "fallback":
             view = self.store.view(run_id, with_tail=False)
@@ -243,7 +242,7 @@ class RelaunchOps:
             done = self._done_before(run_dir, "resume")
             if done is not None:
                 return done
-            if in_the_way_of_resume(run_id, run_dir):
+            if in_the_way_of_resume(run_processes(run_id, run_dir=str(own_part(run_dir))), run_dir):
                 raise OpError("running", f"{run_id} is still running: kill it first")
             refuse_live_elsewhere(self.store, run_id, "resume")
             return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)
