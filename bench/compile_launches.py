@@ -259,7 +259,12 @@ def drive_ops(shape: Shape, sms: int, capability: int) -> list[Launch]:
             for name, splits in (("whole", DecodeSplits()),
                                  ("split", DecodeSplits(2, 2, 2, 2, head_merges=False)),
                                  ("wide", DecodeSplits(33, 4, 64, 8)),
-                                 ("many", DecodeSplits(2, 2, 2, MAX_FUSED_SLOTS + 1))):
+                                 ("many", DecodeSplits(2, 2, 2, MAX_FUSED_SLOTS + 1)),
+                                 # every phase in one launch (decode_fused.py): unsplit, split, and
+                                 # as at batch 1 and 64k on an H100 or H200
+                                 ("one launch", DecodeSplits(one_launch=True)),
+                                 ("one launch split", DecodeSplits(2, 2, 2, 2, one_launch=True)),
+                                 ("one launch wide", DecodeSplits(16, 4, 32, 8, one_launch=True))):
                 step["op"] = f"decode {name}"
                 T.nsa_decode_branches(q1, kc, vc, k, v, ring, ring, pos, s.block, s.stride, s.select_block,
                                       s.n, 1, 2, splits=splits)

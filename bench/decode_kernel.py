@@ -17,14 +17,16 @@ every sequence at the context's last position. For each context:
   ops (allocations), the K/V bytes the launches must read at least (compressed K and V,
   compressed K again for the scores, the selected blocks' and the window's K and V), and
   on CUDA the time per call, eager and replayed from a CUDA graph, with the planned splits
-  and with none.
+  and with none (and, where the plan runs every phase in one launch, the same splits in
+  their own launches: ``kernels_launches_*``).
 
 ``--sweep`` (CUDA): the splits ``plan_splits`` chooses are design estimates (its ``MIN_*``
 keys per program and ``PROGRAMS_PER_SM``). Each phase's split is also tried at a quarter,
 half, twice and four times the planned one (within what the shapes allow), the others as
 planned, and the scores launch's merges of the partials the other way (one program per head,
 or one per branch for all heads: ``plan_splits`` goes per branch once per-head merges would
-outnumber the programs the SMs are planned to hold), each replayed from a CUDA graph; the rows
+outnumber the programs the SMs are planned to hold; where the plan is one launch, its splits
+in their own launches), each replayed from a CUDA graph; the rows
 say which plan was fastest per context, which is what to set the constants from. On CPU it
 lists the plans without timing them.
 
@@ -138,11 +140,15 @@ def launch_plan(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int | 
         def __getitem__(self, grid: tuple[int, ...]) -> Any:
             return lambda *a, **k: log.append(f"{self.name}{list(grid)}")
 
+    from nsa.ops.triton import decode_fused
+
     names = ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine", "_sm_count")
     saved = {n: getattr(DK, n) for n in names}
+    fused = decode_fused._decode_fused
     try:
         for n in names[:-1]:
             setattr(DK, n, Rec(n))
+        decode_fused._decode_fused = Rec("_decode_fused")  # type: ignore[assignment]
         if sms is not None:
             DK._sm_count = lambda device: sms
         with OpCounter() as ops:
@@ -150,6 +156,7 @@ def launch_plan(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int | 
     finally:
         for n, k in saved.items():
             setattr(DK, n, k)
+        decode_fused._decode_fused = fused
     return log, ops.total
 
 
@@ -212,16 +219,24 @@ def sweep_plans(cache: NSACache, device: torch.device, sms: int | None = None) -
                                  heads_per_group=cache.attn.n_heads // G)
     finally:
         DK._sm_count = saved
+    gpu_sms = sms if sms is not None else DK._sm_count(device)
+
+    def fitted(plan: Any) -> Any:  # one launch only where its programs fit (plan_splits' rule)
+        fits = plan.selected <= DK.MAX_FUSED_SLOTS and B * G * plan.programs() <= gpu_sms // 2
+        return dataclasses.replace(plan, one_launch=planned.one_launch and fits)
+
     plans: dict[str, Any] = {"planned": planned, "no_split": DK.DecodeSplits()}
+    if planned.one_launch:  # the same splits in their own launches, as at a larger batch
+        plans["planned in launches"] = dataclasses.replace(planned, one_launch=False)
     for phase in PHASES:
         for factor in FACTORS:
             n = min(max(1, round(getattr(planned, phase) * factor)), max(1, units[phase]))
-            plan = dataclasses.replace(planned, **{phase: n})
+            plan = fitted(dataclasses.replace(planned, **{phase: n}))
             if plan not in plans.values():
                 plans[f"{phase} x{factor:g}"] = plan
     # the partials' merges the other way (per head / per branch), where a branch's partials fit
     # one merge program (its MAX_FUSED_SLOTS)
-    if max(planned.cmp, planned.win) <= DK.MAX_FUSED_SLOTS:
+    if max(planned.cmp, planned.win) <= DK.MAX_FUSED_SLOTS and not planned.one_launch:
         merges = "per branch" if planned.head_merges else "per head"
         plans[f"merges {merges}"] = dataclasses.replace(planned, head_merges=not planned.head_merges)
     return plans
@@ -253,7 +268,11 @@ def measure(context: int, batch: int, dtype: torch.dtype, device: torch.device, 
     if device.type == "cuda":
         from nsa.ops.triton.decode import DecodeSplits
 
-        for name, splits in (("planned", None), ("no_split", DecodeSplits())):
+        plans: list[tuple[str, Any]] = [("planned", None), ("no_split", DecodeSplits())]
+        planned = sweep_plans(cache, device)["planned"]
+        if planned.one_launch:  # and the planned splits in their own launches
+            plans.append(("launches", dataclasses.replace(planned, one_launch=False)))
+        for name, splits in plans:
             fn = kernel_call(cache, q, pos, splits)
             row[f"kernels_{name}_us"] = 1e6 * timed(fn, iters, device)
             row[f"kernels_{name}_graph_us"] = 1e6 * graph_timed(fn, iters)

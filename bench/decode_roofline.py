@@ -17,7 +17,8 @@ compression MLPs' weights and runs their kernels), for nsa-125m against dense-12
   visible compressed tokens' K and V and the window's; ``_decode_scores`` the compressed
   keys again (each token's probability needs every split's log-sum-exp first); and
   ``_decode_selected`` the chosen blocks' K and V (``bench.decode.loaded_tokens`` counts the
-  tokens);
+  tokens); where a measured step ran them as one launch per layer (``_decode_fused``, a
+  small batch), one row with their sum;
 - dense (``decode_dense.py``): ``_dense_partials`` every cached token's K and V.
 
 What each kernel writes (a token's K/V, partials of a few KiB) and the activations are
@@ -71,6 +72,10 @@ def weight_bytes(cfg: ModelConfig, compressing: bool = False) -> int:
         seen.add(id(p))
         total += p.numel() * BYTES
     return total
+
+
+# NSA's decode attention as one launch per layer: the three launches' bytes in one row
+FUSED = "_decode_fused"
 
 
 def attention_bytes(cfg: ModelConfig, context: int, batch: int) -> dict[str, int]:
@@ -137,6 +142,10 @@ def case_table(context: int, batch: int, devices: list[str], measured: dict) -> 
         bounds = step_bounds(kind, context, batch)
         row = measured.get((kind, context, batch))
         got, n_kernels, busy = measured_launches(row) if row else ({}, None, None)
+        if FUSED in got:  # the three launches' reads in one (nsa/ops/triton/decode_fused.py)
+            three = [name for name in bounds if name.startswith("_decode_")]
+            fused = sum(bounds[k] for k in three)
+            bounds = {**{k: v for k, v in bounds.items() if k not in three}, FUSED: fused}
         for name, nbytes in bounds.items():
             b = {d: 1e6 * nbytes / DEVICES[d].bandwidth for d in devices}
             m = got.get(name)

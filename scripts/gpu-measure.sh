@@ -25,6 +25,8 @@ step() {  # step NAME MAX_SECONDS ARGS...: python -m ARGS, within MAX_SECONDS an
   local name=$1 max=$2; shift 2
   if [ -n "${GPU_MEASURE_DRY:-}" ]; then  # the step's own environment first (NSA_FLEX_WINDOW=0)
     [ -n "${NSA_FLEX_WINDOW:-}" ] && printf 'NSA_FLEX_WINDOW=%q ' "$NSA_FLEX_WINDOW" >>"$OUT/commands.txt"
+    [ -n "${NSA_DECODE_ONE_LAUNCH:-}" ] && printf 'NSA_DECODE_ONE_LAUNCH=%q ' "$NSA_DECODE_ONE_LAUNCH" \
+      >>"$OUT/commands.txt"
     printf '%q ' "$@" >>"$OUT/commands.txt"; echo >>"$OUT/commands.txt"; return 0; fi
   local left=$((END - SECONDS))
   [ "$left" -lt "$max" ] && max=$left
@@ -38,23 +40,28 @@ step() {  # step NAME MAX_SECONDS ARGS...: python -m ARGS, within MAX_SECONDS an
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git log --oneline -1 2>/dev/null; } >>"$LOG" 2>&1
 # 0. The compiled kernels against the reference first: the decode launches that merge their own
-#    partials (a cross-program atomic only the hardware can order wrongly), the selected dK/dV's
-#    GPU-sized chunks, the scores kernel's carried halo, phi's second matmul in the decode
+#    partials and the one launch whose programs wait for each other (cross-program atomics only
+#    the hardware can order wrongly), the selected dK/dV's GPU-sized chunks, the scores
+#    kernel's carried halo, phi's second matmul in the decode
 #    compression's last kernel, training's one pass of both phi maps (cuBLAS's batched GEMMs), and
 #    FlexAttention's backward taking the window's gradient without a copy.
 step gpu-tests 180 pytest -q -p no:cacheprovider -m gpu tests/ops/test_triton_decode.py \
   tests/ops/test_triton_decode_dense.py tests/ops/test_triton_selected.py tests/ops/test_triton_scores.py \
   tests/ops/test_triton_step_compress.py tests/model/test_decode.py tests/model/test_decode_syncs.py \
   tests/model/test_compress_pair.py tests/ops/test_flex_window.py::test_its_backward_copies_no_gradient_on_gpu
-# 1. The default kernels at 2k and 16k with their per-kernel breakdown (the dK/dV chunks and the
-#    scores kernel since 2026-11-28), then the decode steps' kernels at batch 1 and 64 (the
-#    merge launches gone), then the selected forward/dQ at head dim 64 with 8 positions per
+# 1. Decoding at batch 1 with each step's kernels, each layer's decode attention in one launch
+#    (decode_fused.py), then in three: whichever is faster decodes a small batch.
+step decode-b1 60 bench.decode --contexts 8192 65536 --kernels --json "$OUT/decode-b1.json"
+NSA_DECODE_ONE_LAUNCH=0 step decode-b1-launches 60 bench.decode --contexts 8192 65536 --kernels \
+  --json "$OUT/decode-b1-launches.json"
+# 2. The default kernels at 2k and 16k with their per-kernel breakdown (the dK/dV chunks and the
+#    scores kernel since 2026-11-28), then the decode steps' kernels at batch 64 (the merge
+#    launches gone), then the selected forward/dQ at head dim 64 with 8 positions per
 #    program (128 rows) against those 4 (docs/kernels.md, "Positions per selected program").
 run=(bench.run --layouts nsa-125m --seqs 2048 16384 --no-reference --no-check --no-train --out-dir "$OUT")
 step sel-p4 100 "${run[@]}" --tag p4
 # The selected dK/dV's inverted index as kernels against the torch ops it was (kept if faster).
 step index 40 bench.inverted_index --json "$OUT/inverted-index.json"
-step decode-b1 60 bench.decode --contexts 8192 65536 --kernels --json "$OUT/decode-b1.json"
 step decode-b64 60 bench.decode --contexts 8192 65536 --batch 64 --kernels --json "$OUT/decode-b64.json"
 step decode-bounds 20 bench.decode_roofline --measured "$OUT/decode-b1.json" "$OUT/decode-b64.json" \
   --json "$OUT/decode-roofline.json"  # each launch against its bytes (no GPU work; the log has the table)
@@ -67,13 +74,13 @@ step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
 NSA_FLEX_WINDOW=0 step band-window 100 "${run[@]}" --tag band
 # nsa-train's step against the bare one, with the graph (train.cuda_graph: replayed or why not).
 step trainer-graph 90 bench.trainer_overhead --config nsa-125m --steps 12 --set train.cuda_graph=true
-# 2. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
+# 3. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
 step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"
-# 3. The decode kernels' splits at both batches since the token-sum scores (plan_splits' constants).
+# 4. The decode kernels' splits at both batches since the token-sum scores (plan_splits' constants).
 step decode-sweep 60 bench.decode_kernel --contexts 8192 65536 --sweep --json "$OUT/decode-sweep-b1.json"
 step decode-sweep-b64 60 bench.decode_kernel --contexts 65536 --batch 64 --sweep --json "$OUT/decode-sweep-b64.json"
-# 4. Decoding where some sequence completes a compression block at every step, with its kernels.
+# 5. Decoding where some sequence completes a compression block at every step, with its kernels.
 step decode-stagger 80 bench.decode --contexts 65536 --batch 64 --stagger --kernels --json "$OUT/decode-stagger.json"
-# 5. Both layouts at 64k, the length the training targets are set at.
+# 6. Both layouts at 64k, the length the training targets are set at.
 step long 150 bench.run --layouts nsa-125m paper --seqs 65536 --no-reference --no-check --no-train --out-dir "$OUT" --tag 64k
 say done

@@ -133,7 +133,8 @@ def test_staggered_lengths_compress_at_every_step(tmp_path: Path) -> None:
 def test_the_decode_kernel_sweep_plans_valid_splits_around_the_planned_ones() -> None:
     """``bench.decode_kernel --sweep``'s plans at 8k for a GPU of 132 SMs: the planned splits
     (what tests/ops/test_triton_decode.py checks for an H100), none, and each phase's scaled
-    with the others kept, every one a valid ``DecodeSplits`` within the shapes, none twice."""
+    with the others kept, and the planned ones in their own launches (batch 1 plans one),
+    every one a valid ``DecodeSplits`` within the shapes, none twice."""
     from bench.decode_kernel import PHASES, setup, sweep_plans
     from nsa.ops.triton import decode as DK
 
@@ -145,13 +146,15 @@ def test_the_decode_kernel_sweep_plans_valid_splits_around_the_planned_ones() ->
     assert len(set(plans.values())) == len(plans)
     for name, plan in plans.items():
         changed = [p for p in PHASES if getattr(plan, p) != getattr(planned, p)]
-        if name.startswith("merges"):  # the same splits, the partials merged the other way
-            assert not changed and plan.head_merges != planned.head_merges, (name, plan)
+        if name == "planned in launches":  # the same splits, each phase in its own launch
+            assert not changed and planned.one_launch and not plan.one_launch, (name, plan)
             continue
         assert name in ("planned", "no_split") or changed == [name.split()[0]], (name, plan)
         assert plan.scores <= DK.MAX_SCORE_SPLITS and plan.selected <= 16 and plan.win <= 512
-    assert {"cmp x2", "win x0.5", "scores x4", "selected x0.5", "merges per branch"} <= set(plans)
-    assert planned.head_merges  # batch 1: 32 merges
+        # one launch where the plan is, while its programs fit on half the SMs
+        assert plan.one_launch == (name != "no_split" and plan.programs() <= 66), (name, plan)
+    assert {"cmp x2", "win x0.5", "scores x4", "selected x0.5", "planned in launches"} <= set(plans)
+    assert planned.one_launch  # batch 1: 21 programs
 
 
 @pytest.mark.slow

@@ -86,3 +86,25 @@ def test_a_missing_results_file_is_refused(tmp_path: Path, capsys: pytest.Captur
         DR.main(["--measured", str(tmp_path / "nope.json")])
     assert exc.value.code == 2 and "nope.json: no such file" in capsys.readouterr().err
 
+
+
+def test_one_launch_per_layer_is_one_row_of_the_three_launches_bytes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A step whose NSA attention ran as one launch per layer (``_decode_fused``): one row with
+    the three launches' bytes summed, its measured time beside it, and the other kernels'
+    time without it. (The H200's batch-1 file with its three launches' times given to one.)"""
+    data = json.loads(B1.read_text())
+    nsa = next(r for r in data["measured"] if r["kind"] == "nsa" and r["context"] == 65536)
+    top = nsa["kernels_per_step"]["plain_top"]
+    three = [k for k in top if k["kernel"] in ("_decode_partials", "_decode_scores", "_decode_selected")]
+    fused_us = sum(k["us"] for k in three)
+    nsa["kernels_per_step"]["plain_top"] = ([k for k in top if k not in three]
+                                            + [{"kernel": "_decode_fused", "calls": 12, "us": fused_us}])
+    path = tmp_path / "one-launch.json"
+    path.write_text(json.dumps(data))
+    assert DR.main(["--contexts", "65536", "--batch", "1", "--devices", "H200", "--measured", str(path)]) == 0
+    text = capsys.readouterr().out
+    nbytes = sum(DR.attention_bytes(_cfg("nsa-125m"), 65536, 1).values())
+    bound = 1e6 * nbytes / DR.DEVICES["H200"].bandwidth
+    assert f"| nsa-125m | `_decode_fused` | {nbytes / 1e6:,.1f} | {bound:,.1f} | {fused_us:,.1f} |" in text
+    assert "`_decode_scores`" not in text.split("| nsa-125m |", 1)[1]

@@ -51,6 +51,8 @@ def test_every_command_parses(tmp_path: Path, parse_only: None) -> None:
     listed = dry_commands(tmp_path)
     # the band run is the p4 run on the band kernel: only its environment says so
     assert any(c[0] == "NSA_FLEX_WINDOW=0" and "band" in c for c in listed)
+    # batch 1's decode in three launches a layer beside its one launch: only its environment says so
+    assert any(c[0] == "NSA_DECODE_ONE_LAUNCH=0" and "bench.decode" in c for c in listed)
     commands = [without_env(c) for c in listed]
     modules = {"pytest", "bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles",
                "bench.decode_roofline", "bench.trainer_overhead", "bench.inverted_index"}

@@ -150,7 +150,9 @@ class NSACache:
             "block_tok": torch.arange(c.select_block, device=device),  # [l']: offsets in a block
             "win_slots": torch.arange(sizes["win"], device=device),  # [w]: the window ring's slots
         }
-        self.tickets = torch.zeros(B * G, dtype=torch.int32, device=device)
+        # the decode kernels' counters: the selected launch's tickets, or the one launch's four
+        # per (sequence, group) (nsa/ops/triton/decode_fused.py's COUNTERS)
+        self.tickets = torch.zeros(4 * B * G, dtype=torch.int32, device=device)
         if fused.fused_op(c.backend, self.tensors["k_raw"], "decode_compress") is not None:
             self._stacked_phi()  # before any step: a CUDA graph's capture must not build them
 

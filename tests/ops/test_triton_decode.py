@@ -259,6 +259,11 @@ def _random_cache(B: int, S: int, G: int, D: int, lay: Layout, dtype: torch.dtyp
     return {f"{kv}_{name}": torch.randn(B, n, G, D, dtype=dtype) for name, n in sizes.items() for kv in "kv"}
 
 
+# every phase in one launch (decode_fused.py): unsplit (its selected program writes the
+# output itself), split, and 33 scoring programs
+ONE_LAUNCH = [DK.DecodeSplits(one_launch=True),
+              DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2, one_launch=True),
+              DK.DecodeSplits(cmp=9, win=3, scores=33, selected=3, one_launch=True)]
 LONG = Layout(block=8, stride=4, select_block=8, num_selected=5, num_initial=1, num_local=2, window=80)
 # none; a few per phase; more than one chunk of partials merged at once (CA) and a deeper
 # tree of candidate lists (33 scoring programs: 64 lists, most of them empty, 6 levels)
@@ -268,8 +273,10 @@ LONG = Layout(block=8, stride=4, select_block=8, num_selected=5, num_initial=1, 
 SPLITS = [DK.DecodeSplits(), DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2),
           DK.DecodeSplits(cmp=9, win=3, scores=33, selected=3),
           DK.DecodeSplits(cmp=2, win=2, scores=2, selected=DK.MAX_FUSED_SLOTS + 1),
-          DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2, head_merges=False)]
-SPLIT_IDS = ["one", "split", "many", "wide", "per-branch"]
+          DK.DecodeSplits(cmp=3, win=2, scores=3, selected=2, head_merges=False),
+          *ONE_LAUNCH]
+SPLIT_IDS = ["one", "split", "many", "wide", "per-branch", "one-launch", "one-launch-split",
+             "one-launch-many"]
 
 
 @pytest.mark.parametrize("splits", SPLITS, ids=SPLIT_IDS)
@@ -359,6 +366,42 @@ def test_merge_tickets_serve_step_after_step() -> None:
         DK.nsa_decode_branches(q, *args, pos, *LONG.args(), splits=SPLITS[1], tickets=tickets[:3])
 
 
+def test_one_launch_counters_serve_step_after_step() -> None:
+    """The one launch's four counters per (sequence, group) (decode_fused.COUNTERS), a cache's,
+    passed step after step: each launch leaves them zero (else the next launch's programs
+    would stop waiting too early), and each step equals the step's reference. Too few are
+    refused, not overrun."""
+    from nsa.infer.cache import NSACache
+    from nsa.ops.triton.decode_fused import COUNTERS
+
+    seed = fresh_seed()
+    B, S, H, G, D = 2, 320, 4, 2, 16
+    t = _random_cache(B, S, G, D, LONG)
+    counters = torch.zeros(COUNTERS * B * G, dtype=torch.int32)
+    args = (t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"])
+    for p, splits in ((S - 3, ONE_LAUNCH[1]), (100, ONE_LAUNCH[0]), (40, ONE_LAUNCH[2])):
+        q = 2 * torch.randn(B, 1, H, D)
+        pos = torch.tensor([p, p // 3])
+        got = DK.nsa_decode_branches(q, *args, pos, *LONG.args(), splits=splits, tickets=counters)
+        assert torch.equal(counters, torch.zeros_like(counters)), f"{splits}: {counters.tolist()}"
+        for name, a, b in zip(("cmp", "slc", "win"), got, _step_branches(q, t, pos, LONG)):
+            assert rel_err(a, b) <= TOL, f"seed={seed} pos={pos.tolist()} {name}: {rel_err(a, b):.2e}"
+        DK.nsa_decode_gated(q, *args, pos, torch.randn(B, 1, H, 3), *LONG.args(), splits=splits,
+                            tickets=counters)
+        assert torch.equal(counters, torch.zeros_like(counters)), f"{splits}: {counters.tolist()}"
+    with pytest.raises(ValueError, match=f"want a contiguous int32 vector of at least {COUNTERS * B * G}"):
+        DK.nsa_decode_branches(q, *args, pos, *LONG.args(), splits=ONE_LAUNCH[1], tickets=counters[:-1])
+    # what a cache keeps for its steps serves either way
+    from nsa.model import build_model
+    from tests.model.nsa_model_testlib import small_cfg
+
+    cfg = small_cfg("nsa", compress_block=8, compress_stride=4, select_block=16, window=16)
+    attn = build_model(cfg).blocks[0].attn
+    cache = NSACache(attn, 3, 64)
+    cache.allocate(torch.float32, torch.device("cpu"))
+    assert cache.tickets is not None and cache.tickets.numel() == COUNTERS * 3 * attn.n_kv_heads
+
+
 def test_splits_agree_and_uniform_scores_tie() -> None:
     """q = 0 on a long random cache: every interior block ties exactly; split or not, the
     kernels choose the step's blocks (initial, local, then the lowest)."""
@@ -442,15 +485,18 @@ class _Launches:
 
 
 @pytest.mark.parametrize("splits,expected", [(DK.DecodeSplits(), 3), (SPLITS[1], 3), (SPLITS[3], 4),
-                                             (SPLITS[4], 3)])
+                                             (SPLITS[4], 3), (ONE_LAUNCH[1], 1)])
 def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: DK.DecodeSplits,
                                        expected: int) -> None:
     """The wrapper reads nothing back from the device and builds nothing from host data (a
     CUDA graph can hold it): three launches, four when the selected branch is split more
-    ways than its launch merges itself."""
+    ways than its launch merges itself, one when every phase runs in one."""
+    from nsa.ops.triton import decode_fused
+
     log: list[tuple[str, tuple[int, ...]]] = []
     for name in ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine"):
         monkeypatch.setattr(DK, name, _Launches(name, log))
+    monkeypatch.setattr(decode_fused, "_decode_fused", _Launches("_decode_fused", log))
     B, S, H, G, D = 2, 96, 4, 2, 16
     t = _random_cache(B, S, G, D, LAYOUT)
     q, pos = torch.randn(B, 1, H, D), torch.tensor([40, 9])
@@ -458,6 +504,10 @@ def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: 
         _kernel(q, t, pos, LAYOUT, splits)
     assert not syncs.events, syncs.report()
     assert len(log) == expected
+    if splits.one_launch:  # partials, scoring programs, two merges, selected shares
+        parts = splits.cmp + splits.win + splits.scores + 2 + splits.selected
+        assert log == [("_decode_fused", (B * G, parts))]
+        return
     # the (sequence, group) on axis 0, the part on axis 1: the GPU hands out every sequence's
     # scoring programs before the merges (per head, or per branch) that follow them on axis 1
     merges = 2 * (H // G) if splits.head_merges else 2
@@ -466,7 +516,7 @@ def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: 
                        ("_decode_selected", (B * G, splits.selected))]
 
 
-def test_plan_splits() -> None:
+def test_plan_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     """No split off CUDA; on a GPU, splits only while the batch leaves SMs idle, never below
     the minimum work per program; the partials merged per head until those merges alone
     would outnumber the programs planned per SM."""
@@ -478,7 +528,16 @@ def test_plan_splits() -> None:
         gpu = torch.device("cuda")
         one = DK.plan_splits(1, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16)
         # 16 compressed chunks at most (MAX_CMP_SPLITS), where 128 keys a chunk would give 31
-        assert one == DK.DecodeSplits(cmp=16, win=4, scores=32, selected=8)
+        # and all of it in one launch: 62 programs, on at most half of the 132 SMs
+        assert one == DK.DecodeSplits(cmp=16, win=4, scores=32, selected=8, one_launch=True)
+        monkeypatch.setenv(DK.ONE_LAUNCH_ENV, "0")
+        assert DK.plan_splits(1, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16) == DK.DecodeSplits(
+            cmp=16, win=4, scores=32, selected=8)
+        monkeypatch.delenv(DK.ONE_LAUNCH_ENV)
+        # two sequences: 124 programs, more than half the SMs: the phases in their own launches
+        assert not DK.plan_splits(2, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16).one_launch
+        assert DK.plan_splits(3, 1, 511, 512, 128, 16, gpu, heads_per_group=16).one_launch  # 3 x 21 at 8k
+        assert not DK.plan_splits(4, 1, 511, 512, 128, 16, gpu, heads_per_group=16).one_launch
         # nsa-125m at batch 64 and 64k: 2,048 per-head merges against 264 planned programs
         assert DK.plan_splits(64, 1, 4095, 512, 1024, 16, gpu, heads_per_group=16) == DK.DecodeSplits(
             cmp=5, win=4, scores=5, selected=5, head_merges=False)
@@ -532,10 +591,13 @@ def test_bf16_on_gpu(B: int, S: int, H: int, G: int) -> None:
 def test_bf16_on_gpu_with_each_split(splits: DK.DecodeSplits | None) -> None:
     """Every way the launches split and merge, compiled and run by the hardware at batch 16
     (the interpreter runs one program at a time: an order of stores and loads between
-    programs that a GPU need not keep). The plan for 16 sequences of nsa-125m's layout
-    merges per branch on any GPU of under 256 SMs, a path no other GPU test takes."""
+    programs that a GPU need not keep); one launch at batch 1, which it fits. The plan for 16
+    sequences of nsa-125m's layout merges per branch on any GPU of under 256 SMs, a path no
+    other GPU test takes."""
     seed = fresh_seed()
-    q, t, pos = _gpu_case(16, 4096, 16, 1, 64, torch.bfloat16)
+    one = splits is not None and splits.one_launch  # one launch: as many sequences as fit the GPU
+    B = 1 if one else 16
+    q, t, pos = _gpu_case(B, 4096, 16, 1, 64, torch.bfloat16)
     if splits is None:
         n_cmp, n_blocks = t["k_cmp"].shape[1], -(-4096 // NSA125.select_block)
         plan = DK.plan_splits(16, 1, n_cmp, t["k_win"].shape[1], n_blocks, NSA125.num_selected, q.device,
@@ -545,6 +607,54 @@ def test_bf16_on_gpu_with_each_split(splits: DK.DecodeSplits | None) -> None:
     t32 = {k: v.float().cpu() for k, v in t.items()}
     want = _step_branches(q.float().cpu(), t32, pos.cpu(), NSA125)
     _compare(got, want, q.float().cpu(), t32, pos.cpu(), NSA125, 1e-2, f"seed={seed} splits={splits}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_launch_on_gpu_step_after_step_and_from_a_graph() -> None:
+    """Every phase in one launch at batch 1 (what plan_splits gives an H100 or H200 at 8k and
+    64k): programs that wait on each other's counters, which only the hardware runs at the
+    same time. Against the same splits in their own launches, eager and replayed from a CUDA
+    graph with a cache's counters, the counters zero after every launch; too large a grid is
+    refused before it could hold every SM."""
+    fresh_seed()
+    args = NSA125.args()
+    for S in (8192, 65536):
+        q, t, pos = _gpu_case(1, S, 16, 1, 64, torch.bfloat16)
+        n_blocks = -(-S // NSA125.select_block)
+        plan = DK.plan_splits(1, 1, t["k_cmp"].shape[1], t["k_win"].shape[1], n_blocks,
+                              NSA125.num_selected, q.device, heads_per_group=16)
+        assert plan.one_launch, plan
+        kv = (t["k_cmp"], t["v_cmp"], t["k_slc"], t["v_slc"], t["k_win"], t["v_win"])
+        counters = torch.zeros(4, dtype=torch.int32, device="cuda")
+        in_launches = dataclasses.replace(plan, one_launch=False)
+        launches = DK.nsa_decode_branches(q, *kv, pos, *args, splits=in_launches)
+        static_pos = pos.clone()
+        for _ in range(3):
+            got = DK.nsa_decode_branches(q, *kv, static_pos, *args, splits=plan, tickets=counters)
+            assert torch.equal(counters.cpu(), torch.zeros(4, dtype=torch.int32))
+            for a, b in zip(got, launches):
+                assert (a.float() - b.float()).abs().max().item() <= 1e-2 * b.float().abs().max().item()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            DK.nsa_decode_branches(q, *kv, static_pos, *args, splits=plan, tickets=counters)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = DK.nsa_decode_branches(q, *kv, static_pos, *args, splits=plan, tickets=counters)
+        for _ in range(20):
+            static_pos.copy_(torch.randint(S // 2, S, (1,), device="cuda"))
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(counters.cpu(), torch.zeros(4, dtype=torch.int32))
+        fresh = DK.nsa_decode_branches(q, *kv, static_pos, *args, splits=in_launches)
+        for a, b in zip(out, fresh):
+            assert (a.float() - b.float()).abs().max().item() <= 1e-2 * b.float().abs().max().item()
+    big = DK.DecodeSplits(cmp=16, win=4, scores=64, selected=16, one_launch=True)  # 102 programs
+    assert big.programs() > DK._sm_count(q.device) // 2
+    with pytest.raises(ValueError, match="does not fit on half"):
+        DK.nsa_decode_branches(q, *kv, pos, *args, splits=big)
 
 
 @pytest.mark.gpu

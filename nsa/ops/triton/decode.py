@@ -1,5 +1,6 @@
 """NSA decode attention: the three branches of one new query per sequence, in 3 launches (4 at most)
-(``nsa_decode_branches``), their gated sum inside the last of them (``nsa_decode_gated``).
+(``nsa_decode_branches``), their gated sum inside the last of them (``nsa_decode_gated``); at a
+small batch all of it in one launch (``decode_fused.py``), from the same pieces.
 
 ``NSACache.step`` (nsa/infer/cache.py) computes, for the query of each sequence b at
 position ``pos[b]``, the compressed branch (token i visible iff ``i*d + l - 1 <= pos``) and
@@ -28,6 +29,12 @@ whose rows are the group's query heads, so every K/V row is loaded once for the 
 4. ``_decode_combine`` (only when the selected branch is split more than
    ``MAX_FUSED_SLOTS`` ways): its partials -> ``o_slc``, one program per (sequence, head).
 
+Each kernel is a thin shell over its role (``_partial_share``, ``_score_share`` and
+``_merge_branch``, ``_selected_share``), so that ``decode_fused.py``'s one launch runs the
+same code: where the whole grid fits on the GPU at once (``plan_splits``: batch 1 on an
+H100 or H200 up to a million-token context), its programs wait for each other's counters
+instead of for the end of a launch, and a layer costs one launch instead of three.
+
 Why split at all: at batch 1 a 64k context has ~4k compressed tokens and 1024 selection
 blocks per KV group, and one program per (sequence, group) would stream them through one
 SM while the rest idle; the splits (``plan_splits``, from the batch, the groups and the
@@ -52,6 +59,7 @@ the interpreter); fp32/fp16/bf16 inputs, not fp64.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton
@@ -105,6 +113,8 @@ MAX_CMP_SPLITS = 16
 # up to this): a merge's cost is mostly its cross-warp reductions, a barrier each, the same for
 # 16 candidates as for 64, while its compares ([64, 64] at most) stay a few per thread.
 MAX_SCORE_TILE = 64
+# Set to 0: never one launch (``DecodeSplits.one_launch``), the phases in their own launches.
+ONE_LAUNCH_ENV = "NSA_DECODE_ONE_LAUNCH"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,19 +124,30 @@ class DecodeSplits:
     ``head_merges``: the scores launch merges the compressed and window partials one
     program per head (a short chain of loads each, in parallel: what a small batch wants);
     False, one program per branch for all the group's heads (two per sequence and group,
-    where a large batch's per-head merges were most of the launch's programs)."""
+    where a large batch's per-head merges were most of the launch's programs).
+    ``one_launch``: every phase in one launch (``decode_fused.py``), its programs waiting on
+    each other (the partials then always merged per branch); only where they all fit on the
+    GPU at once (``plan_splits``)."""
 
     cmp: int = 1
     win: int = 1
     scores: int = 1
     selected: int = 1
     head_merges: bool = True
+    one_launch: bool = False
 
     def __post_init__(self) -> None:
         if min(self.cmp, self.win, self.scores, self.selected) < 1:
             raise ValueError(f"every split must be >= 1, got {self}")
         if self.scores > MAX_SCORE_SPLITS:
             raise ValueError(f"at most {MAX_SCORE_SPLITS} scoring programs, got {self}")
+        if self.one_launch and self.selected > MAX_FUSED_SLOTS:
+            raise ValueError(f"one launch merges at most {MAX_FUSED_SLOTS} selected partials, got {self}")
+
+    def programs(self) -> int:
+        """Programs per (sequence, KV group) of the one launch: every phase's, and the two
+        merges of the compressed and window partials."""
+        return self.cmp + self.win + self.scores + self.selected + 2
 
 
 def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int, num_selected: int,
@@ -137,7 +158,9 @@ def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int,
     (sequence, group) pairs fill the GPU on their own. The partials' merges go per branch
     instead of per head once per-head merges alone would outnumber those programs per SM
     (each branch with at most ``MAX_FUSED_SLOTS`` partials: one program reads them all at once,
-    as the selected launch's own merge does)."""
+    as the selected launch's own merge does). All of it in one launch when that launch's
+    programs fit on half the GPU's SMs (``decode_fused.py``: a small batch), unless
+    ``NSA_DECODE_ONE_LAUNCH=0``."""
     sms = _sm_count(device)
     if sms == 0:
         return DecodeSplits()
@@ -149,8 +172,12 @@ def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int,
 
     cmp, win = min(MAX_CMP_SPLITS, cap(n_cmp, MIN_CMP_KEYS)), cap(window, MIN_WIN_KEYS)
     head_merges = 2 * heads_per_group * pairs <= PROGRAMS_PER_SM * sms or max(cmp, win) > MAX_FUSED_SLOTS
-    return DecodeSplits(cmp=cmp, win=win, scores=min(MAX_SCORE_SPLITS, cap(n_blocks, MIN_SCORE_BLOCKS)),
-                        selected=cap(num_selected, MIN_SEL_BLOCKS), head_merges=head_merges)
+    sp = DecodeSplits(cmp=cmp, win=win, scores=min(MAX_SCORE_SPLITS, cap(n_blocks, MIN_SCORE_BLOCKS)),
+                      selected=cap(num_selected, MIN_SEL_BLOCKS), head_merges=head_merges)
+    if (sp.selected <= MAX_FUSED_SLOTS and os.environ.get(ONE_LAUNCH_ENV, "1") != "0"
+            and pairs * sp.programs() <= sms // 2):
+        return dataclasses.replace(sp, one_launch=True)
+    return sp
 
 
 @triton.jit
@@ -159,11 +186,21 @@ def _decode_partials(Q, KC, VC, KW, VW, POS, PM, PL, PACC,
                      G, HPG, NC, NW, qk_scale, STRIDE, BLK, SC, SW, SP,
                      R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
                      PREC: tl.constexpr):
-    """Programs ``[0, SC)``: a chunk of the visible compressed tokens (i*d + l - 1 <= pos);
-    ``[SC, SC + SW)``: a chunk of the window ring's slots that hold a position (slot s
-    holds one iff s <= pos). Equal BN-aligned chunks of what ``pos`` makes visible."""
-    pid = tl.program_id(1)
+    """Programs ``[0, SC + SW)``: ``_partial_share``."""
     bg, b, g, p = _group_of_program(POS, G)
+    _partial_share(Q, KC, VC, KW, VW, PM, PL, PACC, bg, b, g, p, tl.program_id(1),
+                   sqb, sqh, scb, sct, sch, swb, swt, swh, HPG, NC, NW, qk_scale, STRIDE, BLK, SC, SW, SP,
+                   R, D, BD, BN, PREC)
+
+
+@triton.jit
+def _partial_share(Q, KC, VC, KW, VW, PM, PL, PACC, bg, b, g, p, pid,
+                   sqb, sqh, scb, sct, sch, swb, swt, swh, HPG, NC, NW, qk_scale, STRIDE, BLK, SC, SW, SP,
+                   R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    """Part ``pid < SC``: a chunk of the visible compressed tokens (i*d + l - 1 <= pos);
+    ``SC <= pid < SC + SW``: a chunk of the window ring's slots that hold a position (slot s
+    holds one iff s <= pos). Equal BN-aligned chunks of what ``pos`` makes visible; the
+    partial into slot ``pid``."""
     r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
     if pid < SC:
         n = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
@@ -210,11 +247,10 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
                    BN: tl.constexpr, M: tl.constexpr, CM: tl.constexpr, CA: tl.constexpr,
                    HEADS: tl.constexpr, PREC: tl.constexpr):
-    """Programs ``[0, SS)``: a share of the eligible blocks ``[0, pos // l']``, scored and
-    ranked, their top BJ keys (ascending) into ``CAND[bg, pid]``. Then the merges of the
-    branches' partials into the compressed output ``OC`` and the window's ``OW``: with HEADS,
-    one program per head of the group for each (CA partials a load); without, one program
-    per branch for all the heads (CA partials of every row a load)."""
+    """Programs ``[0, SS)``: ``_score_share``. Then the merges of the branches' partials into
+    the compressed output ``OC`` and the window's ``OW``: with HEADS, one program per head of
+    the group for each (CA partials a load); without, one program per branch for all the
+    heads (``_merge_branch``, CA partials of every row a load)."""
     pid = tl.program_id(1)
     bg, b, g, p = _group_of_program(POS, G)
     offs_d = tl.arange(0, BD)
@@ -229,69 +265,91 @@ def _decode_scores(Q, KC, POS, PM, PL, PACC, OC, OW, CAND, PSUM,
                 m_o, l_o, acc_o = _combine_row(PM, PL, PACC, bg * SP, SC, SC + SW, h, offs_d, R, BD, CA)
                 _store_out(OW, acc_o, l_o, b, g, HPG, sob, soh, rr, rr < HPG, offs_d, D)
         else:
-            rows = tl.arange(0, R)
-            if pid == SS:
-                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, 0, SC, rows, offs_d, R, BD, CA)
-                _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, rows, rows < HPG, offs_d, D)
-            else:
-                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, SC, SC + SW, rows, offs_d, R, BD, CA)
-                _store_out(OW, acc_o, l_o, b, g, HPG, sob, soh, rows, rows < HPG, offs_d, D)
+            _merge_branch(PM, PL, PACC, OC, OW, bg, b, g, pid - SS, HPG, SC, SW, SP, sob, soh, R, D, BD, CA)
     else:
-        r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
-        valid = r < HPG
-        dmask = offs_d < D
-        m_c, l_c = _combine_lse(PM, PL, bg * SP, 0, SC, r, R, CM)
-        lse = tl.where(l_c > 0, m_c + tl.log2(tl.where(l_c > 0, l_c, 1.0)), float("inf"))
-        nvis = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
-        n_elig = p // SBLK + 1  # blocks that start at or before pos
-        per = tl.cdiv(tl.cdiv(n_elig, BJ), SS) * BJ
-        j_lo = tl.minimum(pid * per, n_elig)
-        j_hi = tl.minimum(j_lo + per, n_elig)
-        kbase = KC + b * scb + g * sch
-        # 1. each compressed token that reaches into this program's blocks, once: the group's
-        # summed probability (Eq. 10 before Eq. 9's weights) into the program's scratch row.
-        # Contiguous key tiles; a block's tokens were M gathered loads and M thin dots before.
-        lo_num = j_lo * SBLK - BLK
-        t_lo = tl.where(lo_num >= 0, tl.maximum(lo_num, 0) // STRIDE + 1, 0)
-        hi_num = tl.maximum(j_hi - 1, 0) * SBLK - BLK
-        t_hi = tl.where(j_hi > j_lo, tl.where(hi_num >= 0, tl.maximum(hi_num, 0) // STRIDE + 1, 0) + M, t_lo)
-        t_hi = tl.minimum(tl.minimum(t_hi, nvis), t_lo + PCAP)
-        prow = PSUM + (bg * SS + pid) * PCAP - t_lo  # token i at prow + i
-        for i0 in range(t_lo, t_hi, BN):
-            offs_i = i0 + tl.arange(0, BN)
-            im = offs_i < t_hi
-            kt = tl.load(kbase + offs_i[None, :] * sct + offs_d[:, None], mask=im[None, :] & dmask[:, None],
-                         other=0.0)
-            s = tl.dot(q, kt, input_precision=PREC) * qk_scale
-            pr = tl.exp2(tl.where(valid[:, None] & im[None, :], s - lse[:, None], float("-inf")))
-            tl.store(prow + offs_i, tl.sum(pr, 0), mask=im)
-        tl.debug_barrier()  # the scratch row, written by all of the program's threads, read back
-        # 2. each block's score from its tokens, in ascending token order (the reference's),
-        # and the running top BJ, BT blocks (up to a whole share) a merge
-        t_p = tl.zeros([1], tl.int32) + p
-        col = tl.arange(0, BJ)
-        top = col.to(tl.int64) + (NO_KEY - BJ)  # below every real key, distinct
-        colt = tl.arange(0, BT)
-        for j0 in range(j_lo, j_hi, BT):
-            offs_j = j0 + colt
-            jm = offs_j < j_hi
-            s0 = offs_j * SBLK
-            # the first compressed token that reaches into block j: i*d + l > j*l'
-            num = s0 - BLK
-            i_first = tl.where(num >= 0, tl.maximum(num, 0) // STRIDE + 1, 0)
-            score = tl.zeros([BT], tl.float32)
-            for mm in tl.static_range(M):
-                i = i_first + mm
-                c0 = i * STRIDE
-                overlap = tl.minimum(c0 + BLK, s0 + SBLK) - tl.maximum(c0, s0)
-                ok = jm & (i < t_hi) & (overlap > 0)
-                w = tl.where(ok, overlap.to(tl.float32) / STRIDE, 0.0)  # Eq. 9
-                score += tl.load(prow + i, mask=ok, other=0.0) * w
-            key = tl.reshape(_candidates(tl.reshape(score, [1, BT]), offs_j, t_p, NS, SBLK, NI, NL), [BT])
-            # blocks of another program: distinct fillers below every real key and top's first
-            key = tl.where(jm, key, colt.to(tl.int64) + (NO_KEY - BJ - BT))
-            top = _merge_top(top, key, BJ, BT)
-        tl.store(CAND + (bg * SS + pid) * BJ + col, top)
+        _score_share(Q, KC, PM, PL, CAND, PSUM, bg, b, g, p, pid, sqb, sqh, scb, sct, sch,
+                     HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SP, SS, PCAP,
+                     R, D, BD, BJ, BT, BN, M, CM, PREC)
+
+
+@triton.jit
+def _merge_branch(PM, PL, PACC, OC, OW, bg, b, g, which, HPG, SC, SW, SP, sob, soh,
+                  R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CA: tl.constexpr):
+    """Branch ``which``'s partials merged for all the group's heads, CA slots a load: the
+    compressed ones (slots ``[0, SC)``) into ``OC`` when 0, else the window's into ``OW``."""
+    rows = tl.arange(0, R)
+    offs_d = tl.arange(0, BD)
+    if which == 0:
+        m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, 0, SC, rows, offs_d, R, BD, CA)
+        _store_out(OC, acc_o, l_o, b, g, HPG, sob, soh, rows, rows < HPG, offs_d, D)
+    else:
+        m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, SC, SC + SW, rows, offs_d, R, BD, CA)
+        _store_out(OW, acc_o, l_o, b, g, HPG, sob, soh, rows, rows < HPG, offs_d, D)
+
+
+@triton.jit
+def _score_share(Q, KC, PM, PL, CAND, PSUM, bg, b, g, p, pid, sqb, sqh, scb, sct, sch,
+                 HPG, NC, NS, qk_scale, STRIDE, BLK, SBLK, NI, NL, SC, SP, SS, PCAP,
+                 R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+                 BN: tl.constexpr, M: tl.constexpr, CM: tl.constexpr, PREC: tl.constexpr):
+    """Scoring program ``pid`` of SS: the compressed branch's log-sum-exp from its SC
+    partials, then a share of the eligible blocks ``[0, pos // l']``, scored and ranked,
+    their top BJ keys (ascending) into ``CAND[bg, pid]``."""
+    r, offs_d, q = _group_queries(Q, b, g, sqb, sqh, HPG, R, D, BD)
+    valid = r < HPG
+    dmask = offs_d < D
+    m_c, l_c = _combine_lse(PM, PL, bg * SP, 0, SC, r, R, CM)
+    lse = tl.where(l_c > 0, m_c + tl.log2(tl.where(l_c > 0, l_c, 1.0)), float("inf"))
+    nvis = tl.minimum(tl.where(p >= BLK - 1, tl.maximum(p - BLK + 1, 0) // STRIDE + 1, 0), NC)
+    n_elig = p // SBLK + 1  # blocks that start at or before pos
+    per = tl.cdiv(tl.cdiv(n_elig, BJ), SS) * BJ
+    j_lo = tl.minimum(pid * per, n_elig)
+    j_hi = tl.minimum(j_lo + per, n_elig)
+    kbase = KC + b * scb + g * sch
+    # 1. each compressed token that reaches into this program's blocks, once: the group's
+    # summed probability (Eq. 10 before Eq. 9's weights) into the program's scratch row.
+    # Contiguous key tiles; a block's tokens were M gathered loads and M thin dots before.
+    lo_num = j_lo * SBLK - BLK
+    t_lo = tl.where(lo_num >= 0, tl.maximum(lo_num, 0) // STRIDE + 1, 0)
+    hi_num = tl.maximum(j_hi - 1, 0) * SBLK - BLK
+    t_hi = tl.where(j_hi > j_lo, tl.where(hi_num >= 0, tl.maximum(hi_num, 0) // STRIDE + 1, 0) + M, t_lo)
+    t_hi = tl.minimum(tl.minimum(t_hi, nvis), t_lo + PCAP)
+    prow = PSUM + (bg * SS + pid) * PCAP - t_lo  # token i at prow + i
+    for i0 in range(t_lo, t_hi, BN):
+        offs_i = i0 + tl.arange(0, BN)
+        im = offs_i < t_hi
+        kt = tl.load(kbase + offs_i[None, :] * sct + offs_d[:, None], mask=im[None, :] & dmask[:, None],
+                     other=0.0)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        pr = tl.exp2(tl.where(valid[:, None] & im[None, :], s - lse[:, None], float("-inf")))
+        tl.store(prow + offs_i, tl.sum(pr, 0), mask=im)
+    tl.debug_barrier()  # the scratch row, written by all of the program's threads, read back
+    # 2. each block's score from its tokens, in ascending token order (the reference's),
+    # and the running top BJ, BT blocks (up to a whole share) a merge
+    t_p = tl.zeros([1], tl.int32) + p
+    col = tl.arange(0, BJ)
+    top = col.to(tl.int64) + (NO_KEY - BJ)  # below every real key, distinct
+    colt = tl.arange(0, BT)
+    for j0 in range(j_lo, j_hi, BT):
+        offs_j = j0 + colt
+        jm = offs_j < j_hi
+        s0 = offs_j * SBLK
+        # the first compressed token that reaches into block j: i*d + l > j*l'
+        num = s0 - BLK
+        i_first = tl.where(num >= 0, tl.maximum(num, 0) // STRIDE + 1, 0)
+        score = tl.zeros([BT], tl.float32)
+        for mm in tl.static_range(M):
+            i = i_first + mm
+            c0 = i * STRIDE
+            overlap = tl.minimum(c0 + BLK, s0 + SBLK) - tl.maximum(c0, s0)
+            ok = jm & (i < t_hi) & (overlap > 0)
+            w = tl.where(ok, overlap.to(tl.float32) / STRIDE, 0.0)  # Eq. 9
+            score += tl.load(prow + i, mask=ok, other=0.0) * w
+        key = tl.reshape(_candidates(tl.reshape(score, [1, BT]), offs_j, t_p, NS, SBLK, NI, NL), [BT])
+        # blocks of another program: distinct fillers below every real key and top's first
+        key = tl.where(jm, key, colt.to(tl.int64) + (NO_KEY - BJ - BT))
+        top = _merge_top(top, key, BJ, BT)
+    tl.store(CAND + (bg * SS + pid) * BJ + col, top)
 
 
 @triton.jit
@@ -301,19 +359,47 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE, 
                      R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, LS: tl.constexpr,
                      NR: tl.constexpr, LOGN: tl.constexpr, SSP: tl.constexpr, FINAL: tl.constexpr,
                      GATED: tl.constexpr, FUSED: tl.constexpr, CS: tl.constexpr, PREC: tl.constexpr):
-    """The chosen blocks from the SS candidate lists (SSP: SS to a power of two, at most
-    ``MAX_SCORE_SPLITS``; NR = 2**LOGN keys each), then program ``pid``'s share of them:
-    attention over their keys ``<= pos``; the output itself when FINAL (one program: with
-    GATED, the three branches' gated sum, ``_store_gated``), else a partial in slot
-    ``SLOT0 + pid``, which with FUSED the last of the SSEL programs merges into the output.
-    Program 0 writes the choice to ``IDX``."""
+    """Program ``pid``'s share of the selected branch (``_selected_share``); the output itself
+    when FINAL (one program: with GATED, the three branches' gated sum, ``_store_gated``),
+    else a partial in slot ``SLOT0 + pid``, which with FUSED the last of the SSEL programs
+    merges into the output."""
     pid = tl.program_id(1)
     bg, b, g, p = _group_of_program(POS, G)
+    m_i, l_i, acc, r, offs_d, valid = _selected_share(
+        Q, KS, VS, CAND, IDX, bg, b, g, p, pid, sqb, sqh, ssb, sst, ssh, sib, sig,
+        HPG, S, NS, qk_scale, SBLK, NSEL, SS, SSEL, R, D, BD, LS, NR, LOGN, SSP, PREC)
+    if FINAL:
+        if GATED:
+            _store_gated(OS, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
+        else:
+            _store_out(OS, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
+    else:
+        _store_partial(PM, PL, PACC, bg * SP + SLOT0 + pid, m_i, l_i, acc, r, offs_d, R, BD)
+        if FUSED:
+            if _last_to_finish(TICKETS, bg, SSEL):
+                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, SLOT0, SLOT0 + SSEL, r, offs_d, R, BD,
+                                                CS)
+                if GATED:
+                    _store_gated(OS, OC, OW, GATE, sgb, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
+                else:
+                    _store_out(OS, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
+
+
+@triton.jit
+def _selected_share(Q, KS, VS, CAND, IDX, bg, b, g, p, pid, sqb, sqh, ssb, sst, ssh, sib, sig,
+                    HPG, S, NS, qk_scale, SBLK, NSEL, SS, SSEL,
+                    R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, LS: tl.constexpr,
+                    NR: tl.constexpr, LOGN: tl.constexpr, SSP: tl.constexpr, PREC: tl.constexpr):
+    """The chosen blocks from the SS candidate lists (SSP: SS to a power of two, at most
+    ``MAX_SCORE_SPLITS``; NR = 2**LOGN keys each), then share ``pid`` of SSEL of them:
+    attention over their keys ``<= pos``, its (max, sum, unnormalised output) and the rows'
+    ``(r, offs_d, valid)``. Share 0 writes the choice to ``IDX``. The lists were written by
+    other programs: read from L2 (``.cg``)."""
     col = tl.arange(0, NR)
     lists = tl.arange(0, SSP)
     odd = (lists % 2 == 1)[:, None]  # [SSP, NR]: list c in row c, the odd ones reversed; FLOOR past SS
     top = tl.load(CAND + (bg * SS + lists[:, None]) * NR + tl.where(odd, NR - 1 - col[None, :], col[None, :]),
-                  mask=lists[:, None] < SS, other=FLOOR)
+                  mask=lists[:, None] < SS, other=FLOOR, cache_modifier=".cg")
     # a tree of pairwise bitonic merges: log2(SSP) steps, not a chain of SS - 1 (constexpr ifs)
     if SSP >= 64:
         top = _merge_row_pairs(top, 64, NR, LOGN)
@@ -353,21 +439,7 @@ def _decode_selected(Q, KS, VS, POS, CAND, IDX, PM, PL, PACC, OS, OC, OW, GATE, 
         offs_n = blk * SBLK + offs_l
         nmask = (offs_l < SBLK) & (offs_n <= p) & (offs_n < S)
         m_i, l_i, acc = _online(q, kbase, vbase, sst, offs_n, nmask, m_i, l_i, acc, qk_scale, offs_d, D, PREC)
-    if FINAL:
-        if GATED:
-            _store_gated(OS, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
-        else:
-            _store_out(OS, acc, l_i, b, g, HPG, sob, soh, r, valid, offs_d, D)
-    else:
-        _store_partial(PM, PL, PACC, bg * SP + SLOT0 + pid, m_i, l_i, acc, r, offs_d, R, BD)
-        if FUSED:
-            if _last_to_finish(TICKETS, bg, SSEL):
-                m_o, l_o, acc_o = _combine_rows(PM, PL, PACC, bg * SP, SLOT0, SLOT0 + SSEL, r, offs_d, R, BD,
-                                                CS)
-                if GATED:
-                    _store_gated(OS, OC, OW, GATE, sgb, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
-                else:
-                    _store_out(OS, acc_o, l_o, b, g, HPG, sob, soh, r, valid, offs_d, D)
+    return m_i, l_i, acc, r, offs_d, valid
 
 
 def _tokens_per_block(block: int, stride: int, select_block: int) -> int:
@@ -467,6 +539,32 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     pcap = -(-(share - 1) * select_block // stride) + m_tok + 1
     psum = poison.empty(B * G * sp.scores * pcap, device=dev, dtype=torch.float32)
     bt = min(max(MAX_SCORE_TILE, NR), triton.next_power_of_2(share))  # blocks a merge: the share, or 64
+    # a per-branch merge's partials a load: [CA, R, BD] tiles of at most 2k floats, so that it
+    # needs no more registers than the scoring programs (the launch's allocation is the larger:
+    # nsa-125m at batch 64 on sm_90, 78 at 8k and 95 at 64k as with per-head merges; 4k: 85, 120)
+    branch_tile = max(1, min(triton.next_power_of_2(max(sp.cmp, sp.win)), 2048 // (R * BD)))
+    sel_consts = dict(LS=max(16, triton.next_power_of_2(select_block)), LOGN=NR.bit_length() - 1,
+                      SSP=triton.next_power_of_2(sp.scores), FINAL=sp.selected == 1, GATED=gated,
+                      CS=merge_tile(sp.selected, R, BD), PREC=prec)
+    if sp.one_launch:
+        from .decode_fused import COUNTERS, _decode_fused
+
+        sms = _sm_count(dev) if q.is_cuda else 0
+        if sms and B * G * sp.programs() > sms // 2:  # its waiting programs could hold every SM
+            raise ValueError(f"one launch of {B * G} x {sp.programs()} programs ({sp}) does not fit on half "
+                             f"of this GPU's {sms} SMs: plan_splits' splits run it in several launches")
+        cnt = check_tickets(tickets, COUNTERS * B * G, dev)
+        _decode_fused[(B * G, sp.programs())](
+            q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, pos, pm, pl, pacc, cand, psum, idx, o_slc, o_cmp,
+            o_win, logits, cnt, *sq, *sc, *k_slc.stride()[:3], *k_win.stride()[:3], idx.stride(0),
+            idx.stride(1), *so, sgb, G, B * G, hpg, NC, NW, S, n_blocks, qk_scale, stride, block,
+            select_block, num_initial, num_local, num_selected, sp.cmp, sp.win, sp.scores, sp.selected, slots,
+            pcap, R=R, D=D, BD=BD, BN=64, BJ=NR, BT=bt, M=m_tok, CM=cm,
+            # its merges per branch read as many partials a load as the selected shares' merge
+            CA=merge_tile(max(sp.cmp, sp.win), R, BD), **sel_consts,
+            # the scoring programs' warps and registers (below): the roles share one allocation
+            num_warps=4 if R * BD < 64 * 64 else 8, maxnreg=255)
+        return o_cmp, o_slc, o_win, idx
     _decode_partials[(B * G, sp.cmp + sp.win)](
         q, k_cmp, v_cmp, k_win, v_win, pos, pm, pl, pacc, *sq, *sc, *k_win.stride()[:3],
         G, hpg, NC, NW, qk_scale, stride, block, sp.cmp, sp.win, slots,
@@ -476,10 +574,6 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
     # than the SMs hold at once) one per branch for all heads. With the sequence on axis 0
     # every scoring program is handed out before any merge.
     merges = 2 * hpg if sp.head_merges else 2
-    # a per-branch merge's partials a load: [CA, R, BD] tiles of at most 2k floats, so that it
-    # needs no more registers than the scoring programs (the launch's allocation is the larger:
-    # nsa-125m at batch 64 on sm_90, 78 at 8k and 95 at 64k as with per-head merges; 4k: 85, 120)
-    branch_tile = max(1, min(triton.next_power_of_2(max(sp.cmp, sp.win)), 2048 // (R * BD)))
     _decode_scores[(B * G, sp.scores + merges)](
         q, k_cmp, pos, pm, pl, pacc, o_cmp, o_win, cand, psum, *sq, *sc, *so,
         G, hpg, NC, n_blocks, qk_scale, stride, block, select_block, num_initial, num_local,
@@ -501,9 +595,7 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
         idx.stride(0), idx.stride(1), *so, sgb,
         G, hpg, S, n_blocks, qk_scale, select_block, num_selected, sp.scores, sp.selected, slots,
         sp.cmp + sp.win,
-        R=R, D=D, BD=BD, LS=max(16, triton.next_power_of_2(select_block)), NR=NR, LOGN=NR.bit_length() - 1,
-        SSP=triton.next_power_of_2(sp.scores), FINAL=final, GATED=gated, FUSED=fused,
-        CS=merge_tile(sp.selected, R, BD), PREC=prec,
+        R=R, D=D, BD=BD, NR=NR, FUSED=fused, **sel_consts,
         # maxnreg: on sm_80 ptxas held the 8-warp variant (64 heads per group, D 128) to 128
         # registers and spilled 8 B once the gated store joined it (Triton 3.9); a decode
         # launch has too few programs to need the occupancy, as _decode_scores above

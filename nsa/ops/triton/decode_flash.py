@@ -156,19 +156,20 @@ def _combine_lse(PM, PL, base, c0, c1, r, R: tl.constexpr, CM: tl.constexpr):
     """Slots ``base + [c0, c1)`` of the partials' (max, sum) merged per row: what each scoring
     program needs of the compressed branch (its log-sum-exp). The slots are read CM at a
     time, not one by one: a chain of dependent loads, one per slot, was what made this step
-    grow with the number of splits."""
+    grow with the number of splits. Written by other programs: read from L2 (``.cg``)."""
     cm = tl.arange(0, CM)
     m_i = tl.full([R], NEG, tl.float32)
     for c in range(c0, c1, CM):
         ok = (c + cm < c1)[:, None]
         rows = (base + c + cm)[:, None] * R + r[None, :]  # [CM, R]
-        m_i = tl.maximum(m_i, tl.max(tl.load(PM + rows, mask=ok, other=NEG), 0))
+        m_i = tl.maximum(m_i, tl.max(tl.load(PM + rows, mask=ok, other=NEG, cache_modifier=".cg"), 0))
     l_i = tl.zeros([R], tl.float32)
     for c in range(c0, c1, CM):
         ok = (c + cm < c1)[:, None]
         rows = (base + c + cm)[:, None] * R + r[None, :]
-        beta = tl.where(ok, tl.exp2(tl.load(PM + rows, mask=ok, other=NEG) - m_i[None, :]), 0.0)
-        l_i += tl.sum(tl.load(PL + rows, mask=ok, other=0.0) * beta, 0)
+        pm = tl.load(PM + rows, mask=ok, other=NEG, cache_modifier=".cg")
+        beta = tl.where(ok, tl.exp2(pm - m_i[None, :]), 0.0)
+        l_i += tl.sum(tl.load(PL + rows, mask=ok, other=0.0, cache_modifier=".cg") * beta, 0)
     return m_i, l_i
 
 
@@ -213,6 +214,26 @@ def _last_to_finish(TICKETS, bg, N):
 
 
 @triton.jit
+def _publish(COUNTER):
+    """One more of what ``COUNTER`` counts is stored: the barrier orders every thread's stores
+    before the count, which one thread adds with release semantics at GPU scope."""
+    tl.debug_barrier()
+    tl.atomic_add(COUNTER, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_for(COUNTER, n):
+    """Spin until ``COUNTER`` reaches ``n`` (acquire at GPU scope: what the publishers stored
+    is then visible; a barrier hands that on to every thread). Only for a launch whose
+    programs are all on the GPU at once, or whose publishers come first in the
+    interpreter's order: a waiting program holds its SM."""
+    seen = tl.atomic_add(COUNTER, 0, sem="acquire", scope="gpu")
+    while seen < n:
+        seen = tl.atomic_add(COUNTER, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
 def _combine_rows(PM, PL, PACC, base, c0, c1, r, offs_d, R: tl.constexpr, BD: tl.constexpr,
                   CS: tl.constexpr):
     """Slots ``base + [c0, c1)`` merged for every row at once, CS slots per load: (max ``[R]``,
@@ -251,7 +272,8 @@ def _store_gated(OUT, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, valid
     """The selected branch's rows (``acc / l``) gated with the compressed and window outputs
     (already in ``OC`` and ``OW``, same layout as ``OUT``) by the sigmoid of the gate logits
     ``GATE [B, 1, H, 3]`` (a sequence's ``H x 3`` contiguous, sequences ``sgb`` apart), fp32
-    inside: ``gated_combine_logits`` of the three branches, written to ``OUT``."""
+    inside: ``gated_combine_logits`` of the three branches, written to ``OUT``. The two outputs
+    were written by other programs: read from L2 (``.cg``)."""
     o_slc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     heads = g * HPG + r
     m = valid[:, None] & (offs_d < D)[None, :]
@@ -260,8 +282,9 @@ def _store_gated(OUT, OC, OW, GATE, sgb, acc, l_i, b, g, HPG, sob, soh, r, valid
     g0 = tl.sigmoid(tl.load(gate, mask=valid, other=0.0).to(tl.float32))
     g1 = tl.sigmoid(tl.load(gate + 1, mask=valid, other=0.0).to(tl.float32))
     g2 = tl.sigmoid(tl.load(gate + 2, mask=valid, other=0.0).to(tl.float32))
-    out = (g0[:, None] * tl.load(OC + off, mask=m, other=0.0).to(tl.float32) + g1[:, None] * o_slc
-           + g2[:, None] * tl.load(OW + off, mask=m, other=0.0).to(tl.float32))
+    o_cmp = tl.load(OC + off, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    o_win = tl.load(OW + off, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    out = g0[:, None] * o_cmp + g1[:, None] * o_slc + g2[:, None] * o_win
     tl.store(OUT + off, out.to(OUT.dtype.element_ty), mask=m)
 
 
