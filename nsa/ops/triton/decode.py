@@ -31,9 +31,10 @@ whose rows are the group's query heads, so every K/V row is loaded once for the 
 
 Each kernel is a thin shell over its role (``_partial_share``, ``_score_share`` and
 ``_merge_branch``, ``_selected_share``), so that ``decode_fused.py``'s one launch runs the
-same code: where the whole grid fits on the GPU at once (``plan_splits``: batch 1 on an
-H100 or H200 up to a million-token context), its programs wait for each other's counters
-instead of for the end of a launch, and a layer costs one launch instead of three.
+same code: where the whole grid fits on half the GPU's SMs (``plan_splits``: nsa-125m at
+batch 1 on an H100 or H200, a cache of up to about 75k tokens), its programs wait for each
+other's counters instead of for the end of a launch, and a layer costs one launch instead
+of three.
 
 Why split at all: at batch 1 a 64k context has ~4k compressed tokens and 1024 selection
 blocks per KV group, and one program per (sequence, group) would stream them through one
