@@ -140,15 +140,12 @@ def launch_plan(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int | 
         def __getitem__(self, grid: tuple[int, ...]) -> Any:
             return lambda *a, **k: log.append(f"{self.name}{list(grid)}")
 
-    from nsa.ops.triton import decode_fused
-
-    names = ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine", "_sm_count")
+    names = ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine", "_decode_fused",
+             "_sm_count")
     saved = {n: getattr(DK, n) for n in names}
-    fused = decode_fused._decode_fused
     try:
         for n in names[:-1]:
             setattr(DK, n, Rec(n))
-        decode_fused._decode_fused = Rec("_decode_fused")  # type: ignore[assignment]
         if sms is not None:
             DK._sm_count = lambda device: sms
         with OpCounter() as ops:
@@ -156,7 +153,6 @@ def launch_plan(cache: NSACache, q: torch.Tensor, pos: torch.Tensor, sms: int | 
     finally:
         for n, k in saved.items():
             setattr(DK, n, k)
-        decode_fused._decode_fused = fused
     return log, ops.total
 
 

@@ -491,12 +491,10 @@ def test_no_host_sync_and_launch_count(monkeypatch: pytest.MonkeyPatch, splits: 
     """The wrapper reads nothing back from the device and builds nothing from host data (a
     CUDA graph can hold it): three launches, four when the selected branch is split more
     ways than its launch merges itself, one when every phase runs in one."""
-    from nsa.ops.triton import decode_fused
-
     log: list[tuple[str, tuple[int, ...]]] = []
-    for name in ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine"):
+    launches = ("_decode_partials", "_decode_scores", "_decode_selected", "_decode_combine", "_decode_fused")
+    for name in launches:
         monkeypatch.setattr(DK, name, _Launches(name, log))
-    monkeypatch.setattr(decode_fused, "_decode_fused", _Launches("_decode_fused", log))
     B, S, H, G, D = 2, 96, 4, 2, 16
     t = _random_cache(B, S, G, D, LAYOUT)
     q, pos = torch.randn(B, 1, H, D), torch.tensor([40, 9])

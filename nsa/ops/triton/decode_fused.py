@@ -1,5 +1,5 @@
-"""NSA decode attention in one launch per layer: ``decode.py``'s phases as roles of one grid,
-whose programs wait for each other instead of for the end of a launch.
+"""NSA decode attention in one launch per layer: ``decode.py``'s phases as roles of one grid
+(``decode_roles.py``), whose programs wait for each other instead of for the end of a launch.
 
 At batch 1 a decode step replayed from a CUDA graph is a chain of small launches, and each
 boundary costs a launch's latency plus the drain of the one before: on an H200 (2026-11-28)
@@ -30,7 +30,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode import _merge_branch, _partial_share, _score_share, _selected_share
 from .decode_flash import (
     _combine_rows,
     _group_of_program,
@@ -41,6 +40,7 @@ from .decode_flash import (
     _store_partial,
     _wait_for,
 )
+from .decode_roles import _merge_branch, _partial_share, _score_share, _selected_share
 
 # Counters per (sequence, group): partials stored, candidate lists stored, selected shares
 # stored (their tickets), branches merged.
