@@ -191,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.measured:
         if not path.is_file():
             ap.error(f"--measured {path}: no such file")
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--measured {path}: not a readable JSON file ({e})")
     measured = measured_rows(args.measured)
     print("# Decode step bounds (bytes / HBM bandwidth), nsa-125m vs dense-125m, bf16, plain step\n")
     cases = []

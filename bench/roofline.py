@@ -598,6 +598,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--mma and --sass compile the kernels: unset TRITON_INTERPRET")
     if args.sel_positions is not None and not 1 <= args.sel_positions <= selected.MAX_POSITIONS:
         ap.error(f"--sel-positions must be 1..{selected.MAX_POSITIONS} (rounded up to a power of two)")
+    for flag, path in (("--measured", args.measured), ("--record", args.record)):
+        if path is None:
+            continue
+        if not path.is_file():
+            ap.error(f"{flag} {path}: no such file")
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"{flag} {path}: not a readable JSON file ({e})")
     before = selected.POSITIONS
     selected.POSITIONS = args.sel_positions if args.sel_positions is not None else before
     try:

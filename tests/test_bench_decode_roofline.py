@@ -81,10 +81,15 @@ def test_without_results_the_bounds_alone(capsys: pytest.CaptureFixture[str]) ->
     assert "## context 8,192, batch 64" in text and "| - | - |" in text and "measured (" not in text
 
 
-def test_a_missing_results_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_or_unreadable_results_file_is_refused(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         DR.main(["--measured", str(tmp_path / "nope.json")])
     assert exc.value.code == 2 and "nope.json: no such file" in capsys.readouterr().err
+    (tmp_path / "cut.json").write_text('{"measured": [')  # a copy cut short
+    with pytest.raises(SystemExit) as exc:
+        DR.main(["--measured", str(tmp_path / "cut.json")])
+    assert exc.value.code == 2 and "cut.json: not a readable JSON file" in capsys.readouterr().err
 
 
 

@@ -251,6 +251,19 @@ def test_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Cap
     assert names >= {"_band_fwd", "_sel_bwd_dkdv", "_scores_topn"}
 
 
+@pytest.mark.parametrize("flag", ["--measured", "--record"])
+def test_cli_refuses_a_missing_or_unreadable_file_by_name(flag: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "results.json"
+    with pytest.raises(SystemExit) as e:
+        rl.main(["--seqs", "2048", flag, str(missing)])
+    assert e.value.code == 2 and f"{flag} {missing}: no such file" in capsys.readouterr().err
+    missing.write_text("<html>not json")
+    with pytest.raises(SystemExit) as e:
+        rl.main(["--seqs", "2048", flag, str(missing)])
+    assert e.value.code == 2 and f"{flag} {missing}: not a readable JSON file" in capsys.readouterr().err
+
+
 def test_flex_window_kernels_stand_against_the_band_window_launches(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A profile of a 16-bit GPU step has FlexAttention's kernels for the window branch: they
