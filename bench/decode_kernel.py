@@ -218,7 +218,7 @@ def sweep_plans(cache: NSACache, device: torch.device, sms: int | None = None) -
     gpu_sms = sms if sms is not None else DK._sm_count(device)
 
     def fitted(plan: Any) -> Any:  # one launch only where its programs fit (plan_splits' rule)
-        fits = plan.selected <= DK.MAX_FUSED_SLOTS and B * G * plan.programs() <= gpu_sms // 2
+        fits = plan.fits_one_launch(B * G, gpu_sms)
         return dataclasses.replace(plan, one_launch=planned.one_launch and fits)
 
     plans: dict[str, Any] = {"planned": planned, "no_split": DK.DecodeSplits()}

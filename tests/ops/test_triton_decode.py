@@ -554,6 +554,14 @@ def test_plan_splits(monkeypatch: pytest.MonkeyPatch) -> None:
         DK._sm_count = saved  # type: ignore[assignment]
     with pytest.raises(ValueError, match="at most 64 scoring programs"):
         DK.DecodeSplits(scores=DK.MAX_SCORE_SPLITS + 1)
+    # the one rule plan_splits, the wrapper and bench.decode_kernel share: at most half the SMs
+    # (66 programs of 132: 3 x 22, not 2 x 34) and one merge of the selected partials
+    sp = DK.DecodeSplits(cmp=9, win=4, scores=3, selected=4)
+    assert sp.programs() == 22 and sp.fits_one_launch(3, 132) and not sp.fits_one_launch(4, 132)
+    assert not DK.DecodeSplits(cmp=16, win=4, scores=8, selected=4).fits_one_launch(2, 132)  # 34
+    assert DK.DecodeSplits(selected=16).fits_one_launch(1, 132)
+    assert not DK.DecodeSplits(selected=17).fits_one_launch(1, 132)
+    assert not DK.DecodeSplits().fits_one_launch(1, 0)  # no SMs (off CUDA): never
 
 
 # ----------------------------------------------------------------------------- GPU

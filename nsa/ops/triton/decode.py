@@ -142,6 +142,12 @@ class DecodeSplits:
         merges of the compressed and window partials."""
         return self.cmp + self.win + self.scores + self.selected + 2
 
+    def fits_one_launch(self, pairs: int, sms: int) -> bool:
+        """Whether one launch may run these splits for ``pairs`` (sequence, group) pairs on a GPU
+        of ``sms`` SMs: its last selected program merges every selected partial, and all its
+        programs fit on half the SMs (a waiting program holds its SM while it spins)."""
+        return self.selected <= MAX_FUSED_SLOTS and pairs * self.programs() <= sms // 2
+
 
 def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int, num_selected: int,
                 device: torch.device, *, heads_per_group: int) -> DecodeSplits:
@@ -167,8 +173,7 @@ def plan_splits(batch: int, groups: int, n_cmp: int, window: int, n_blocks: int,
     head_merges = 2 * heads_per_group * pairs <= PROGRAMS_PER_SM * sms or max(cmp, win) > MAX_FUSED_SLOTS
     sp = DecodeSplits(cmp=cmp, win=win, scores=min(MAX_SCORE_SPLITS, cap(n_blocks, MIN_SCORE_BLOCKS)),
                       selected=cap(num_selected, MIN_SEL_BLOCKS), head_merges=head_merges)
-    if (sp.selected <= MAX_FUSED_SLOTS and os.environ.get(ONE_LAUNCH_ENV, "1") != "0"
-            and pairs * sp.programs() <= sms // 2):
+    if os.environ.get(ONE_LAUNCH_ENV, "1") != "0" and sp.fits_one_launch(pairs, sms):
         return dataclasses.replace(sp, one_launch=True)
     return sp
 
@@ -357,7 +362,7 @@ def _decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc: to
                       CS=merge_tile(sp.selected, R, BD), PREC=prec)
     if sp.one_launch:
         sms = _sm_count(dev) if q.is_cuda else 0
-        if sms and B * G * sp.programs() > sms // 2:  # its waiting programs could hold every SM
+        if sms and not sp.fits_one_launch(B * G, sms):  # its waiting programs could hold every SM
             raise ValueError(f"one launch of {B * G} x {sp.programs()} programs ({sp}) does not fit on half "
                              f"of this GPU's {sms} SMs: plan_splits' splits run it in several launches")
         cnt = check_tickets(tickets, COUNTERS * B * G, dev)
