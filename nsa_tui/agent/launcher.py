@@ -47,7 +47,7 @@ from nsa_tui.agent.owners import (
     write_lease,
 )
 from nsa_tui.agent.procs import RunProcess, boot_id, run_processes
-from nsa_tui.agent.relaunch import RelaunchOps
+from nsa_tui.agent.relaunch import RelaunchOps, in_the_way
 from nsa_tui.agent.runlock import run_lock_async
 from nsa_tui.agent.runs import RunStore
 from nsa_tui.agent.shared import (
@@ -284,13 +284,19 @@ class Launcher(RelaunchOps):
         The ranks get TERM first: they save and exit 0, and torchrun, seeing every worker
         succeed, exits 0 by itself instead of logging a SignalException traceback. Whatever
         of the run is still there a few seconds after the ranks are gone (or when no rank
-        is up yet) gets TERM through the whole group.
+        is up yet) gets TERM through the whole group. Once torchrun has ended, the supervisor
+        is left to finish the run's last alerts and their deliveries (``in_the_way``): it gets
+        a few seconds to exit before the stop returns, never a signal.
         """
         part = own_part(run_dir)
         mark = str(part)
         launch = read_json(part / LAUNCH_JSON, LaunchInfo)
         pgid = launch.launcher_pgid if launch else None
-        procs = await asyncio.to_thread(run_processes, run_id, None, False, mark)
+
+        async def scan() -> list[RunProcess]:
+            return in_the_way(await asyncio.to_thread(run_processes, run_id, None, False, mark), run_dir)
+
+        procs = await scan()
         if not procs:
             if launch is None or (launch.node and launch.node != this_node()):  # no part of it is this host's
                 refuse_live_elsewhere(self.store, run_id, "stop")
@@ -307,7 +313,7 @@ class Launcher(RelaunchOps):
         while procs and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             self.reap()
-            procs = await asyncio.to_thread(run_processes, run_id, None, False, mark)
+            procs = await scan()
             if group_termed or not procs:
                 continue
             if any(p.rank is not None for p in procs):
@@ -324,9 +330,15 @@ class Launcher(RelaunchOps):
             while procs and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
                 self.reap()
-                procs = await asyncio.to_thread(run_processes, run_id, None, False, mark)
+                procs = await scan()
         if procs:
             raise OpError("kill_incomplete", f"processes of {run_id} remain: {[p.pid for p in procs]}")
+        deadline = time.monotonic() + LAUNCHER_EXIT_S  # the supervisor, finishing on its own
+        while time.monotonic() < deadline:
+            if not await asyncio.to_thread(run_processes, run_id, None, False, mark):
+                break
+            await asyncio.sleep(0.1)
+            self.reap()
         return KillResult(run_id=run_id, was_running=True, forced=forced)
 
     async def dump(self, run_id: str, wait_s: float = 3.0) -> DumpResult:

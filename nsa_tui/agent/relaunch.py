@@ -51,13 +51,14 @@ if TYPE_CHECKING:
     from nsa_tui.agent.runs import RunStore
 
 
-def in_the_way_of_resume(procs: list[RunProcess], run_dir: Path) -> list[RunProcess]:
-    """Of this host's processes of the run (``procs``), those a resume must wait for: all, but
-    for its supervisor once torchrun has ended (exit.json) after a person's stop. All it has
-    left then is the run's last alerts and their deliveries (up to a minute), and no on_failure
-    policy relaunches after a person's stop; after its own policy's stop it may, so then it
-    counts. (The run's view stops counting it as soon as torchrun ends: the panel shows the run
-    stopped, and a resume refused then said it was still running.)"""
+def in_the_way(procs: list[RunProcess], run_dir: Path) -> list[RunProcess]:
+    """Of this host's processes of the run (``procs``), those a stop, fallback or resume must
+    wait for: all, but for its supervisor once torchrun has ended (exit.json) after a person's
+    stop. All it has left then is the run's last alerts and their deliveries (up to a minute),
+    and no on_failure policy relaunches after a person's stop; after its own policy's stop it
+    may, so then it counts. (The run's view stops counting it as soon as torchrun ends: the
+    panel shows the run stopped, and a resume refused then said it was still running; a stop
+    waited out its grace, then killed the supervisor and its deliveries with it.)"""
     part = own_part(run_dir)
     launch = launch_of(run_dir)
     stop = read_json(part / STOP_JSON, StopInfo)
@@ -161,7 +162,7 @@ class RelaunchOps:
     def plan(self, run_id: str, op: str, nproc: int | None = None) -> ActionPlan:
         """Exactly what ``kill``/``fallback``/``resume`` would do now, without doing it (read only)."""
         run_dir = self.store.run_dir(run_id)
-        procs = run_processes(run_id, run_dir=str(own_part(run_dir)))
+        procs = in_the_way(run_processes(run_id, run_dir=str(own_part(run_dir))), run_dir)
         # a run whose processes are all on other hosts: this host can do nothing to it (a run
         # with a part here is stopped on every host first by the coordinated commands)
         elsewhere = [] if owns_part(run_dir) else self.store.view(run_id, with_tail=False).live_elsewhere()
@@ -183,7 +184,7 @@ class RelaunchOps:
             plan.again = done.child_run
         elif plan.checkpoint is None:
             plan.problem = f"{run_id} has no complete checkpoint yet: nothing to start from"
-        elif op == "resume" and in_the_way_of_resume(procs, run_dir):
+        elif op == "resume" and procs:
             plan.problem = f"{run_id} is still running: stop it first"
         if op == "fallback":
             view = self.store.view(run_id, with_tail=False)
@@ -242,7 +243,7 @@ class RelaunchOps:
             done = self._done_before(run_dir, "resume")
             if done is not None:
                 return done
-            if in_the_way_of_resume(run_processes(run_id, run_dir=str(own_part(run_dir))), run_dir):
+            if in_the_way(run_processes(run_id, run_dir=str(own_part(run_dir))), run_dir):
                 raise OpError("running", f"{run_id} is still running: kill it first")
             refuse_live_elsewhere(self.store, run_id, "resume")
             return self._relaunch(run_id, nproc, "resume", checkpoint, new_run_id, nodes)

@@ -183,14 +183,18 @@ async def test_a_run_stopped_before_its_first_save_resumes_from_where_it_started
 @pytest.fixture
 def finishing_supervisor(tmp_path: Path) -> Iterator[Callable[[Path], int]]:
     """``start(run_dir)``: a live process of the run that is not a rank, as the run's supervisor
-    is between torchrun's end and its own (its last alerts and deliveries, up to a minute): the
-    agent tells a run's processes by their environment. Its pid; stopped after the test."""
+    is between torchrun's end and its own (its last alerts and deliveries, up to a minute), and
+    like it deaf to SIGTERM: the agent tells a run's processes by their environment. Its pid;
+    killed after the test."""
     procs: list[subprocess.Popen[bytes]] = []
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True);"
+            "time.sleep(300)")
 
     def start(run_dir: Path) -> int:
         env = {**os.environ, "NSA_RUN_ID": run_dir.name, "NSA_RUN_DIR": str(run_dir)}
-        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                                       start_new_session=True))
+        assert procs[-1].stdout is not None and procs[-1].stdout.readline() == b"\n"  # TERM is ignored now
         return procs[-1].pid
 
     yield start
@@ -199,17 +203,20 @@ def finishing_supervisor(tmp_path: Path) -> Iterator[Callable[[Path], int]]:
         p.wait()
 
 
-async def test_a_resume_does_not_wait_for_the_supervisor_of_a_run_a_person_stopped(
+async def test_stop_fallback_and_resume_leave_the_supervisor_of_a_run_a_person_stopped_alone(
         tmp_path: Path, finishing_supervisor: Callable[[Path], int]) -> None:
     """After a person's stop, once torchrun has ended (exit.json), the supervisor only finishes
-    its last alerts: the run shows stopped, and resume's plan and resume itself go ahead. Before
-    torchrun ends, or after a stop its own on_failure policy made (which relaunches next), the
-    supervisor is still the run's and resume waits for it."""
+    its last alerts: the run shows stopped, a stop has nothing left to do and signals nothing,
+    and fallback and resume go ahead at once (a fallback waited out its grace, then killed the
+    supervisor and the deliveries with it). Before torchrun ends, or after a stop its own
+    on_failure policy made (which relaunches next), the supervisor is still the run's and resume
+    waits for it."""
     root = tmp_path / "runs"
     runs = {name: stopped_run(root, f"20260101-000000-exp-000{i}") for i, name in
-            enumerate(("person", "policy", "torchrun up"), start=1)}
+            enumerate(("person", "person, fallback", "policy", "torchrun up"), start=1)}
+    pids = {}
     for name, d in runs.items():
-        pid = finishing_supervisor(d)
+        pid = pids[name] = finishing_supervisor(d)
         write_json_atomic(d / "launch.json", LaunchInfo(run_id=d.name, name="exp", created=time.time(),
                                                         nproc=2, launcher_pid=pid, launcher_pgid=pid))
         by = f"{WATCHDOG_STOP} (on_failure=restart)" if name == "policy" else "nsa-tui agent"
@@ -217,22 +224,30 @@ async def test_a_resume_does_not_wait_for_the_supervisor_of_a_run_a_person_stopp
         if name != "torchrun up":
             write_json_atomic(d / "exit.json", ExitInfo(exit_code=0, ended_at=time.time()))
     c = await client(tmp_path)
-    child = None
+    children = []
     try:
         views = {v.run_id: v for v in await c.runs()}
         assert not views[runs["person"].name].alive and views[runs["person"].name].status == RunStatus.STOPPED
         assert (await c.plan(runs["person"].name, "resume")).problem is None
+        stop = await c.plan(runs["person"].name, "kill")
+        assert (stop.alive, stop.pids) == (False, [])
+        assert (await c.plan(runs["torchrun up"].name, "kill")).pids == [pids["torchrun up"]]
+        assert not (await c.kill(runs["person"].name, grace_s=60)).was_running
         for name in ("policy", "torchrun up"):
             problem = (await c.plan(runs[name].name, "resume")).problem
             assert problem is not None and "still running" in problem, (name, problem)
             with pytest.raises(AgentError) as err:
                 await c.resume(runs[name].name)
             assert err.value.code == "running", name
-        child = (await c.resume(runs["person"].name)).run_id
-        assert child != runs["person"].name
+        children.append((await c.resume(runs["person"].name)).run_id)
+        assert children[-1] != runs["person"].name
+        fb = await c.fallback(runs["person, fallback"].name, grace_s=60)
+        children.append(fb.run_id)
+        assert fb.killed is not None and not fb.killed.was_running and fb.nproc == 1
+        for name in ("person", "person, fallback"):
+            os.kill(pids[name], 0)  # never signalled: still finishing its deliveries
     finally:
-        if child is not None:
-            await stop_all(c, [child])
+        await stop_all(c, children)
         await c.close()
 
 

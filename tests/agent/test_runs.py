@@ -299,6 +299,38 @@ def test_fallback_picks_the_gpu_with_most_free_memory(tmp_path: Path) -> None:
     assert Launcher(RunStore(tmp_path), read_gpus=lambda: (None, "NVML unavailable")).freest_gpu() is None
 
 
+async def test_a_stop_leaves_the_supervisor_to_its_last_deliveries(tmp_path: Path) -> None:
+    """Once torchrun has ended after a person's stop, all the supervisor has left is the run's
+    last alerts and their deliveries (up to a minute): the stop returns, unforced, and leaves it
+    to them. It waited out its grace, then killed the supervisor and the deliveries with it."""
+    store = RunStore(tmp_path)
+    rid = "20260101-000000-k-0006"
+    d = store.root / rid
+    d.mkdir(parents=True)
+    # deaf to TERM as the real supervisor is (a handler, not SIG_IGN, which "torchrun" would
+    # inherit); after torchrun's end it writes exit.json, then delivers slowly
+    code = ("import signal,subprocess,sys,time; from pathlib import Path;"
+            "from nsa.contract import ExitInfo, write_json_atomic;"
+            "signal.signal(signal.SIGTERM, lambda *a: None);"
+            "subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']).wait();"
+            f"write_json_atomic(Path({str(d / 'exit.json')!r}), ExitInfo(exit_code=0, ended_at=time.time()));"
+            "time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NSA_RUN_ID=rid),
+                            start_new_session=True)
+    write_json(d / "launch.json", {"run_id": rid, "name": "k", "created": time.time(),
+                                   "launcher_pid": proc.pid, "launcher_pgid": proc.pid, "boot_id": boot_id()})
+    try:
+        wait_children(2, rid, proc.pid)
+        res = await Launcher(store).kill(rid, grace_s=30.0)
+        assert res.was_running and not res.forced
+        assert (d / "exit.json").is_file() and proc.poll() is None  # still delivering, never signalled
+        assert [p.pid for p in run_processes(rid)] == [proc.pid]
+        assert store.view(rid).status == RunStatus.STOPPED
+        assert not (await Launcher(store).kill(rid)).was_running  # nothing left to stop
+    finally:
+        reap(proc)
+
+
 def _sleeping_launcher(tmp_path: Path) -> tuple[Launcher, Path]:
     """A Launcher whose supervisor runs for real while "torchrun" is a long sleep."""
     shim = tmp_path / "python"
