@@ -82,3 +82,44 @@ def test_a_misspelt_option_is_caught(parse_only: None) -> None:
     """The check above can fail: the parser refuses an option bench.decode does not have."""
     with pytest.raises(SystemExit):
         importlib.import_module("bench.decode").main(["--contexts", "8192", "--kernals"])
+
+
+def run_with(tmp_path: Path, fail: str) -> tuple[list[str], str]:
+    """The script run for real with a stand-in for python that records each call and the
+    ``NSA_DECODE_ONE_LAUNCH`` it had, and exits 124 (what ``timeout`` gives a hang) for the
+    call whose arguments are ``fail``; every other call succeeds at once."""
+    tmp_path.mkdir(exist_ok=True)
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "${NSA_DECODE_ONE_LAUNCH:--} $*" >> "$OUT/calls.txt"\n'
+                    f'[ "$*" = {shlex.quote(fail)} ] && exit 124\nexit 0\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "NSA_DECODE_ONE_LAUNCH"}
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu-measure.sh")], check=True, capture_output=True,
+                   timeout=120, env=dict(env, OUT=str(out), PYTHON=str(fake), GPU_MEASURE_S="100000"))
+    calls = [c for c in (out / "calls.txt").read_text().splitlines() if " -m " in c]
+    return calls, (out / "log.txt").read_text()
+
+
+ONE = ("-m pytest -q -p no:cacheprovider -m gpu "
+       "tests/ops/test_triton_decode.py::test_one_launch_on_gpu_step_after_step_and_from_a_graph")
+
+
+def test_a_one_launch_that_fails_or_hangs_is_off_for_every_later_step(tmp_path: Path) -> None:
+    """The one decode launch is checked alone first. Should it fail or hang on the GPU, every
+    later step decodes in three launches a layer, its split cases leave the GPU tests and its
+    batch-1 comparison is skipped: the budget is not spent on the same hang again."""
+    calls, log = run_with(tmp_path, ONE)
+    assert calls[0] == f"- {ONE}"
+    assert all(c.startswith("0 ") for c in calls[1:]), calls
+    gpu_tests = calls[1]
+    assert "--deselect tests/ops/test_triton_decode.py::test_one_launch_on_gpu" in gpu_tests
+    assert all(f"test_bf16_on_gpu_with_each_split[{s}]" in gpu_tests
+               for s in ("one-launch", "one-launch-split", "one-launch-many"))
+    assert "did not finish (rc=124): NSA_DECODE_ONE_LAUNCH=0 from here on" in log
+    assert "SKIP decode-b1-launches" in log and not any("decode-b1-launches" in c for c in calls)
+    # passing, it stays on: only the three-launch comparison turns it off
+    calls, log = run_with(tmp_path / "passing", "")
+    assert [c.split()[0] for c in calls].count("0") == 1 and "decode-b1-launches.json" in next(
+        c for c in calls if c.startswith("0 "))
+    assert "each_split[one-launch]" not in calls[1] and "SKIP" not in log
