@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.decode import loaded_tokens  # noqa: E402
-from bench.roofline import DEVICES  # noqa: E402
+from bench.roofline import DEVICES, refuse_unreadable  # noqa: E402
 from nsa.config import ModelConfig, load_config  # noqa: E402
 from nsa.model import build_model  # noqa: E402
 from nsa.ops.reference import num_compressed  # noqa: E402
@@ -189,12 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.contexts) < 1 or min(args.batch) < 1:
         ap.error("contexts and batches must be >= 1")
     for path in args.measured:
-        if not path.is_file():
-            ap.error(f"--measured {path}: no such file")
-        try:
-            json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            ap.error(f"--measured {path}: not a readable JSON file ({e})")
+        refuse_unreadable(ap, "--measured", path)
     measured = measured_rows(args.measured)
     print("# Decode step bounds (bytes / HBM bandwidth), nsa-125m vs dense-125m, bf16, plain step\n")
     cases = []

@@ -302,6 +302,17 @@ def hot_loops(kernel: Any, flops: float, devices: Sequence[str]) -> dict[str, An
 # ----------------------------------------------------------------------------- measured times
 
 
+def refuse_unreadable(ap: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Exit 2 naming ``flag`` and ``path`` where it is not a readable JSON file (a results
+    file mistyped, or cut short by a copy), before any table is made."""
+    if not path.is_file():
+        ap.error(f"{flag} {path}: no such file")
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"{flag} {path}: not a readable JSON file ({e})")
+
+
 def load_measured(path: Path, case: Case) -> dict[str, Any]:
     """From a ``bench.run`` results JSON: the case's per-kernel device ms (``kernels``), the
     nsa_triton and fastest dense fwd+bwd ms (``attn_fwd_train`` + ``attn_bwd``) and the device."""
@@ -599,14 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sel_positions is not None and not 1 <= args.sel_positions <= selected.MAX_POSITIONS:
         ap.error(f"--sel-positions must be 1..{selected.MAX_POSITIONS} (rounded up to a power of two)")
     for flag, path in (("--measured", args.measured), ("--record", args.record)):
-        if path is None:
-            continue
-        if not path.is_file():
-            ap.error(f"{flag} {path}: no such file")
-        try:
-            json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            ap.error(f"{flag} {path}: not a readable JSON file ({e})")
+        if path is not None:
+            refuse_unreadable(ap, flag, path)
     before = selected.POSITIONS
     selected.POSITIONS = args.sel_positions if args.sel_positions is not None else before
     try:

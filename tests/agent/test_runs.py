@@ -56,6 +56,19 @@ def wait_children(n: int, run_id: str, pgid: int) -> None:
         time.sleep(0.05)
 
 
+def launched(store: RunStore, rid: str, code: str) -> subprocess.Popen[bytes]:
+    """``code`` started as a run's detached launcher (``NSA_RUN_ID``, its own group, recorded in
+    launch.json), once it and the one child it starts are up."""
+    d = store.root / rid
+    d.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NSA_RUN_ID=rid),
+                            start_new_session=True)
+    write_json(d / "launch.json", {"run_id": rid, "name": "k", "created": time.time(),
+                                   "launcher_pid": proc.pid, "launcher_pgid": proc.pid, "boot_id": boot_id()})
+    wait_children(2, rid, proc.pid)
+    return proc
+
+
 def reap(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, 9)
@@ -178,16 +191,10 @@ def test_periodic_looks_share_a_recent_view_and_an_acting_look_never_does(tmp_pa
 async def test_kill_takes_the_whole_group_even_when_term_is_ignored(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     rid = "20260101-000000-k-0005"
-    d = store.root / rid
-    d.mkdir(parents=True)
     code = ("import signal,subprocess,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
             "subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']); time.sleep(300)")
-    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NSA_RUN_ID=rid),
-                            start_new_session=True)
-    write_json(d / "launch.json", {"run_id": rid, "name": "k", "created": time.time(),
-                                   "launcher_pid": proc.pid, "launcher_pgid": proc.pid, "boot_id": boot_id()})
+    proc = launched(store, rid, code)
     try:
-        wait_children(2, rid, proc.pid)
         t0 = time.monotonic()
         res = await Launcher(store).kill(rid, grace_s=1.0)
         assert res.was_running and res.forced and res.remaining == []
@@ -306,7 +313,6 @@ async def test_a_stop_leaves_the_supervisor_to_its_last_deliveries(tmp_path: Pat
     store = RunStore(tmp_path)
     rid = "20260101-000000-k-0006"
     d = store.root / rid
-    d.mkdir(parents=True)
     # deaf to TERM as the real supervisor is (a handler, not SIG_IGN, which "torchrun" would
     # inherit); after torchrun's end it writes exit.json, then delivers slowly
     code = ("import signal,subprocess,sys,time; from pathlib import Path;"
@@ -315,12 +321,8 @@ async def test_a_stop_leaves_the_supervisor_to_its_last_deliveries(tmp_path: Pat
             "subprocess.Popen([sys.executable,'-c','import time; time.sleep(300)']).wait();"
             f"write_json_atomic(Path({str(d / 'exit.json')!r}), ExitInfo(exit_code=0, ended_at=time.time()));"
             "time.sleep(300)")
-    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NSA_RUN_ID=rid),
-                            start_new_session=True)
-    write_json(d / "launch.json", {"run_id": rid, "name": "k", "created": time.time(),
-                                   "launcher_pid": proc.pid, "launcher_pgid": proc.pid, "boot_id": boot_id()})
+    proc = launched(store, rid, code)
     try:
-        wait_children(2, rid, proc.pid)
         res = await Launcher(store).kill(rid, grace_s=30.0)
         assert res.was_running and not res.forced
         assert (d / "exit.json").is_file() and proc.poll() is None  # still delivering, never signalled
