@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         print(measured_table(measured, ratios))
         result["measured"] = measured
         result["device"] = where
+        result["dtype"] = str(dtype)
         result["decode_path"] = paths[0] if len(paths) == 1 else paths
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))

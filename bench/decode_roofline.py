@@ -49,7 +49,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.decode import loaded_tokens  # noqa: E402
-from bench.roofline import DEVICES, refuse_unreadable  # noqa: E402
+from bench.report import refuse_unreadable  # noqa: E402
+from bench.roofline import DEVICES  # noqa: E402
 from nsa.config import ModelConfig, load_config  # noqa: E402
 from nsa.model import build_model  # noqa: E402
 from nsa.ops.reference import num_compressed  # noqa: E402

@@ -8,6 +8,7 @@ has the keys in ``KERNEL_COLUMNS``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections.abc import Sequence
@@ -20,6 +21,17 @@ KERNEL_COLUMNS = ("impl", "layout", "seq_len", "batch", "kernel", "calls", "devi
 DENSE_IMPLS = ("dense_flash", "dense_cudnn", "dense_efficient", "dense_sdpa")
 RATIO_OPS = ("attn_fwd", "attn_fwd_train", "attn_bwd", "fwd+bwd")
 KERNELS_SHOWN = 12  # per case in the Markdown (the JSON has all)
+
+
+def refuse_unreadable(ap: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Exit 2 naming ``flag`` and ``path`` where it is not a readable JSON file (a results
+    file mistyped, or cut short by a copy), before any table is made."""
+    if not path.is_file():
+        ap.error(f"{flag} {path}: no such file")
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"{flag} {path}: not a readable JSON file ({e})")
 
 
 def results_stem(device: str, date: str) -> str:
@@ -42,7 +54,13 @@ def _fmt(v: Any, key: str) -> str:
     return str(v)
 
 
-def _fwd_bwd(index: dict, impl: str, layout: str, seq: int) -> dict[str, float]:
+def ok_index(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str, int], dict[str, Any]]:
+    """The rows that ran (``status`` ok) by (op, impl, layout, sequence length)."""
+    ok = (r for r in rows if r.get("status") == "ok")
+    return {(r["op"], r["impl"], r.get("layout") or "", r["seq_len"]): r for r in ok}
+
+
+def fwd_bwd(index: dict, impl: str, layout: str, seq: int) -> dict[str, float]:
     """ms per op of one attention case; ``fwd+bwd`` = training forward (or the inference
     forward when the training one is missing) + backward."""
     got = {op: index[(op, impl, layout, seq)]["ms"] for op in ("attn_fwd", "attn_fwd_train", "attn_bwd")
@@ -53,25 +71,33 @@ def _fwd_bwd(index: dict, impl: str, layout: str, seq: int) -> dict[str, float]:
     return got
 
 
+def fastest_dense(index: dict, layout: str, seq: int) -> tuple[str, float] | None:
+    """The dense SDPA backend with the shortest fwd+bwd in the same run, and that time."""
+    times = {d: fwd_bwd(index, d, layout, seq).get("fwd+bwd") for d in DENSE_IMPLS}
+    ran = {d: t for d, t in times.items() if t}
+    if not ran:
+        return None
+    best = min(ran, key=lambda d: ran[d])
+    return best, ran[best]
+
+
 def _speedups(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Derived lines: dense / nsa_triton time ratios per dense impl (and against the fastest
     dense fwd+bwd), and nsa/dense train tokens/s."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    index = {(r["op"], r["impl"], r.get("layout") or "", r["seq_len"]): r for r in ok}
+    index = ok_index(rows)
     lines = []
     keys = sorted({(r.get("layout") or "", r["seq_len"]) for r in ok if r["op"].startswith("attn")})
     for layout, seq in keys:
-        nsa = _fwd_bwd(index, "nsa_triton", layout, seq)
+        nsa = fwd_bwd(index, "nsa_triton", layout, seq)
         if not nsa:
             continue
-        best = None
         for dense in DENSE_IMPLS:
-            d = _fwd_bwd(index, dense, layout, seq)
+            d = fwd_bwd(index, dense, layout, seq)
             parts = [f"{op} {d[op] / nsa[op]:.2f}x" for op in RATIO_OPS if op in d and op in nsa]
             if parts:
                 lines.append(f"| {layout} | {seq} | {dense} | " + ", ".join(parts) + " |")
-            if "fwd+bwd" in d and (best is None or d["fwd+bwd"] < best[1]):
-                best = (dense, d["fwd+bwd"])
+        best = fastest_dense(index, layout, seq)
         if best and "fwd+bwd" in nsa:
             ratio = best[1] / nsa["fwd+bwd"]
             lines.append(f"| {layout} | {seq} | fastest dense ({best[0]}) | fwd+bwd {ratio:.2f}x |")

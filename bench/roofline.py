@@ -86,6 +86,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.report import refuse_unreadable  # noqa: E402
 from bench.roofline_launches import CAPABILITY, UNIONS, Launch, Shape, _cdiv, dense_flash, nsa_launches  # noqa: E402
 from bench.run import EXTRA_LAYOUTS, LAYOUTS  # noqa: E402
 from nsa.ops.triton import selected  # noqa: E402
@@ -300,17 +301,6 @@ def hot_loops(kernel: Any, flops: float, devices: Sequence[str]) -> dict[str, An
 
 
 # ----------------------------------------------------------------------------- measured times
-
-
-def refuse_unreadable(ap: argparse.ArgumentParser, flag: str, path: Path) -> None:
-    """Exit 2 naming ``flag`` and ``path`` where it is not a readable JSON file (a results
-    file mistyped, or cut short by a copy), before any table is made."""
-    if not path.is_file():
-        ap.error(f"{flag} {path}: no such file")
-    try:
-        json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        ap.error(f"{flag} {path}: not a readable JSON file ({e})")
 
 
 def load_measured(path: Path, case: Case) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def test_every_command_parses(tmp_path: Path, parse_only: None) -> None:
     assert any(c[0] == "NSA_DECODE_ONE_LAUNCH=0" and "bench.decode" in c for c in listed)
     commands = [without_env(c) for c in listed]
     modules = {"pytest", "bench.run", "bench.decode", "bench.decode_kernel", "bench.tiles",
-               "bench.decode_roofline", "bench.trainer_overhead", "bench.inverted_index"}
+               "bench.decode_roofline", "bench.trainer_overhead", "bench.inverted_index", "bench.targets"}
     assert {c[0] for c in commands} == modules
     assert any("--sel-positions" in c for c in commands) and any("--kernels" in c for c in commands)
     assert any("--train-only" in c for c in commands)  # the train step's rows, eager and graphed
