@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -57,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     ap.add_argument("--steps", type=int, default=20, help="steady steps timed (each side)")
     ap.add_argument("--warmup", type=int, default=3, help="steps before timing (each side)")
+    ap.add_argument("--json", type=Path, default=None, metavar="OUT",
+                    help="also write the two steps and their ratio here (bench.targets reads it)")
     return ap.parse_args(argv)
 
 
@@ -267,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  bare:      {describe(bare_events)}")
     if not cuda:
         print("(CPU: a host sync costs nothing here; the GPU's ratio must be measured on a GPU)")
+    if args.json:
+        graph = next((line for line in said if line.startswith("train.cuda_graph")), None)
+        args.json.write_text(json.dumps(dict(trainer_overhead=dict(
+            config=cfg.name, device=where, torch=torch.__version__,
+            batch_size=t.batch_size, seq_len=t.seq_len, grad_accum=t.grad_accum, bare_ms=bare_mid,
+            trainer_ms=trainer_ms, ratio=trainer_ms / bare_mid, host_cpu_ratio=trainer_cpu / bare_cpu,
+            cuda_graph=graph)), indent=1) + "\n")
     return 0
 
 

@@ -95,7 +95,8 @@ step sel-p8 100 "${run[@]}" --sel-positions 8 --tag p8
 # kernels' bound: bench.roofline --measured), same rows: whichever is faster trains it.
 NSA_FLEX_WINDOW=0 step band-window 100 "${run[@]}" --tag band
 # nsa-train's step against the bare one, with the graph (train.cuda_graph: replayed or why not).
-step trainer-graph 90 bench.trainer_overhead --config nsa-125m --steps 12 --set train.cuda_graph=true
+step trainer-graph 90 bench.trainer_overhead --config nsa-125m --steps 12 --set train.cuda_graph=true \
+  --json "$OUT/trainer-overhead.json"
 # 3. Every tunable launch's configs, split launches compared by their sum (the compressed dK/dV).
 step tiles 120 bench.tiles --layouts nsa-125m --seqs 16384 --json "$OUT/tiles.json"
 # 4. The decode kernels' splits at both batches since the token-sum scores (plan_splits' constants).

@@ -5,6 +5,8 @@ set under."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,7 +90,8 @@ def test_cli_reads_a_folder_names_what_it_skips_and_lists_every_target(
     assert "| paper, 65,536 tokens | >= 4.00x | - | not measured |" in text
     assert "skipped: targets.json, tiles.json" not in text and "skipped: tiles.json." in text
     # both speeds met, both ratios (8k, 64k) not
-    assert "15 targets: 4 measured as set; met in every file that measured them: 2, in some: 2." in text
+    summary = "targets: 4 measured as set; met in every file that measured them: 2, in some: 2."
+    assert f"{len(BT.TARGETS)} {summary}" in text
     data = json.loads(out.read_text())
     assert data["skipped"] == ["tiles.json"] and {f["met"] for f in data["findings"]} == {True, False}
 
@@ -102,3 +105,23 @@ def test_a_missing_or_unreadable_file_is_refused_by_name(tmp_path: Path,
     with pytest.raises(SystemExit) as e:
         BT.main([str(tmp_path)])
     assert e.value.code == 2 and "cut.json: not a readable JSON file" in capsys.readouterr().err
+
+
+def test_the_trainers_step_from_a_real_run_is_shown_and_judged_only_on_a_gpu(tmp_path: Path) -> None:
+    """bench.trainer_overhead run for real (smoke-cpu, on this CPU) writes its two steps; the
+    target (within 5 % of the bare step) is shown with them and not judged on a CPU, where a
+    host sync costs nothing. The same file from a GPU is judged."""
+    out = tmp_path / "trainer-overhead.json"
+    cmd = ["--config", "smoke-cpu", "--device", "cpu", "--steps", "3", "--warmup", "1", "--json", str(out)]
+    subprocess.run([sys.executable, "-m", "bench.trainer_overhead", *cmd], check=True, capture_output=True,
+                   cwd=RESULTS.parents[1], timeout=300)
+    r = json.loads(out.read_text())["trainer_overhead"]
+    assert r["config"] == "smoke-cpu" and r["device"].startswith("CPU") and r["cuda_graph"] is None
+    assert r["ratio"] == pytest.approx(r["trainer_ms"] / r["bare_ms"])
+    (f,), _ = BT.findings([out])
+    assert f.target is BT.TRAINER and f.met is None and f.detail.endswith("eager, on a CPU")
+    on_gpu = tmp_path / "gpu.json"
+    for ratio, met in ((1.04, True), (1.06, False)):
+        on_gpu.write_text(json.dumps(dict(trainer_overhead=dict(r, device="NVIDIA H100", ratio=ratio))))
+        (f,), _ = BT.findings([on_gpu])
+        assert (f.met, f.target.wanted()) == (met, "<= 1.05x")
