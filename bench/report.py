@@ -93,8 +93,8 @@ def _speedups(rows: Sequence[dict[str, Any]]) -> list[str]:
         if not nsa:
             continue
         for dense in DENSE_IMPLS:
-            d = fwd_bwd(index, dense, layout, seq)
-            parts = [f"{op} {d[op] / nsa[op]:.2f}x" for op in RATIO_OPS if op in d and op in nsa]
+            times = fwd_bwd(index, dense, layout, seq)
+            parts = [f"{op} {times[op] / nsa[op]:.2f}x" for op in RATIO_OPS if op in times and op in nsa]
             if parts:
                 lines.append(f"| {layout} | {seq} | {dense} | " + ", ".join(parts) + " |")
         best = fastest_dense(index, layout, seq)

@@ -70,6 +70,10 @@ def _tokens(n: int) -> str:
     return f"{n:,} tokens"
 
 
+def _where(source: str, device: str) -> str:
+    return f"{source} ({device})" if device else source
+
+
 ATTENTION = {(layout, seq): Target("attention fwd+bwd, NSA vs the fastest dense", f"{layout}, {_tokens(seq)}",
                                    least)
              for layout in ("nsa-125m", "paper")
@@ -89,10 +93,9 @@ TARGETS: list[Target] = [*ATTENTION.values(), *TRAIN.values(), TRAINER, *DECODE_
 
 def run_findings(data: dict[str, Any], source: str) -> list[Finding]:
     """A ``bench.run`` results file: the attention ratios and the train step's."""
-    rows = [r for r in data.get("rows", []) if "op" in r]
+    rows = data["rows"]
     index = ok_index(rows)
-    device = str(data.get("meta", {}).get("device") or next((r.get("device") for r in rows), "") or "")
-    where = f"{source} ({device})" if device else source
+    where = _where(source, str(data.get("meta", {}).get("device") or rows[0].get("device") or ""))
     out = []
     for (layout, seq), target in ATTENTION.items():
         nsa = fwd_bwd(index, "nsa_triton", layout, seq).get("fwd+bwd")
@@ -115,7 +118,7 @@ def decode_findings(data: dict[str, Any], source: str) -> list[Finding]:
     """A ``bench.decode`` results file: speed and NSA/dense ratio where it measured the
     targets' batch and context (sequences all at that context, not ``--stagger``'s)."""
     device = str(data.get("device") or "")
-    where = f"{source} ({device})" if device else source
+    where = _where(source, device)
     same = (m for m in data.get("measured", []) if not m.get("stagger"))
     rows = {(m["kind"], m["batch"], m["context"]): m for m in same}
 
@@ -160,7 +163,7 @@ def trainer_findings(data: dict[str, Any], source: str) -> list[Finding]:
     on_gpu = bool(device) and not device.startswith("CPU")
     met = TRAINER.meets(r["ratio"]) if on_gpu else None
     detail = detail if on_gpu else f"{detail}, on a CPU"
-    return [Finding(TRAINER, r["ratio"], detail, f"{source} ({device})", met)]
+    return [Finding(TRAINER, r["ratio"], detail, _where(source, device), met)]
 
 
 def findings(paths: Iterable[Path]) -> tuple[list[Finding], list[str]]:
@@ -169,17 +172,16 @@ def findings(paths: Iterable[Path]) -> tuple[list[Finding], list[str]]:
     skipped = []
     for path in paths:
         data = json.loads(path.read_text())
-        rows = data.get("rows") if isinstance(data, dict) else None
+        data = data if isinstance(data, dict) else {}
+        rows = data.get("rows")
         if isinstance(rows, list) and rows and all(isinstance(r, dict) and "op" in r for r in rows):
-            got = run_findings(data, path.name)
-        elif isinstance(data, dict) and isinstance(data.get("measured"), list):
-            got = decode_findings(data, path.name)
-        elif isinstance(data, dict) and isinstance(data.get("trainer_overhead"), dict):
-            got = trainer_findings(data, path.name)
+            out += run_findings(data, path.name)
+        elif isinstance(data.get("measured"), list):
+            out += decode_findings(data, path.name)
+        elif isinstance(data.get("trainer_overhead"), dict):
+            out += trainer_findings(data, path.name)
         else:
             skipped.append(path.name)
-            continue
-        out += got
     return out, skipped
 
 
@@ -224,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.targets",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", type=Path, nargs="+",
-                    help="bench.run or bench.decode JSON results, or folders of them")
+                    help="bench.run, bench.decode or bench.trainer_overhead JSON results, or folders of them")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the findings here")
     args = ap.parse_args(argv)
     found, skipped = findings(_expand(ap, args.paths))
