@@ -201,6 +201,8 @@ def finishing_supervisor(tmp_path: Path) -> Iterator[Callable[[Path], int]]:
     for p in procs:
         p.kill()
         p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 async def test_stop_fallback_and_resume_leave_the_supervisor_of_a_run_a_person_stopped_alone(
