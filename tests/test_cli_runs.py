@@ -16,6 +16,9 @@ import pytest
 from nsa.contract import (
     AttentionOps,
     Beat,
+    EpochMetric,
+    EvalMetric,
+    JsonlWriter,
     LaunchInfo,
     Phase,
     RunInfo,
@@ -23,6 +26,7 @@ from nsa.contract import (
     RunStatusReport,
     RunView,
     SelfCheck,
+    TrainMetric,
 )
 from nsa.contract import write_json_atomic as write_json
 from nsa_tui.cli import main as cli
@@ -99,6 +103,37 @@ def test_status_of_a_booting_run_prints_no_none() -> None:
     beat = Beat(ts=NOW - 1, run_id=v.run_id, rank=0, phase=Phase.DATA, phase_since=NOW - 7)
     text = status_text(RunStatusReport(run=v, beats=[beat]), [], NOW, 0.0)
     assert "rank 0: step 0 phase data for 7s, heartbeat 1.0 s ago" in text
+    assert "latest:" not in text  # no step logged yet: nothing to say where training stands
+
+
+# three steps of 1,000, 1,500 and 1,000 tokens in 2 s: 1,750 tokens/s (the steps' mean would say 2,000)
+PROGRESS = [TrainMetric(ts=NOW + 1, step=1, loss=5.25, tokens=1000, tokens_per_s=1000.0, step_time_s=1.0),
+            EvalMetric(ts=NOW + 1.5, step=1, val_loss=5.5),
+            TrainMetric(ts=NOW + 2, step=2, loss=4.75, tokens=2500, tokens_per_s=3000.0, step_time_s=0.5),
+            TrainMetric(ts=NOW + 3, step=3, loss=4.5, tokens=3500, tokens_per_s=2000.0, step_time_s=0.5),
+            EpochMetric(ts=NOW + 3, step=3, epoch=1)]
+PROGRESS_LINE = ("  latest: step 3 loss 4.5, 1,750 tokens/s over the last 3 steps (667 ms/step), "
+                 "val_loss 5.5 at step 1\n")
+
+
+def test_status_says_where_training_stands(tmp_path: Path) -> None:
+    """``status`` gives the newest loss, the recent steps' throughput (their tokens over their
+    time) and the newest validation loss from the run's metric lines, through the real agent."""
+    rid = "20261122-080000-demo-0b48"
+    finished_run(tmp_path, rid, "demo")
+    w = JsonlWriter(tmp_path / rid / "metrics.jsonl")
+    for m in PROGRESS:
+        w.write(m)
+    w.close()
+    r = nsa_tui("status", "local", rid, "--runs-root", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert PROGRESS_LINE in r.stdout, r.stdout
+    one = [TrainMetric(ts=NOW, step=7, loss=3.0, tokens_per_s=512.0, step_time_s=0.25)]
+    text = status_text(RunStatusReport(run=view(rid, "demo"), recent_metrics=one), [], NOW, 0.0)
+    assert "  latest: step 7 loss 3, 512 tokens/s over the last step (250 ms/step)\n" in text + "\n"
+    untimed = [TrainMetric(ts=NOW, step=7, loss=3.0)]  # an older trainer's line: loss only
+    text = status_text(RunStatusReport(run=view(rid, "demo"), recent_metrics=untimed), [], NOW, 0.0)
+    assert "  latest: step 7 loss 3\n" in text + "\n"
 
 
 # -- real subprocesses --------------------------------------------------------------------------
@@ -201,3 +236,5 @@ def test_status_of_a_run_over_several_hosts_names_its_attention_ops() -> None:
                        primary="gpu1", info=info, ranks=[], lost={})
     text = _text_of(merged, NOW, [])
     assert f"\n  attention: reference (FALLBACK from auto, far slower: {REASON})" in text
+    assert "latest:" not in text
+    assert PROGRESS_LINE in _text_of(merged, NOW, [], metrics=PROGRESS) + "\n"  # rank 0's host's lines

@@ -17,13 +17,14 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nsa.contract import UNHEALTHY_STATUSES, StreamPos
+from nsa.contract import UNHEALTHY_STATUSES, Metric, StreamPos
 from nsa.contract.rundir import ALERTS_JSONL
 from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE, emit, exit_for, fail
-from nsa_tui.cli.text import LineSplitter, alert_lines, attention_text
+from nsa_tui.cli.text import LineSplitter, alert_lines, attention_text, progress_text
 from nsa_tui.hosts import coordinator as co
 from nsa_tui.hosts.client import AgentError, HostClient
 from nsa_tui.hosts.merge import MergedRun, Part, group_views, merge
@@ -33,9 +34,9 @@ ONE_HOST = ("ack", "archive", "delete", "eval", "export", "sample")
 
 
 def _text_of(merged: MergedRun, now: float, alerts: list[Any],
-             ages: dict[tuple[str, int], float] | None = None) -> str:
+             ages: dict[tuple[str, int], float] | None = None, metrics: Sequence[Metric] = ()) -> str:
     """The merged run for people; ``ages``: (host, rank) -> heartbeat age on that host's clock
-    (from its status report; without it, on this clock)."""
+    (from its status report; without it, on this clock); ``metrics``: rank 0's host's newest lines."""
     ages = ages or {}
     info = merged.info
     step = max([info.step if info else 0, *(b.step for _, b in merged.ranks)])
@@ -46,6 +47,9 @@ def _text_of(merged: MergedRun, now: float, alerts: list[Any],
              f"hosts={','.join(merged.hosts)}  rank0={merged.primary}"]
     if info is not None and info.attention_ops is not None:  # rank 0's: every rank runs the same ops
         lines.append(f"  attention: {attention_text(info.attention_ops)}")
+    progress = progress_text(metrics)
+    if progress is not None:
+        lines.append(f"  latest: {progress}")
     if merged.problem:
         lines.append(f"  {merged.status.value}: {merged.problem}")
     for host, why in merged.lost.items():
@@ -92,7 +96,8 @@ async def _status(clients: dict[str, HostClient], unreachable: dict[str, str], h
            "parts": [{"host": p.host, "reachable": p.reachable, "why": p.why,
                       "run": _builtins(p.view) if p.view is not None else None} for p in found],
            "alerts": [_builtins(a) for a in alerts]}
-    emit(args, doc, _text_of(merged, now, alerts, ages))
+    metrics = next((p.metrics for p in found if p.host == merged.primary), [])  # rank 0 writes them
+    emit(args, doc, _text_of(merged, now, alerts, ages, metrics))
     bad = merged.status in UNHEALTHY_STATUSES or merged.lost or any(
         a.severity == "critical" for a in alerts)
     return EXIT_UNHEALTHY if bad else EXIT_OK

@@ -7,7 +7,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from nsa.contract import Alert, AttentionOps, RunStatus, RunStatusReport, RunView
+from nsa.contract import (
+    Alert,
+    AttentionOps,
+    EvalMetric,
+    Metric,
+    RunStatus,
+    RunStatusReport,
+    RunView,
+    TrainMetric,
+)
 from nsa.contract.replies import AlertState
 from nsa_tui.cli.runref import short_ids
 from nsa_tui.fmt import fmt_count, fmt_duration
@@ -111,6 +120,27 @@ def attention_text(ops: AttentionOps) -> str:
     return ops.backend
 
 
+def progress_text(metrics: Sequence[Metric]) -> str | None:
+    """Where training stands, from the newest metric lines: the last step's loss, tokens/s over
+    the recent steps (their tokens over their time, not one step's noise) and the newest
+    validation loss among them. None before the first step is logged."""
+    train = [m for m in metrics if isinstance(m, TrainMetric)]
+    if not train:
+        return None
+    last = train[-1]
+    text = f"step {last.step} loss {last.loss:.4g}"
+    timed = [m for m in train if m.tokens_per_s is not None and m.step_time_s]
+    seconds = sum(m.step_time_s or 0.0 for m in timed)
+    if seconds > 0:
+        tokens = sum((m.tokens_per_s or 0.0) * (m.step_time_s or 0.0) for m in timed)
+        steps = f"the last {len(timed)} steps" if len(timed) > 1 else "the last step"
+        text += f", {tokens / seconds:,.0f} tokens/s over {steps} ({1e3 * seconds / len(timed):,.0f} ms/step)"
+    evals = [m for m in metrics if isinstance(m, EvalMetric)]
+    if evals:
+        text += f", val_loss {evals[-1].val_loss:.4g} at step {evals[-1].step}"
+    return text
+
+
 def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew: float) -> str:
     """The run's identity and progress, one line per rank, the alerts that hold now. A run that
     is still booting says so (and how long its ranks have been in which phase) instead of
@@ -134,6 +164,9 @@ def status_text(rep: RunStatusReport, alerts: Sequence[Alert], now: float, skew:
         lines.append(f"  script: {run.slurm.script}")
     if info.attention_ops is not None:  # chosen at boot (absent before that, and from older trainers)
         lines.append(f"  attention: {attention_text(info.attention_ops)}")
+    progress = progress_text(rep.recent_metrics)
+    if progress is not None:
+        lines.append(f"  latest: {progress}")
     for b in rep.beats:
         phase_for = f" for {fmt_duration(max(0.0, now - skew - b.phase_since))}" if b.phase_since else ""
         age = rep.heartbeat_age_s.get(b.rank, max(0.0, now - skew - b.ts))
