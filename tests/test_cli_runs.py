@@ -225,6 +225,51 @@ def test_status_names_the_attention_ops_and_why_a_run_fell_back(tmp_path: Path, 
     assert got["fallback_reason"] == ops.fallback_reason
 
 
+def test_status_detects_a_hand_runs_alerts_with_this_machines_thresholds(tmp_path: Path) -> None:
+    """A run started by hand has no watchdog: ``status`` runs the alert rules itself, with the
+    ``alerts:`` thresholds of this machine's settings (the defaults when there are none, or when
+    the file does not read). A live rank (a real process of the run) whose last beat is 15 s
+    old: past a 10 s ``no_heartbeat_s``, within the default 30 s."""
+    from nsa.contract.io import encode
+    from nsa_tui.agent.procs import run_process
+
+    rid = "20261122-080000-byhand-0b48"
+    d = tmp_path / rid
+    (d / "heartbeats").mkdir(mode=0o700, parents=True)
+    write_json(d / "run.json", RunInfo(run_id=rid, name="byhand", status=RunStatus.RUNNING, step=5,
+                                       total_steps=100, world_size=1, started_at=time.time() - 60))
+    rank = subprocess.Popen(["sleep", "600"], env=dict(os.environ, NSA_RUN_ID=rid, RANK="0"))
+    try:
+        deadline = time.monotonic() + 10
+        while run_process(rank.pid, rid) is None:  # until exec: the environ is the parent's
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+        def status(settings: str | None) -> subprocess.CompletedProcess[str]:
+            now = time.time()  # the beat, 15 s old as each command starts
+            beat = Beat(ts=now - 15, run_id=rid, rank=0, step=5, pid=rank.pid, phase=Phase.TRAIN,
+                        phase_since=now - 20)
+            (d / "heartbeats" / "rank-0.jsonl").write_bytes(encode(beat) + b"\n")
+            path = tmp_path / "settings.yaml"
+            if settings is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(settings)
+            return nsa_tui("status", "local", rid, "--runs-root", str(tmp_path),
+                           env=dict(os.environ, NSA_TUI_SETTINGS=str(path)))
+
+        for settings in (None, "alerts:\n  no_heartbeat_s: 60\n", "alerts: {no_heartbeat: 10}\n"):
+            r = status(settings)  # the defaults, a looser threshold, a typo (so the defaults)
+            assert r.returncode == cli.EXIT_OK, (settings, r.stdout, r.stderr)
+            assert "status=running" in r.stdout and "no_heartbeat" not in r.stdout, (settings, r.stdout)
+        r = status("alerts:\n  no_heartbeat_s: 10\n")
+        assert r.returncode == cli.EXIT_UNHEALTHY, r.stdout + r.stderr
+        assert "[CRITICAL] no_heartbeat: rank 0" in r.stdout, r.stdout
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def test_status_of_a_run_over_several_hosts_names_its_attention_ops() -> None:
     """Over several hosts the text is rank 0's host's view of run.json: its ops (all ranks run the same)."""
     from nsa_tui.cli.multi import _text_of

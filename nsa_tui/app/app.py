@@ -84,9 +84,13 @@ class NsaApp(RunActions, ViewActions, App[str | None]):
         self.push_screen(MainScreen(), callback=None)
         self.state.announced |= {a.key for a in self.state.alerts}
         if self.live:
+            # the alerts the panel detects itself (runs no watchdog watches): this machine's thresholds
+            thresholds = self.alert_thresholds
+            if thresholds is None:
+                thresholds = self.settings.alerts.thresholds()
             for dest in self.destinations:
                 svc = HostService(self.state, dest, self.post_message, self.clients.get(dest),
-                                  self.alert_thresholds, log_error=self.log.error,
+                                  thresholds, log_error=self.log.error,
                                   runs_root=runs_root_for(dest, None, host_runs_roots(self.settings)))
                 self.services[dest] = svc
                 self.run_worker(svc.run(), group=f"host:{dest}", exit_on_error=False)

@@ -25,9 +25,11 @@ from nsa.contract import UNHEALTHY_STATUSES, Metric, StreamPos
 from nsa.contract.rundir import ALERTS_JSONL
 from nsa_tui.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE, emit, exit_for, fail
 from nsa_tui.cli.text import LineSplitter, alert_lines, attention_text, progress_text
+from nsa_tui.health.thresholds import Thresholds
 from nsa_tui.hosts import coordinator as co
 from nsa_tui.hosts.client import AgentError, HostClient
 from nsa_tui.hosts.merge import MergedRun, Part, group_views, merge
+from nsa_tui.user.settings import local_thresholds
 
 # commands on one host's part (its alert ids, files; sample, eval: the checkpoint files on that host)
 ONE_HOST = ("ack", "archive", "delete", "eval", "export", "sample")
@@ -63,13 +65,14 @@ def _text_of(merged: MergedRun, now: float, alerts: list[Any],
     return "\n".join(lines)
 
 
-def part_alerts(p: Part, run_id: str, now: float) -> list[Any]:
-    """The alerts that hold now for one host's part (named after its host)."""
+def part_alerts(p: Part, run_id: str, now: float, thresholds: Thresholds | None = None) -> list[Any]:
+    """The alerts that hold now for one host's part (named after its host); ``thresholds``:
+    this machine's settings' (the defaults when None)."""
     from nsa_tui.health.alerts import AlertDetector
 
     if p.view is None:
         return []
-    det = AlertDetector(p.host)
+    det = AlertDetector(p.host, thresholds)
     det.feed_clock(now, now - p.skew)  # the host's clock as its status report gave it
     det.feed_view(run_id, p.view)
     det.feed_log(run_id, p.view.log_tail)
@@ -87,7 +90,8 @@ async def _status(clients: dict[str, HostClient], unreachable: dict[str, str], h
         raise AgentError("no_such_run", f"no run {args.run} on {', '.join(hosts)}")
     merged = merge(args.run, found)
     now = time.time()
-    alerts = [a for p in found for a in part_alerts(p, args.run, now)]
+    thresholds = local_thresholds()
+    alerts = [a for p in found for a in part_alerts(p, args.run, now, thresholds)]
     ages = {(p.host, b.rank): round(p.heartbeat_age(b, now), 3) for p in found for b in p.beats}
     doc = {"run_id": merged.run_id, "name": merged.name, "status": merged.status.value, "hosts": merged.hosts,
            "rank0_host": merged.primary, "problem": merged.problem, "lost_hosts": merged.lost,

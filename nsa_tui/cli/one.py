@@ -31,10 +31,11 @@ async def _status(c: Any, args: argparse.Namespace) -> int:
     (O(ranks), whatever the run's age)."""
     from nsa_tui.cli.text import status_text
     from nsa_tui.health.alerts import AlertDetector
+    from nsa_tui.user.settings import local_thresholds
 
     rep = await c.status(args.run)
     now = time.time()
-    det = AlertDetector(c.hello.host or args.host)
+    det = AlertDetector(c.hello.host or args.host, local_thresholds())
     det.feed_clock(now, rep.ts)  # the report's time, not the beats': their age stays theirs
     det.feed_view(args.run, rep.run)
     det.feed_log(args.run, rep.run.log_tail)

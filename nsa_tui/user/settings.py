@@ -4,7 +4,8 @@ Where: ``$NSA_TUI_SETTINGS`` (tests, several profiles), else
 ``$XDG_CONFIG_HOME/nsa-tui/settings.yaml``, else ``~/.config/nsa-tui/settings.yaml``. A
 missing file means the defaults. The same file serves both sides: on a training host the
 watchdog of every run reads ``alerts`` (thresholds), ``notify`` (where alerts go) and
-``watchdog``; on the machine of the panel, ``keys`` and ``notify.bell``.
+``watchdog``; on the machine of the panel, ``keys``, ``notify.bell`` and ``alerts`` (for a run
+that no watchdog watches, whose alerts the panel and ``status`` detect themselves).
 
 Strict like run configs (nsa/config.py): an unknown key or a wrong type is an error naming the
 file, the key and the expected type. Example (docs/host-agent.md, "Settings")::
@@ -124,6 +125,16 @@ class Settings:
 def host_runs_roots(settings: Settings) -> dict[str, str]:
     """destination -> the runs root the settings give it (hosts without one left out)."""
     return {h: hs.runs_root for h, hs in settings.hosts.items() if hs.runs_root}
+
+
+def local_thresholds() -> Thresholds:
+    """This machine's alert thresholds (``alerts:``), for the alerts the panel and the CLI detect
+    themselves: a run that no watchdog watches (started by hand, its supervisor killed). The
+    defaults when the file does not read: ``status`` goes on, as for the runs roots."""
+    try:
+        return load_settings().alerts.thresholds()
+    except SettingsError:
+        return Thresholds()
 
 
 def settings_path() -> Path:
