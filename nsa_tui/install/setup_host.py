@@ -20,11 +20,10 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
-import asyncssh
-
 from nsa.torch_range import TESTED as TORCH_TESTED
 from nsa_tui.install.wheel import Wheel, build_wheel, extra_requirements
 from nsa_tui.transport import ConfirmHostKey
+from nsa_tui.transport.asyncssh_quiet import asyncssh
 from nsa_tui.transport.ssh import SshTransport
 
 DEFAULT_PREFIX = "~/.nsa-tui"

@@ -16,8 +16,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import asyncssh
-
+from nsa_tui.transport.asyncssh_quiet import asyncssh
 from nsa_tui.transport.base import (
     AuthError,
     Channel,
