@@ -150,6 +150,20 @@ def finished_run(root: Path, run_id: str, name: str, log_lines: int = 10) -> Non
     (d / "train.log").write_text("".join(f"line {i} " + "x" * 100 + "\n" for i in range(log_lines)))
 
 
+def test_runs_of_an_empty_root_says_where_it_looked(tmp_path: Path) -> None:
+    """No runs (a mistyped ``--runs-root``, a fresh host): ``runs`` names the runs root it read
+    and the host, not a bare header; ``--json`` is the empty list; archived runs are counted."""
+    root = tmp_path / "no-such-root"
+    r = nsa_tui("runs", "local", "--runs-root", str(root))
+    assert r.returncode == 0 and r.stdout.startswith(f"no runs in {root} on "), r.stdout + r.stderr
+    r = nsa_tui("runs", "local", "--runs-root", str(root), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout + r.stderr
+    finished_run(tmp_path, "20261122-080000-demo-0b48", "demo")
+    assert nsa_tui("archive", "local", "demo", "--runs-root", str(tmp_path)).returncode == 0
+    r = nsa_tui("runs", "local", "--runs-root", str(tmp_path))
+    assert r.stdout.startswith(f"no runs in {tmp_path} on ") and "(1 archived: --all lists them)" in r.stdout
+
+
 def test_commands_take_a_prefix_or_a_name(tmp_path: Path) -> None:
     finished_run(tmp_path, "20261122-080000-demo-0b48", "demo")
     finished_run(tmp_path, "20261121-080000-demo-aa01", "demo")

@@ -243,8 +243,9 @@ async def run(args: argparse.Namespace, clients: dict[str, HostClient], unreacha
     elif cmd == "runs":
         groups = group_views({h: await c.runs() for h, c in clients.items()})
         merged = [merge(rid, ps) for rid, ps in groups]
+        roots = ", ".join(f"{c.hello.runs_root} on {h}" for h, c in clients.items())
         emit(args, [{"run_id": m.run_id, "name": m.name, "status": m.status.value, "hosts": m.hosts}
-                    for m in merged], _runs_text(merged))
+                    for m in merged], _runs_text(merged) if merged else f"no runs in {roots}")
     return EXIT_OK
 
 

@@ -147,7 +147,9 @@ async def dispatch(c: Any, args: argparse.Namespace) -> int:
         shown = runs if args.all else [r for r in runs if not r.archived]
         hidden = len(runs) - len(shown)
         note = f"\n({hidden} archived: --all lists them)" if hidden else ""
-        emit(args, shown, runs_table(shown, time.time()) + note)
+        where = f"{c.hello.runs_root} on {c.hello.host or args.host}"
+        text = runs_table(shown, time.time()) if shown else f"no runs in {where}"  # a mistyped root says so
+        emit(args, shown, text + note)
     elif args.cmd == "archive":
         view = await c.archive(args.run, archived=not args.undo)
         emit(args, view, f"{args.run}: {'archived' if view.archived else 'no longer archived'}")

@@ -55,3 +55,8 @@ def test_one_error_one_exit_code_on_one_host_and_on_several(sshd_nodes: SshNodes
             if r.returncode != cli_exit.EXIT_OK:  # said: the error document, or each host's error
                 assert "no_such_run" in r.stdout or "error" in json.loads(r.stdout), (args, r.stdout)
     assert all(a == b == want for a, b, want in got.values()), got
+    # no runs anywhere (every launch above was refused): the text names each host's runs root
+    r = subprocess.run([sys.executable, "-m", "nsa_tui.cli", "runs", both], env=sshd_nodes.env(),
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and r.stdout.startswith("no runs in "), r.stdout + r.stderr
+    assert all(f" on {alias}" in r.stdout for alias in sshd_nodes.aliases), r.stdout
