@@ -244,32 +244,18 @@ def test_status_detects_a_hand_runs_alerts_with_this_machines_thresholds(tmp_pat
     ``alerts:`` thresholds of this machine's settings (the defaults when there are none, or when
     the file does not read). A live rank (a real process of the run) whose last beat is 15 s
     old: past a 10 s ``no_heartbeat_s``, within the default 30 s."""
-    from nsa.contract.io import encode
-    from nsa_tui.agent.procs import run_process
+    from tests.handrun import RID, hand_run, write_beat
 
-    rid = "20261122-080000-byhand-0b48"
-    d = tmp_path / rid
-    (d / "heartbeats").mkdir(mode=0o700, parents=True)
-    write_json(d / "run.json", RunInfo(run_id=rid, name="byhand", status=RunStatus.RUNNING, step=5,
-                                       total_steps=100, world_size=1, started_at=time.time() - 60))
-    rank = subprocess.Popen(["sleep", "600"], env=dict(os.environ, NSA_RUN_ID=rid, RANK="0"))
-    try:
-        deadline = time.monotonic() + 10
-        while run_process(rank.pid, rid) is None:  # until exec: the environ is the parent's
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+    with hand_run(tmp_path) as rank:
 
         def status(settings: str | None) -> subprocess.CompletedProcess[str]:
-            now = time.time()  # the beat, 15 s old as each command starts
-            beat = Beat(ts=now - 15, run_id=rid, rank=0, step=5, pid=rank.pid, phase=Phase.TRAIN,
-                        phase_since=now - 20)
-            (d / "heartbeats" / "rank-0.jsonl").write_bytes(encode(beat) + b"\n")
+            write_beat(tmp_path, rank, 15)  # 15 s old as each command starts
             path = tmp_path / "settings.yaml"
             if settings is None:
                 path.unlink(missing_ok=True)
             else:
                 path.write_text(settings)
-            return nsa_tui("status", "local", rid, "--runs-root", str(tmp_path),
+            return nsa_tui("status", "local", RID, "--runs-root", str(tmp_path),
                            env=dict(os.environ, NSA_TUI_SETTINGS=str(path)))
 
         for settings in (None, "alerts:\n  no_heartbeat_s: 60\n", "alerts: {no_heartbeat: 10}\n"):
@@ -279,9 +265,6 @@ def test_status_detects_a_hand_runs_alerts_with_this_machines_thresholds(tmp_pat
         r = status("alerts:\n  no_heartbeat_s: 10\n")
         assert r.returncode == cli.EXIT_UNHEALTHY, r.stdout + r.stderr
         assert "[CRITICAL] no_heartbeat: rank 0" in r.stdout, r.stdout
-    finally:
-        rank.kill()
-        rank.wait()
 
 
 def test_status_of_a_run_over_several_hosts_names_its_attention_ops() -> None:
