@@ -129,10 +129,10 @@ def progress_text(metrics: Sequence[Metric]) -> str | None:
         return None
     last = train[-1]
     text = f"step {last.step} loss {last.loss:.4g}"
-    timed = [m for m in train if m.tokens_per_s is not None and m.step_time_s]
-    seconds = sum(m.step_time_s or 0.0 for m in timed)
+    timed = [(m.tokens_per_s, m.step_time_s) for m in train if m.tokens_per_s is not None and m.step_time_s]
+    seconds = sum(t for _, t in timed)
     if seconds > 0:
-        tokens = sum((m.tokens_per_s or 0.0) * (m.step_time_s or 0.0) for m in timed)
+        tokens = sum(rate * t for rate, t in timed)
         steps = f"the last {len(timed)} steps" if len(timed) > 1 else "the last step"
         text += f", {tokens / seconds:,.0f} tokens/s over {steps} ({1e3 * seconds / len(timed):,.0f} ms/step)"
     evals = [m for m in metrics if isinstance(m, EvalMetric)]
